@@ -1,0 +1,1 @@
+"""Federated data sets: the embedded digits default and partitioners."""
