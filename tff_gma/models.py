@@ -1,17 +1,27 @@
 """Keras models for the experiments, and their `tff.learning` wrappers.
 
-Every builder returns a fresh, uncompiled `tf.keras.Model`; `model_fn` wraps one as the no-argument callable
-that `tff.learning.algorithms` expect (TFF must build the model inside its own graphs).
+Every builder returns a fresh, uncompiled `tf.keras.Model` that outputs logits; `model_fn` wraps one as the
+no-argument callable that `tff.learning.algorithms` expect (TFF must build the model inside its own graphs).
+
+* `logistic`: multinomial logistic regression (the GMA paper's convex study).
+* `cnn`: a small CNN for the 8x8 digits.
+* `lenet`: LeNet-5 (GMA paper, Table 1: MNIST, FMNIST, FEMNIST, FedCMNIST).
+* `emnist_cnn`: the EMNIST CNN of Reddi et al. (2021) (TFF baselines' `create_conv_dropout_model`).
+* `resnet18_gn`: ResNet-18 with GroupNorm for CIFAR (GMA paper, Table 1 and App. D.3; Reddi et al.).
+* `char_lstm`: the Shakespeare next-character model of McMahan et al. (2017) / Reddi et al. (2021).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-MODELS = ('cnn', 'logistic')
+MODELS = ('cnn', 'logistic', 'lenet', 'emnist_cnn', 'resnet18_gn', 'char_lstm')
+RESNET_GROUPS = 2  # GroupNorm groups per layer, as Hsieh et al. (2020) and Reddi et al. (2021).
 
 
 def digits_cnn(input_shape=(8, 8, 1), num_classes: int = 10) -> tf.keras.Model:
@@ -36,26 +46,174 @@ def logistic_regression(input_shape=(8, 8, 1), num_classes: int = 10) -> tf.kera
   ])
 
 
-_BUILDERS = {'cnn': digits_cnn, 'logistic': logistic_regression}
+def lenet(input_shape=(28, 28, 1), num_classes: int = 10) -> tf.keras.Model:
+  """LeNet-5: conv(6, 5x5) - pool - conv(16, 5x5) - pool - dense 120 - dense 84 - logits.
+
+  Convolutions and pools pad 'same', so the net takes 8x8 digits as well as 28x28 images (LeCun et al.'s
+  32x32 input with 'valid' convolutions gives the same 5x5x16 feature map as 28x28 with the first one 'same').
+  """
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=input_shape),
+      tf.keras.layers.Conv2D(6, 5, padding='same', activation='relu'),
+      tf.keras.layers.MaxPool2D(2, padding='same'),
+      tf.keras.layers.Conv2D(16, 5, padding='same', activation='relu'),
+      tf.keras.layers.MaxPool2D(2, padding='same'),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(120, activation='relu'),
+      tf.keras.layers.Dense(84, activation='relu'),
+      tf.keras.layers.Dense(num_classes),
+  ])
 
 
-def keras_builder(name: str, input_shape, num_classes: int) -> Callable[[], tf.keras.Model]:
+def emnist_cnn(input_shape=(28, 28, 1), num_classes: int = 10) -> tf.keras.Model:
+  """Reddi et al.'s EMNIST CNN: conv(32, 3x3) - conv(64, 3x3) - pool - dropout .25 - dense 128 - dropout .5.
+
+  'valid' convolutions as in the paper (1.2M parameters on 28x28); inputs need at least 6x6 pixels.
+  """
+  if min(input_shape[:2]) < 6:
+    raise ValueError(f'input_shape must be at least 6x6 for emnist_cnn, got {tuple(input_shape)}')
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=input_shape),
+      tf.keras.layers.Conv2D(32, 3, activation='relu'),
+      tf.keras.layers.Conv2D(64, 3, activation='relu'),
+      tf.keras.layers.MaxPool2D(2),
+      tf.keras.layers.Dropout(0.25),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(128, activation='relu'),
+      tf.keras.layers.Dropout(0.5),
+      tf.keras.layers.Dense(num_classes),
+  ])
+
+
+def _conv_norm(x, filters: int, kernel_size: int, strides: int, groups: int):
+  x = tf.keras.layers.Conv2D(filters, kernel_size, strides=strides, padding='same', use_bias=False)(x)
+  return tf.keras.layers.GroupNormalization(groups=groups)(x)
+
+
+def _basic_block(x, filters: int, strides: int, groups: int):
+  """ResNet basic block: two 3x3 conv-norm layers and a (projected, where shapes change) shortcut."""
+  shortcut = x
+  if strides != 1 or x.shape[-1] != filters:
+    shortcut = _conv_norm(x, filters, 1, strides, groups)
+  y = tf.keras.layers.ReLU()(_conv_norm(x, filters, 3, strides, groups))
+  y = _conv_norm(y, filters, 3, 1, groups)
+  return tf.keras.layers.ReLU()(tf.keras.layers.Add()([shortcut, y]))
+
+
+def resnet18_gn(input_shape=(32, 32, 3), num_classes: int = 10, groups: int = RESNET_GROUPS) -> tf.keras.Model:
+  """ResNet-18 (He et al., 2016) with GroupNorm in place of BatchNorm, in its CIFAR form (about 11.2M params).
+
+  CIFAR form: a 3x3 stride-1 stem without max-pooling (the ImageNet 7x7 stride-2 stem and pool would shrink
+  32x32 images to 8x8 before the first block), then 4 stages of 2 basic blocks with 64, 128, 256, 512 filters,
+  global average pooling and a linear layer. GroupNorm keeps no batch statistics, which suits federated
+  training on non-iid clients (Hsieh et al., 2020).
+  """
+  inputs = tf.keras.Input(shape=input_shape)
+  x = tf.keras.layers.ReLU()(_conv_norm(inputs, 64, 3, 1, groups))
+  for stage, filters in enumerate((64, 128, 256, 512)):
+    for block in range(2):
+      x = _basic_block(x, filters, strides=2 if stage > 0 and block == 0 else 1, groups=groups)
+  x = tf.keras.layers.GlobalAveragePooling2D()(x)
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x), name='resnet18_gn')
+
+
+def char_lstm(
+    input_shape=(80,), num_classes: int = 90, embedding_dim: int = 8, lstm_units: int = 256,
+) -> tf.keras.Model:
+  """Next-character model: embedding (8) - LSTM (256) - LSTM (256) - logits over the vocabulary, per position.
+
+  `input_shape` is (sequence_length,) of int character ids and `num_classes` the vocabulary size (inputs and
+  targets share it). No Keras masking: `tff.learning` ignores Keras masks, so padding is excluded from loss and
+  accuracy by `model_fn(..., pad_id=...)` instead; padding only trails a sequence, so it cannot affect the
+  (causal) outputs at real positions.
+  """
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=input_shape, dtype=tf.int32),
+      tf.keras.layers.Embedding(num_classes, embedding_dim),
+      tf.keras.layers.LSTM(lstm_units, return_sequences=True),
+      tf.keras.layers.LSTM(lstm_units, return_sequences=True),
+      tf.keras.layers.Dense(num_classes),
+  ])
+
+
+_BUILDERS = {
+    'cnn': digits_cnn,
+    'logistic': logistic_regression,
+    'lenet': lenet,
+    'emnist_cnn': emnist_cnn,
+    'resnet18_gn': resnet18_gn,
+    'char_lstm': char_lstm,
+}
+_SEQUENCE_MODELS = ('char_lstm',)
+
+
+def keras_builder(name: str, input_shape: Sequence[int], num_classes: int) -> Callable[[], tf.keras.Model]:
+  """A no-argument builder of model `name` (one of `MODELS`) for examples of `input_shape`."""
   if name not in _BUILDERS:
     raise ValueError(f'unknown model {name!r}; expected one of {sorted(_BUILDERS)}')
+  input_shape = tuple(int(d) for d in input_shape)
+  rank = 1 if name in _SEQUENCE_MODELS else 3
+  if len(input_shape) != rank or min(input_shape) < 1:
+    kind = '(sequence_length,)' if rank == 1 else '(height, width, channels)'
+    raise ValueError(f'input_shape for model {name!r} must be {kind}, got {input_shape}')
+  if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
+    raise ValueError(f'num_classes must be an integer >= 2, got {num_classes!r}')
+  num_classes = int(num_classes)
   return lambda: _BUILDERS[name](input_shape, num_classes)
 
 
+class MaskedSparseCategoricalCrossentropy(tf.keras.losses.Loss):
+  """Mean softmax cross-entropy over the positions whose target is not `pad_id` (logits input)."""
+
+  def __init__(self, pad_id: int, name: str = 'masked_sparse_categorical_crossentropy'):
+    # SUM of the scalar `call` returns leaves it as is: the mean over real tokens of the whole batch.
+    super().__init__(reduction=tf.keras.losses.Reduction.SUM, name=name)
+    self.pad_id = pad_id
+
+  def call(self, y_true, y_pred):
+    per_token = tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+    mask = tf.cast(tf.not_equal(y_true, tf.cast(self.pad_id, y_true.dtype)), per_token.dtype)
+    return tf.math.divide_no_nan(tf.reduce_sum(per_token * mask), tf.reduce_sum(mask))
+
+  def get_config(self):
+    return {**super().get_config(), 'pad_id': self.pad_id}
+
+
+class MaskedSparseCategoricalAccuracy(tf.keras.metrics.SparseCategoricalAccuracy):
+  """Accuracy over the positions whose target is not `pad_id`."""
+
+  def __init__(self, pad_id: int, name: str = 'accuracy', dtype=None):
+    super().__init__(name=name, dtype=dtype)
+    self.pad_id = pad_id
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    mask = tf.cast(tf.not_equal(y_true, tf.cast(self.pad_id, y_true.dtype)), self.dtype)
+    if sample_weight is not None:
+      mask *= tf.cast(sample_weight, self.dtype)
+    return super().update_state(y_true, y_pred, sample_weight=mask)
+
+  def get_config(self):
+    return {**super().get_config(), 'pad_id': self.pad_id}
+
+
 def model_fn(
-    build_keras: Callable[[], tf.keras.Model], input_spec,
+    build_keras: Callable[[], tf.keras.Model], input_spec, pad_id: Optional[int] = None,
 ) -> Callable[[], tff.learning.models.VariableModel]:
-  """Wraps a Keras builder for `tff.learning`: sparse softmax cross-entropy on logits, accuracy metric."""
+  """Wraps a Keras builder for `tff.learning`: sparse softmax cross-entropy on logits, accuracy metric.
+
+  With `pad_id` (sequence data, e.g. `FederatedDataset.pad_id`), positions whose target is `pad_id` count in
+  neither loss nor accuracy. Targets may have any shape the logits have without their last axis ([batch] or
+  [batch, sequence_length]).
+  """
 
   def fn():
+    if pad_id is None:
+      loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+      accuracy = tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')
+    else:
+      loss = MaskedSparseCategoricalCrossentropy(pad_id)
+      accuracy = MaskedSparseCategoricalAccuracy(pad_id, name='accuracy')
     return tff.learning.models.from_keras_model(
-        build_keras(),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        input_spec=input_spec,
-        metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
-    )
+        build_keras(), loss=loss, input_spec=input_spec, metrics=[accuracy])
 
   return fn

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import gc
 import dataclasses
 import os
 import signal
@@ -256,6 +257,9 @@ def set_simulation_context(
       _install_sigterm_handler()
       context = create_simulation_context(_current_worker, default_num_clients)
       tff.framework.get_context_stack().set_default_context(context)
+      # Collect the replaced import-time context now: its executor factory's __del__ otherwise runs at
+      # interpreter shutdown, when `subprocess` is already gone, and prints a spurious traceback.
+      gc.collect()
     return _current_worker
 
 

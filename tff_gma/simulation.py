@@ -113,20 +113,25 @@ class CentralEvaluator:
   batch_size: int = 512
 
   def __post_init__(self):
-    self._model = self.build_keras()
     self._loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
   def __call__(self, model_weights: tff.learning.models.ModelWeights) -> dict[str, float]:
-    model_weights.assign_weights_to(self._model)
-    logits = self._model.predict(self.x, batch_size=self.batch_size, verbose=0)
+    logits = self.logits(model_weights, self.x)
     return {
         'accuracy': float(np.mean(np.argmax(logits, axis=-1) == self.y)),
         'loss': float(self._loss(self.y, logits).numpy()),
     }
 
   def logits(self, model_weights: tff.learning.models.ModelWeights, x: np.ndarray) -> np.ndarray:
-    model_weights.assign_weights_to(self._model)
-    return self._model.predict(x, batch_size=self.batch_size, verbose=0)
+    # A fresh Keras model per call, called directly: a Keras model kept across TFF's tracing of other Keras models
+    # (TFF builds them inside graphs) can end up refusing eager calls ("invalid state"); building one costs ms.
+    model = self.build_keras()
+    model(x[:1], training=False)
+    model_weights.assign_weights_to(model)
+    return np.concatenate([
+        model(x[i:i + self.batch_size], training=False).numpy()
+        for i in range(0, len(x), self.batch_size)
+    ])
 
 
 def flatten_metrics(metrics, prefix: str = '') -> dict[str, float]:
@@ -143,3 +148,25 @@ def flatten_metrics(metrics, prefix: str = '') -> dict[str, float]:
   if value.ndim == 0 and value.dtype.kind in 'biuf':
     out[prefix.rstrip('/')] = float(value)
   return out
+
+
+def batched_input_spec(client_data: tff.simulation.datasets.ClientData):
+  """The element spec of a client's batched dataset: what `tff.learning.models` need as `input_spec`."""
+  return tf.data.Dataset.from_tensors(0).flat_map(
+      lambda _: client_data.create_tf_dataset_for_client(client_data.client_ids[0])).batch(1).element_spec
+
+
+def seeded_initial_state(process: tff.learning.templates.LearningProcess,
+                         build_keras: Callable[[], tf.keras.Model], seed: int):
+  """`process.initialize()` with the model weights replaced by a Keras initialisation seeded by `seed`.
+
+  TFF's `initialize` draws the initial weights inside the worker, unseeded; replacing them makes runs with the
+  same seed start from the same model (and every aggregator in a comparison from the same model).
+  """
+  state = process.initialize()
+  tf.keras.utils.set_random_seed(seed)  # Seeds Keras' initializers (and Python's and NumPy's global RNGs).
+  keras_model = build_keras()
+  weights = tff.learning.models.ModelWeights(
+      trainable=[v.numpy() for v in keras_model.trainable_weights],
+      non_trainable=[v.numpy() for v in keras_model.non_trainable_weights])
+  return process.set_model_weights(state, weights)

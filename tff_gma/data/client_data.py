@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -17,12 +17,9 @@ def client_ids(num_clients: int) -> list[str]:
 
 def from_partition(
     x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray], ids: Sequence[str] | None = None,
-) -> tff.simulation.datasets.ClientData:
-  """A `ClientData` whose client `ids[i]` holds the examples `parts[i]` as `OrderedDict(x=..., y=...)`.
-
-  The examples are stored once, concatenated in client order, and each client's dataset is a slice of them, so
-  the dataset function is serializable (`ClientData.dataset_computation` works) and nothing is copied per client.
-  """
+) -> ArrayClientData:
+  """A `ClientData` whose client `ids[i]` holds the examples `parts[i]` as `OrderedDict(x=..., y=...)`."""
+  x, y = np.asarray(x), np.asarray(y)
   if len(x) != len(y):
     raise ValueError(f'x and y differ in length: {len(x)} vs {len(y)}')
   ids = list(ids) if ids is not None else client_ids(len(parts))
@@ -31,43 +28,46 @@ def from_partition(
   if any(len(p) == 0 for p in parts):
     raise ValueError('every client needs at least one example; use fewer clients')
   order = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
-  sizes = np.array([len(p) for p in parts], dtype=np.int64)
-  starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-  all_x = tf.constant(np.asarray(x)[order])
-  all_y = tf.constant(np.asarray(y)[order])
-  table = tf.lookup.StaticHashTable(
-      tf.lookup.KeyValueTensorInitializer(tf.constant(ids), tf.range(len(ids), dtype=tf.int64)),
-      default_value=-1)
-  starts_t = tf.constant(starts)
-  sizes_t = tf.constant(sizes)
+  return ArrayClientData(ids, x[order], y[order], [len(p) for p in parts])
 
-  def dataset_fn(client_id) -> tf.data.Dataset:
-    index = table.lookup(tf.convert_to_tensor(client_id, tf.string))
-    tf.debugging.assert_non_negative(index, message='unknown client id')
-    start, size = starts_t[index], sizes_t[index]
-    return tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=all_x[start:start + size], y=all_y[start:start + size]))
 
-  client_arrays = {
-      cid: (np.asarray(x)[np.asarray(p, dtype=np.int64)], np.asarray(y)[np.asarray(p, dtype=np.int64)])
-      for cid, p in zip(ids, parts)
-  }
-  return ArrayClientData(ids, dataset_fn, client_arrays)
+def from_client_arrays(arrays: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> ArrayClientData:
+  """A `ClientData` with one client per entry `client_id -> (x, y)`, in the mapping's order."""
+  if not arrays:
+    raise ValueError('arrays must hold at least one client')
+  ids = list(arrays)
+  if any(len(arrays[i][1]) == 0 for i in ids):
+    raise ValueError('every client needs at least one example')
+  return ArrayClientData(
+      ids, np.concatenate([arrays[i][0] for i in ids]), np.concatenate([arrays[i][1] for i in ids]),
+      [len(arrays[i][1]) for i in ids])
 
 
 class ArrayClientData(tff.simulation.datasets.ClientData):
   """A `ClientData` over in-memory arrays.
 
-  `serializable_dataset_fn` (used by `dataset_computation`) slices one constant holding every client's examples.
-  `create_tf_dataset_for_client` builds the dataset from that client's own arrays instead, so a dataset handed
-  to a TFF computation from Python serializes only that client's examples, not the whole pool.
+  The pool is stored once, in client order, and each client's arrays are views (slices) of it, so nothing is
+  copied per client. `serializable_dataset_fn` (used by `dataset_computation`) slices one constant holding every
+  client's examples; the constant is built on first use, since most callers never need it.
+  `create_tf_dataset_for_client` builds the dataset from that client's own arrays instead, so a dataset handed to
+  a TFF computation from Python serializes only that client's examples, not the whole pool.
   """
 
-  def __init__(self, ids, dataset_fn, client_arrays):
+  def __init__(self, ids: Sequence[str], x: np.ndarray, y: np.ndarray, sizes: Sequence[int]):
+    """`x`, `y`: every client's examples, concatenated in the order of `ids`; `sizes[i]`: client i's count."""
     super().__init__()
     self._ids = list(ids)
-    self._dataset_fn = dataset_fn
-    self._arrays = client_arrays
+    if len(set(self._ids)) != len(self._ids):
+      raise ValueError('client ids must be distinct')
+    if len(sizes) != len(self._ids):
+      raise ValueError(f'{len(sizes)} sizes for {len(self._ids)} client ids')
+    self._sizes = np.asarray(sizes, dtype=np.int64)
+    if np.any(self._sizes < 1) or self._sizes.sum() != len(x) or len(x) != len(y):
+      raise ValueError('sizes must be positive and sum to len(x) == len(y)')
+    self._x, self._y = x, y
+    self._starts = np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(np.int64)
+    self._index = {cid: i for i, cid in enumerate(self._ids)}
+    self._dataset_fn = None
     self._element_spec = self.create_tf_dataset_for_client(self._ids[0]).element_spec
 
   @property
@@ -76,20 +76,50 @@ class ArrayClientData(tff.simulation.datasets.ClientData):
 
   @property
   def serializable_dataset_fn(self):
+    if self._dataset_fn is None:
+      self._dataset_fn = self._build_dataset_fn()
     return self._dataset_fn
+
+  def _build_dataset_fn(self):
+    all_x = tf.constant(self._x)
+    all_y = tf.constant(self._y)
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(self._ids), tf.range(len(self._ids), dtype=tf.int64)),
+        default_value=-1)
+    starts_t = tf.constant(self._starts)
+    sizes_t = tf.constant(self._sizes)
+
+    def dataset_fn(client_id) -> tf.data.Dataset:
+      index = table.lookup(tf.convert_to_tensor(client_id, tf.string))
+      tf.debugging.assert_non_negative(index, message='unknown client id')
+      start, size = starts_t[index], sizes_t[index]
+      return tf.data.Dataset.from_tensor_slices(
+          collections.OrderedDict(x=all_x[start:start + size], y=all_y[start:start + size]))
+
+    return dataset_fn
 
   @property
   def element_type_structure(self):
     return self._element_spec
 
   def num_examples(self, client_id: str) -> int:
-    return len(self._arrays[client_id][1])
+    return int(self._sizes[self._client_index(client_id)])
 
   def client_arrays(self, client_id: str) -> tuple[np.ndarray, np.ndarray]:
-    return self._arrays[client_id]
+    i = self._client_index(client_id)
+    start, end = self._starts[i], self._starts[i] + self._sizes[i]
+    return self._x[start:end], self._y[start:end]
+
+  def pooled_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    """Every client's examples, concatenated in client order (views, not copies)."""
+    return self._x, self._y
+
+  def _client_index(self, client_id: str) -> int:
+    if client_id not in self._index:
+      raise ValueError(f'unknown client id {client_id!r}')
+    return self._index[client_id]
 
   def create_tf_dataset_for_client(self, client_id: str) -> tf.data.Dataset:
-    if client_id not in self._arrays:
-      raise ValueError(f'unknown client id {client_id!r}')
-    x, y = self._arrays[client_id]
+    x, y = self.client_arrays(client_id)
     return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))

@@ -3,6 +3,10 @@
 1,797 real 8x8 grey-scale digits (10 classes) ship inside scikit-learn, so this loads with no network. Pixels
 are scaled from [0, 16] to [0, 1] and shaped [8, 8, 1]. The train/test split is fixed (stratified, 20% test,
 independent of the run's seed) so that results of different runs are comparable.
+
+Every array partition applies (`federated.ARRAY_PARTITIONS`): iid, label_skew, dirichlet, quantity_skew, and the
+FedCMNIST-style feature_skew / mixed_skew, which make the digits 3-channel colour images [8, 8, 3] and add
+held-out OOD test clients (`tff_gma.data.colored`).
 """
 
 from __future__ import annotations
@@ -13,14 +17,14 @@ import functools
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_gma.data import client_data
+from tff_gma.data import federated
 from tff_gma.data import partition
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (8, 8, 1)
 TEST_FRACTION = 0.2
 _SPLIT_SEED = 20_220_601  # Fixed: the split never depends on a run's seed.
-PARTITIONS = ('iid', 'label_skew')
+PARTITIONS = federated.ARRAY_PARTITIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,19 +51,36 @@ def load_split() -> CentralSplit:
 
 
 def partition_indices(
-    labels: np.ndarray, partition_name: str, num_clients: int, seed: int, classes_per_client: int = 2,
+    labels: np.ndarray, partition_name: str, num_clients: int, seed: int,
+    classes_per_client: int = partition.DEFAULT_CLASSES_PER_CLIENT, **kwargs,
 ) -> list[np.ndarray]:
-  if partition_name == 'iid':
-    return partition.iid(labels, num_clients, seed)
-  if partition_name == 'label_skew':
-    return partition.label_skew(labels, num_clients, classes_per_client, seed)
-  raise ValueError(f'unknown partition {partition_name!r}; expected one of {PARTITIONS}')
+  """The label/quantity partitions (`partition.PARTITIONS`) of `labels`; `kwargs`: `alpha`, `beta`."""
+  if partition_name not in partition.PARTITIONS:
+    raise ValueError(f'unknown partition {partition_name!r}; expected one of {partition.PARTITIONS}')
+  return partition.split(labels, partition_name, num_clients, seed, classes_per_client=classes_per_client,
+                         **kwargs)
+
+
+def federated_data(
+    partition_name: str = 'iid', num_clients: int = 10, seed: int = 0, **partition_kwargs,
+) -> federated.FederatedDataset:
+  """The digits as a `FederatedDataset`: the training split over `num_clients` clients, the fixed test split.
+
+  `partition_kwargs` are those of `federated.from_arrays` (`classes_per_client`, `alpha`, `beta`,
+  `num_test_clients`, `train_correlation`, `test_correlation`).
+  """
+  if partition_name == 'by_writer':
+    raise ValueError("partition 'by_writer' needs writer identities, which only dataset 'emnist' has; the digits "
+                     f'support {PARTITIONS}')
+  split = load_split()
+  return federated.from_arrays(
+      'digits', split.x_train, split.y_train, split.x_test, split.y_test, num_classes=NUM_CLASSES,
+      partition=partition_name, num_clients=num_clients, seed=seed, **partition_kwargs)
 
 
 def federated_train_data(
-    partition_name: str = 'iid', num_clients: int = 10, seed: int = 0, classes_per_client: int = 2,
+    partition_name: str = 'iid', num_clients: int = 10, seed: int = 0,
+    classes_per_client: int = partition.DEFAULT_CLASSES_PER_CLIENT,
 ) -> tff.simulation.datasets.ClientData:
   """The digits' training split as a `ClientData` of `num_clients` clients partitioned as named."""
-  split = load_split()
-  parts = partition_indices(split.y_train, partition_name, num_clients, seed, classes_per_client)
-  return client_data.from_partition(split.x_train, split.y_train, parts)
+  return federated_data(partition_name, num_clients, seed, classes_per_client=classes_per_client).train

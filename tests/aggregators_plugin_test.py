@@ -1,0 +1,180 @@
+"""GMA and RFA as drop-in `model_aggregator`s of TFF's learning algorithms, and an audit of their intrinsics.
+
+* Plug-in: a few rounds of FedAvg (weighted and unweighted), FedProx, FedAdam and FedYogi with each factory on
+  the digits data (logistic model, 4 clients): the central loss must fall and the accuracy rise well above
+  chance; a client whose data is NaN must not corrupt the model.
+* Audit: walk the built computations' building blocks and check that the only intrinsics that take a CLIENTS
+  value to the SERVER are `federated_mean` and the secure-sum family (secure mode: secure sums only).
+"""
+
+import collections
+import functools
+
+import numpy as np
+import pytest
+import tensorflow_federated as tff
+from tensorflow_federated.python.core.impl.compiler import building_blocks
+
+from tff_gma import aggregators
+from tff_gma import models
+from tff_gma import simulation
+from tff_gma.data import digits
+
+NUM_CLIENTS = 4
+ROUNDS = 3
+BATCH_SIZE = 20
+
+MEAN_INTRINSICS = {'federated_mean', 'federated_weighted_mean'}
+SECURE_INTRINSICS = {'federated_secure_sum', 'federated_secure_sum_bitwidth', 'federated_secure_modular_sum'}
+# Intrinsics that never move a CLIENTS value to the SERVER.
+PLUMBING_INTRINSICS = {
+    'federated_apply', 'federated_broadcast', 'federated_eval_at_clients', 'federated_eval_at_server',
+    'federated_map', 'federated_map_all_equal', 'federated_value_at_clients', 'federated_value_at_server',
+    'federated_zip_at_clients', 'federated_zip_at_server',
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Intrinsic audit.
+
+
+def _intrinsics(comp) -> list[building_blocks.Intrinsic]:
+  """Every intrinsic reachable in the computation's building block (nested lambdas and blocks included)."""
+  found, stack = [], [comp.to_building_block()]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, building_blocks.Intrinsic):
+      found.append(node)
+    stack.extend(node.children())
+  return found
+
+
+def _placements(type_spec) -> set:
+  """Placements of the federated types inside `type_spec` (not descending into function types)."""
+  if isinstance(type_spec, tff.FederatedType):
+    return {type_spec.placement}
+  if isinstance(type_spec, tff.StructType):
+    return set().union(*[_placements(t) for _, t in tff.structure.iter_elements(type_spec)]) if len(
+        type_spec) else set()
+  return set()
+
+
+def _moves_clients_to_server(intrinsic: building_blocks.Intrinsic) -> bool:
+  signature = intrinsic.type_signature
+  if not isinstance(signature, tff.FunctionType) or signature.parameter is None:
+    return False
+  return tff.CLIENTS in _placements(signature.parameter) and tff.SERVER in _placements(signature.result)
+
+
+AUDITED = {
+    'gma': lambda: aggregators.GradientMaskedFactory(),
+    'gma_secure': lambda: aggregators.GradientMaskedFactory(secure=True, value_bound=1.0),
+    'rfa': lambda: aggregators.GeometricMedianFactory(),
+    'rfa_secure': lambda: aggregators.GeometricMedianFactory(secure=True, value_bound=1.0),
+    'rfa_one_step_secure': lambda: aggregators.GeometricMedianFactory(one_step=True, secure=True, value_bound=1.0),
+}
+
+
+@pytest.mark.parametrize('name', sorted(AUDITED))
+def test_only_mean_and_secure_sum_move_client_data(name):
+  value_type = tff.to_type(collections.OrderedDict(
+      a=tff.TensorType(np.float32, [2, 3]), b=[tff.TensorType(np.float32, [4]), tff.TensorType(np.float32, [])]))
+  process = AUDITED[name]().create(value_type, tff.TensorType(np.float32))
+  intrinsics = _intrinsics(process.next)
+  uris = {i.uri for i in intrinsics}
+  to_server = {i.uri for i in intrinsics if _moves_clients_to_server(i)}
+  secure = name.endswith('secure')
+  allowed = SECURE_INTRINSICS if secure else SECURE_INTRINSICS | MEAN_INTRINSICS
+  assert to_server, 'the audit found no aggregation at all: the traversal is broken'
+  assert to_server <= allowed, f'{name}: client data reaches the server through {to_server - allowed}'
+  assert uris <= allowed | PLUMBING_INTRINSICS, f'{name}: unexpected intrinsics {uris - allowed - PLUMBING_INTRINSICS}'
+  assert not uris & {'federated_sum', 'federated_aggregate', 'federated_max', 'federated_min',
+                     'federated_select', 'federated_secure_select'}
+  assert 'federated_secure_sum' in to_server  # Sign codes / client counts always go through secure sums.
+  if not secure:
+    assert 'federated_mean' in to_server
+  else:
+    assert 'federated_secure_sum_bitwidth' in to_server  # TFF's SecureSumFactory carries the floats.
+
+
+def test_audit_flags_a_plain_sum():
+  """The audit itself must catch a forbidden aggregation (so the test above can fail)."""
+
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+  def leaky(value):
+    return tff.federated_sum(value)
+
+  flagged = {i.uri for i in _intrinsics(leaky) if _moves_clients_to_server(i)}
+  assert flagged == {'federated_sum'}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plug-in.
+
+
+@functools.lru_cache(maxsize=1)
+def _setup():
+  train = digits.federated_train_data('iid', num_clients=NUM_CLIENTS, seed=0)
+  split = digits.load_split()
+  build_keras = models.keras_builder('logistic', digits.IMAGE_SHAPE, digits.NUM_CLASSES)
+  evaluator = simulation.CentralEvaluator(build_keras, split.x_test, split.y_test)
+  sample = simulation.client_dataset(train, train.client_ids[0], local_epochs=1, batch_size=BATCH_SIZE, seed=0,
+                                     round_num=0)
+  model_fn = models.model_fn(build_keras, sample.element_spec)
+  return train, evaluator, model_fn
+
+
+def _round_data(train, round_num, nan_client=False):
+  datasets = [simulation.client_dataset(train, cid, local_epochs=1, batch_size=BATCH_SIZE, seed=0,
+                                        round_num=round_num) for cid in train.client_ids]
+  if nan_client:
+    datasets[0] = datasets[0].map(lambda b: collections.OrderedDict(x=b['x'] * np.float32(np.nan), y=b['y']))
+  return datasets
+
+
+def _train(process, nan_client=False):
+  train, evaluator, _ = _setup()
+  state = process.initialize()
+  before = evaluator(process.get_model_weights(state))
+  aggregator_metrics = []
+  for round_num in range(ROUNDS):
+    output = process.next(state, _round_data(train, round_num, nan_client))
+    state = output.state
+    aggregator_metrics.append(output.metrics['aggregator'])
+  weights = process.get_model_weights(state)
+  return before, evaluator(weights), weights, aggregator_metrics
+
+
+def _build(algorithm, factory_name):
+  _, _, model_fn = _setup()
+  if algorithm == 'unweighted_fedavg':
+    factory = (aggregators.UnweightedGradientMaskedFactory() if factory_name == 'gma'
+               else aggregators.UnweightedGeometricMedianFactory())
+    return tff.learning.algorithms.build_unweighted_fed_avg(
+        model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.05, momentum=0.9),
+        server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0), model_aggregator=factory)
+  factory = aggregators.GradientMaskedFactory() if factory_name == 'gma' else aggregators.GeometricMedianFactory()
+  config = simulation.AlgorithmConfig(name=algorithm, server_lr=0.05 if algorithm in ('fedadam', 'fedyogi') else 1.0)
+  return simulation.build_learning_process(model_fn, config, model_aggregator=factory)
+
+
+@pytest.mark.parametrize('factory_name', ['gma', 'rfa'])
+@pytest.mark.parametrize('algorithm', ['fedavg', 'unweighted_fedavg', 'fedprox', 'fedadam', 'fedyogi'])
+def test_plugs_into_learning_algorithms(algorithm, factory_name):
+  process = _build(algorithm, factory_name)
+  before, after, weights, metrics = _train(process)
+  assert all(np.all(np.isfinite(w)) for w in weights.trainable)
+  assert after['loss'] < before['loss'] - 0.1, (before, after)
+  assert after['accuracy'] > 0.5, (before, after)  # Chance is 0.1.
+  assert metrics[-1]['participating_clients'] == NUM_CLIENTS
+  assert metrics[-1]['dropped_clients'] == 0
+
+
+@pytest.mark.parametrize('factory_name', ['gma', 'rfa'])
+def test_nan_client_does_not_corrupt_the_model(factory_name):
+  process = _build('fedavg', factory_name)
+  _, after, weights, metrics = _train(process, nan_client=True)
+  assert all(np.all(np.isfinite(w)) for w in weights.trainable)
+  assert after['accuracy'] > 0.5
+  # TFF's client work turns the diverged client into a zero update of weight 0: it is left out of the vote.
+  assert metrics[-1]['participating_clients'] == NUM_CLIENTS - 1

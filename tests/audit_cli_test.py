@@ -1,0 +1,90 @@
+"""Tests for `python -m tff_gma.audit`: exit status, output formats, options, and no leftover TFF worker."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow_federated as tff
+
+from tff_gma.audit import __main__ as cli
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_cli(*args):
+  """Runs the CLI in its own session and checks that nothing it started outlives it."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  with subprocess.Popen(
+      [sys.executable, '-m', 'tff_gma.audit', *args], cwd=_REPO, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, start_new_session=True) as process:
+    stdout, stderr = process.communicate(timeout=300)
+  # The child led a new process group; any process of it still alive (a TFF worker would be) answers signal 0.
+  with pytest.raises(ProcessLookupError):
+    os.killpg(process.pid, 0)
+  return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def test_clean_computation_exits_zero_and_prints_the_report():
+  process = _run_cli('tests.audit_targets:weighted_mean')
+  assert process.returncode == 0, process.stderr
+  assert '## Aggregation audit: tests.audit_targets:weighted_mean (computation)' in process.stdout
+  assert '**Verdict: PASS.**' in process.stdout
+  assert '| 1 | `federated_weighted_mean` | `{float32[3]}@CLIENTS` | no | - | 1 | yes |' in process.stdout
+
+
+def test_leaky_factory_exits_nonzero_and_writes_json(tmp_path):
+  output = tmp_path / 'audit.json'
+  process = _run_cli('tests.audit_targets:plain_sum_factory', '--value_type', 'float32[3]', '--format', 'json',
+                     '--output', str(output))
+  assert process.returncode == 1, process.stderr
+  report = json.loads(process.stdout)
+  assert json.loads(output.read_text()) == report
+  assert report['ok'] is False
+  assert [v['intrinsic'] for v in report['violations']] == ['federated_sum']
+  assert report['subject'] == 'tests.audit_targets:plain_sum_factory (SumFactory.create(float32[3]))'
+
+
+# In-process `main` (no subprocess start-up): options and errors. `tests/` is on sys.path under pytest.
+
+
+def test_policy_options(capsys):
+  assert cli.main(['audit_targets:plain_sum']) == cli.EXIT_VIOLATIONS
+  assert cli.main(['audit_targets:plain_sum', '--policy', 'allow-plain-sum']) == cli.EXIT_OK
+  assert cli.main(['audit_targets:client_max', '--policy', 'allow-plain-sum']) == cli.EXIT_VIOLATIONS
+  assert cli.main(['audit_targets:client_max', '--allow', 'federated_max']) == cli.EXIT_OK
+  assert 'FAIL' in capsys.readouterr().out
+
+
+def test_builder_callable_and_weight_type(capsys):
+  code = cli.main(['audit_targets:secure_mean_factory', '--value_type', 'float32[3]', '--weight_type', 'float32'])
+  assert code == cli.EXIT_OK
+  out = capsys.readouterr().out
+  assert 'MeanFactory.create(float32[3], float32)' in out
+  assert 'bitwidth=32' in out
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['no_colon_here'], 'MODULE:ATTR'),
+    (['audit_targets:no_such_target'], 'AttributeError'),
+    (['no_such_module_xyz:target'], 'ModuleNotFoundError'),
+    (['audit_targets:plain_sum_factory'], 'value_type is required'),
+    (['audit_targets:plain_sum_factory', '--value_type', 'float32[x]'], 'bad dimension'),
+    (['audit_targets:plain_sum_factory', '--value_type', 'notadtype[3]'], 'unknown dtype'),
+])
+def test_errors_exit_two(capsys, argv, message):
+  assert cli.main(argv) == cli.EXIT_USAGE
+  assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('spec, expected', [
+    ('float32', tff.TensorType(np.float32)),
+    ('int32[3]', tff.TensorType(np.int32, [3])),
+    ('float64[2, ?]', tff.TensorType(np.float64, [2, None])),
+    ('audit_targets:VALUE', tff.TensorType(np.float32, [3])),
+    (None, None),
+])
+def test_parse_type(spec, expected):
+  assert cli.parse_type(spec) == expected

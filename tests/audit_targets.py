@@ -1,0 +1,217 @@
+"""Computations for the audit tests and the CLI test: clean ones, deliberately leaky ones, multi-pass ones.
+
+Each target is a module attribute so that `python -m tff_gma.audit tests.audit_targets:<name>` can load it.
+Built lazily (functions returning the computation) where building costs more than a few milliseconds.
+"""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+VALUE = tff.TensorType(np.float32, [3])
+CLIENT_VALUES = tff.FederatedType(VALUE, tff.CLIENTS)
+CLIENT_SCALARS = tff.FederatedType(np.float32, tff.CLIENTS)
+CLIENT_INTS = tff.FederatedType(np.int32, tff.CLIENTS)
+SERVER_VALUE = tff.FederatedType(VALUE, tff.SERVER)
+# A small smoothing constant for the Weiszfeld weights (RFA's nu), as in RFA's smoothed Weiszfeld algorithm.
+WEISZFELD_NU = 1e-6
+INPUT_SPEC = collections.OrderedDict(
+    x=tf.TensorSpec([None, 8, 8, 1], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+
+# --- Clean: only means and secure sums reach the server. ---------------------------------------------------------
+
+
+@tff.federated_computation(CLIENT_VALUES, CLIENT_SCALARS)
+def weighted_mean(values, weights):
+  return tff.federated_mean(values, weights)
+
+
+@tff.federated_computation(CLIENT_INTS)
+def secure_sum_bitwidth(values):
+  return tff.federated_secure_sum_bitwidth(values, 8)
+
+
+@tff.tensorflow.computation
+def _max_input_constant():
+  return tf.constant(1000, tf.int32)
+
+
+@tff.federated_computation(CLIENT_INTS)
+def secure_sum_compiled_bound(values):
+  # The bound is the output of a parameterless TensorFlow computation (a graph `Const`), not a literal.
+  return tff.federated_secure_sum(values, _max_input_constant())
+
+
+@tff.federated_computation(CLIENT_INTS, tff.TensorType(np.int32))
+def secure_sum_dynamic_bound(values, max_input):
+  return tff.federated_secure_sum(values, max_input)
+
+
+@tff.federated_computation(CLIENT_INTS)
+def secure_modular_sum(values):
+  return tff.backends.mapreduce.federated_secure_modular_sum(values, 64)
+
+
+@tff.federated_computation(CLIENT_VALUES, CLIENT_SCALARS)
+def independent_means(values, scalars):
+  """Three aggregates none of which depends on another: one pass."""
+  return tff.federated_mean(values), tff.federated_mean(scalars), tff.federated_mean(values, scalars)
+
+
+@tff.tensorflow.computation(VALUE, VALUE)
+def _distance(point, center):
+  return tf.norm(point - center)
+
+
+@tff.tensorflow.computation(VALUE, VALUE)
+def _weiszfeld_weight(point, center):
+  # beta_i = 1 / max(nu, ||x_i - z||): RFA's smoothed Weiszfeld weight (uniform client weights alpha_i = 1).
+  return 1.0 / tf.maximum(WEISZFELD_NU, tf.norm(point - center))
+
+
+def weiszfeld_median(num_passes: int) -> tff.Computation:
+  """Smoothed Weiszfeld iterations from a server start: `num_passes` dependent weighted means (RFA with R=passes)."""
+
+  @tff.federated_computation(SERVER_VALUE, CLIENT_VALUES)
+  def median(start, points):
+    estimate = start
+    for _ in range(num_passes):
+      weights = tff.federated_map(_weiszfeld_weight, (points, tff.federated_broadcast(estimate)))
+      estimate = tff.federated_mean(points, weights)
+    return estimate
+
+  return median
+
+
+weiszfeld_median_3 = weiszfeld_median(3)
+
+
+@tff.federated_computation(SERVER_VALUE, CLIENT_VALUES)
+def mean_then_reweighted_mean(start, points):
+  """mean -> broadcast -> client reweighting -> mean: two passes (the second depends on the first)."""
+  del start
+  center = tff.federated_mean(points)
+  weights = tff.federated_map(_weiszfeld_weight, (points, tff.federated_broadcast(center)))
+  return tff.federated_mean(points, weights)
+
+
+@tff.federated_computation(SERVER_VALUE, CLIENT_VALUES)
+def broadcast_of_state_next_to_aggregate(start, points):
+  """Zips an aggregate with the state, then broadcasts only the state part: still one pass."""
+  first_mean = tff.federated_mean(points)
+  zipped = tff.federated_zip((first_mean, start))
+  weights = tff.federated_map(_weiszfeld_weight, (points, tff.federated_broadcast(zipped[1])))
+  return tff.federated_mean(points, weights), zipped[0]
+
+
+@tff.tensorflow.computation(VALUE)
+def _negate(value):
+  return -value
+
+
+@tff.federated_computation(CLIENT_VALUES)
+def returns_client_values(values):
+  """Returns a CLIENTS-placed value: it stays at the clients, nothing reaches the server."""
+  return tff.federated_map(_negate, values)
+
+
+# --- Leaky: client data reaches the server in other ways. --------------------------------------------------------
+
+
+@tff.federated_computation(CLIENT_VALUES)
+def plain_sum(values):
+  return tff.federated_sum(values)
+
+
+@tff.federated_computation(CLIENT_VALUES)
+def client_max(values):
+  return tff.federated_max(values)
+
+
+@tff.federated_computation(CLIENT_VALUES)
+def mean_and_min(values):
+  return tff.federated_mean(values), tff.federated_min(values)
+
+
+_COLLECTED = tff.TensorType(np.float32, [None, 3])
+
+
+@tff.tensorflow.computation
+def _empty_collection():
+  # Shape [None, 3]: the collection grows by one row per client.
+  return tf.compat.v1.placeholder_with_default(tf.zeros([0, 3], tf.float32), shape=[None, 3])
+
+
+@tff.tensorflow.computation(_COLLECTED, VALUE)
+def _append(collection, value):
+  return tf.concat([collection, value[tf.newaxis]], axis=0)
+
+
+@tff.tensorflow.computation(_COLLECTED, _COLLECTED)
+def _concatenate(a, b):
+  return tf.concat([a, b], axis=0)
+
+
+@tff.tensorflow.computation(_COLLECTED)
+def _identity(collection):
+  return tf.identity(collection)
+
+
+@tff.federated_computation(CLIENT_VALUES)
+def collect_values(values):
+  """A `federated_aggregate` whose accumulator concatenates: the server gets every client's value."""
+  return tff.federated_aggregate(values, _empty_collection(), _append, _concatenate, _identity)
+
+
+@tff.tensorflow.computation(np.float32, np.int32)
+def _select_row(table, key):
+  del key
+  return table
+
+
+@tff.tensorflow.computation(np.int32)
+def _as_key_list(key):
+  return tf.reshape(key, [1])
+
+
+@tff.federated_computation(CLIENT_INTS, tff.FederatedType(np.float32, tff.SERVER))
+def secure_select_by_client_keys(keys, table):
+  """Values picked from the server by client-held keys (`federated_secure_select`)."""
+  keys = tff.federated_map(_as_key_list, keys)
+  return tff.federated_secure_select(keys, tff.federated_value(10, tff.SERVER), table, _select_row)
+
+
+# --- Factories and learning processes. ---------------------------------------------------------------------------
+
+secure_sum_factory = tff.aggregators.SecureSumFactory(upper_bound_threshold=1.0, lower_bound_threshold=-1.0)
+plain_sum_factory = tff.aggregators.SumFactory()
+
+
+def secure_mean_factory() -> tff.aggregators.WeightedAggregationFactory:
+  """TFF's weighted mean with both of its inner sums secure (fixed bounds)."""
+  return tff.aggregators.MeanFactory(
+      value_sum_factory=tff.aggregators.SecureSumFactory(upper_bound_threshold=1.0, lower_bound_threshold=-1.0),
+      weight_sum_factory=tff.aggregators.SecureSumFactory(upper_bound_threshold=100.0, lower_bound_threshold=0.0),
+  )
+
+
+def _model_fn():
+  from tff_gma import models  # pylint: disable=g-import-not-at-top
+  return models.model_fn(models.keras_builder('logistic', (8, 8, 1), 10), INPUT_SPEC)
+
+
+def fed_avg_default() -> tff.learning.templates.LearningProcess:
+  """FedAvg as TFF builds it by default: plain sums for the model update (MeanFactory) and for the metrics."""
+  return tff.learning.algorithms.build_weighted_fed_avg(
+      _model_fn(), client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1))
+
+
+def fed_avg_secure() -> tff.learning.templates.LearningProcess:
+  """FedAvg with a secure model-update mean and securely summed metrics."""
+  return tff.learning.algorithms.build_weighted_fed_avg(
+      _model_fn(), client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+      model_aggregator=secure_mean_factory(),
+      metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)

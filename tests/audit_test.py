@@ -1,0 +1,336 @@
+"""Tests for tff_gma.audit: flows, violations, passes and bounds read from real TFF computations."""
+
+import json
+
+from google.protobuf import any_pb2
+import numpy as np
+import pytest
+import tensorflow_federated as tff
+from tensorflow_federated.python.core.impl.compiler import building_blocks
+
+import audit_targets as targets  # tests/ is on sys.path: pytest inserts the directory of rootless test modules.
+from tff_gma import audit
+
+
+def _intrinsics(report):
+  return sorted(f.intrinsic for f in report.flows)
+
+
+def _violating(report):
+  return sorted(v.intrinsic for v in report.violations)
+
+
+# --- Single computations. ----------------------------------------------------------------------------------------
+
+
+def test_weighted_mean_is_one_allowed_flow():
+  report = audit.audit_computation(targets.weighted_mean)
+  assert report.ok
+  assert report.violations == []
+  assert report.aggregation_passes == 1
+  (flow,) = report.flows
+  assert flow.intrinsic == 'federated_weighted_mean'
+  assert flow.value_type == '{float32[3]}@CLIENTS'
+  assert not flow.secure
+  assert flow.parameters == {}
+  assert (flow.count, flow.aggregation_pass, flow.allowed) == (1, 1, True)
+  assert flow.where == 'computation > weighted_mean[0]'
+
+
+@pytest.mark.parametrize('target, leaky_intrinsic', [
+    ('plain_sum', 'federated_sum'),
+    ('client_max', 'federated_max'),
+    ('collect_values', 'federated_aggregate'),
+    ('secure_select_by_client_keys', 'federated_secure_select'),
+])
+def test_leaky_computation_is_a_violation_naming_the_intrinsic(target, leaky_intrinsic):
+  report = audit.audit_computation(getattr(targets, target))
+  assert not report.ok
+  (violation,) = report.violations
+  assert violation.intrinsic == leaky_intrinsic
+  assert violation.computation == 'computation'
+  assert violation.where.startswith(f'computation > {target}[')
+  assert violation.count == 1
+  assert leaky_intrinsic in report.to_markdown()
+
+
+def test_only_the_disallowed_aggregate_of_two_is_reported():
+  report = audit.audit_computation(targets.mean_and_min)
+  assert _intrinsics(report) == ['federated_mean', 'federated_min']
+  assert _violating(report) == ['federated_min']
+
+
+def test_select_reports_the_client_keys_as_the_moved_value():
+  report = audit.audit_computation(targets.secure_select_by_client_keys)
+  (flow,) = report.flows
+  assert flow.value_type == '{int32[1]}@CLIENTS'
+  assert flow.secure  # TFF marks it secure; the default policy still allows no select.
+  assert 'keys' in report.violations[0].reason
+
+
+def test_collecting_aggregate_really_hands_every_client_value_to_the_server():
+  # The audit flags `collect_values`; running it shows why: the server receives each client's vector.
+  rng = np.random.default_rng(0)
+  client_values = [rng.normal(size=3).astype(np.float32) for _ in range(4)]
+  collected = np.asarray(targets.collect_values(client_values))
+  assert collected.shape == (4, 3)
+  np.testing.assert_allclose(
+      collected[np.lexsort(collected.T)], np.stack(client_values)[np.lexsort(np.stack(client_values).T)])
+
+
+def test_returning_client_values_is_not_a_flow_but_is_noted():
+  report = audit.audit_computation(targets.returns_client_values)
+  assert report.ok
+  assert report.flows == []
+  assert report.aggregation_passes == 0
+  assert len(report.notes) == 1 and 'CLIENTS-placed' in report.notes[0]
+
+
+# --- Policies. ---------------------------------------------------------------------------------------------------
+
+
+def test_policy_can_allow_plain_sums_and_other_intrinsics():
+  plain = audit.AuditPolicy(allow_plain_sum=True)
+  assert audit.audit_computation(targets.plain_sum, policy=plain).ok
+  assert _violating(audit.audit_computation(targets.client_max, policy=plain)) == ['federated_max']
+  with_max = audit.AuditPolicy(allowed_intrinsics=audit.DEFAULT_ALLOWED_INTRINSICS | {'federated_max'})
+  assert audit.audit_computation(targets.client_max, policy=with_max).ok
+  assert not audit.audit_computation(targets.plain_sum, policy=with_max).ok
+  sums_only = audit.AuditPolicy(allowed_intrinsics=audit.SECURE_SUM_INTRINSICS)
+  assert _violating(audit.audit_computation(targets.weighted_mean, policy=sums_only)) == ['federated_weighted_mean']
+
+
+def test_invalid_policy_arguments_raise():
+  with pytest.raises(ValueError, match='allowed_intrinsics'):
+    audit.AuditPolicy(allowed_intrinsics='federated_sum')
+  with pytest.raises(ValueError, match='policy'):
+    audit.audit_computation(targets.plain_sum, policy={'federated_sum'})
+
+
+# --- Secure-sum parameters. --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('target, intrinsic, parameters', [
+    ('secure_sum_bitwidth', 'federated_secure_sum_bitwidth', {'bitwidth': 8}),
+    ('secure_sum_compiled_bound', 'federated_secure_sum', {'max_input': 1000}),
+    ('secure_sum_dynamic_bound', 'federated_secure_sum', {'max_input': audit.DYNAMIC}),
+    ('secure_modular_sum', 'federated_secure_modular_sum', {'modulus': 64}),
+])
+def test_secure_sum_parameters_are_read_from_the_building_block(target, intrinsic, parameters):
+  report = audit.audit_computation(getattr(targets, target))
+  assert report.ok
+  (flow,) = report.flows
+  assert (flow.intrinsic, flow.secure, flow.parameters) == (intrinsic, True, parameters)
+
+
+# --- Aggregation passes. -----------------------------------------------------------------------------------------
+
+
+def test_independent_aggregates_share_one_pass():
+  report = audit.audit_computation(targets.independent_means)
+  assert report.aggregation_passes == 1
+  assert [f.aggregation_pass for f in report.flows] == [1, 1, 1]
+
+
+def test_aggregate_of_values_reweighted_by_an_earlier_aggregate_is_a_second_pass():
+  report = audit.audit_computation(targets.mean_then_reweighted_mean)
+  assert report.aggregation_passes == 2
+  assert [(f.intrinsic, f.aggregation_pass) for f in report.flows] == [('federated_mean', 1),
+                                                                       ('federated_weighted_mean', 2)]
+
+
+def test_broadcasting_the_state_part_of_a_zip_with_an_aggregate_adds_no_pass():
+  # The broadcast value sits in a structure next to the first mean; only the state part reaches the clients.
+  report = audit.audit_computation(targets.broadcast_of_state_next_to_aggregate)
+  assert report.aggregation_passes == 1
+
+
+@pytest.mark.parametrize('num_passes', [1, 2, 5])
+def test_weiszfeld_with_r_passes_counts_r_passes(num_passes):
+  report = audit.audit_computation(targets.weiszfeld_median(num_passes))
+  assert report.aggregation_passes == num_passes
+  assert [f.aggregation_pass for f in report.flows] == list(range(1, num_passes + 1))
+  assert all(f.intrinsic == 'federated_weighted_mean' and f.count == 1 for f in report.flows)
+
+
+def _numpy_weiszfeld(start, points, num_passes):
+  estimate = start
+  for _ in range(num_passes):
+    betas = 1.0 / np.maximum(targets.WEISZFELD_NU, np.linalg.norm(points - estimate, axis=1))
+    estimate = betas @ points / betas.sum()
+  return estimate
+
+
+def test_multi_pass_target_computes_weiszfeld_iterations():
+  # The 3-pass target is what it claims to be: three dependent Weiszfeld steps (checked against NumPy).
+  rng = np.random.default_rng(1)
+  points = rng.normal(size=(5, 3)).astype(np.float32)
+  start = np.zeros(3, np.float32)
+  result = targets.weiszfeld_median_3(start, list(points))
+  np.testing.assert_allclose(result, _numpy_weiszfeld(start, points.astype(np.float64), 3), rtol=1e-5, atol=1e-6)
+
+
+# --- Counting and coverage, on hand-built building blocks. -------------------------------------------------------
+
+_CLIENT_FLOAT = tff.FederatedType(np.float32, tff.CLIENTS)
+_SUM_TYPE = tff.FunctionType(_CLIENT_FLOAT, tff.FederatedType(np.float32, tff.SERVER))
+
+
+def _sum_lambda():
+  return building_blocks.Lambda(
+      'x', _CLIENT_FLOAT,
+      building_blocks.Call(building_blocks.Intrinsic('federated_sum', _SUM_TYPE),
+                           building_blocks.Reference('x', _CLIENT_FLOAT)))
+
+
+def test_a_function_called_twice_runs_twice():
+  f = building_blocks.Reference('f', _SUM_TYPE)
+  arg = building_blocks.Reference('arg', _CLIENT_FLOAT)
+  comp = building_blocks.Lambda('arg', _CLIENT_FLOAT, building_blocks.Block(
+      [('f', _sum_lambda())], building_blocks.Struct([building_blocks.Call(f, arg), building_blocks.Call(f, arg)])))
+  report = audit.audit_computation(comp, policy=audit.AuditPolicy(allow_plain_sum=True))
+  (flow,) = report.flows  # One call site ...
+  assert flow.count == 2  # ... that runs twice per call.
+  assert report.aggregation_passes == 1
+
+
+def test_an_aggregate_that_is_never_reached_is_still_reported():
+  comp = building_blocks.Lambda('arg', _CLIENT_FLOAT, building_blocks.Block(
+      [('unused', _sum_lambda())], building_blocks.Reference('arg', _CLIENT_FLOAT)))
+  report = audit.audit_computation(comp)
+  (flow,) = report.flows
+  assert (flow.intrinsic, flow.count, flow.aggregation_pass) == ('federated_sum', 0, None)
+  assert flow.where == 'computation > unused'
+  assert _violating(report) == ['federated_sum']
+  assert report.aggregation_passes == 0
+  assert any('never reached' in n for n in report.notes)
+
+
+def test_an_opaque_function_from_clients_to_server_is_a_violation():
+  opaque = building_blocks.Data(any_pb2.Any(), _SUM_TYPE)
+  comp = building_blocks.Lambda(
+      'arg', _CLIENT_FLOAT, building_blocks.Call(opaque, building_blocks.Reference('arg', _CLIENT_FLOAT)))
+  report = audit.audit_computation(comp, policy=audit.AuditPolicy(allow_plain_sum=True))
+  assert _violating(report) == ['<opaque Data>']
+  assert 'opaque' in report.violations[0].reason
+
+
+def test_aggregating_an_empty_structure_is_not_a_flow():
+  empty_at_clients = tff.FederatedType([], tff.CLIENTS)
+  comp = building_blocks.Lambda(
+      'arg', empty_at_clients,
+      building_blocks.Call(
+          building_blocks.Intrinsic(
+              'federated_sum', tff.FunctionType(empty_at_clients, tff.FederatedType([], tff.SERVER))),
+          building_blocks.Reference('arg', empty_at_clients)))
+  assert audit.audit_computation(comp).flows == []
+
+
+# --- Factories. --------------------------------------------------------------------------------------------------
+
+
+def test_sum_factory_is_a_violation():
+  report = audit.audit_computation(tff.aggregators.SumFactory(), value_type=targets.VALUE)
+  assert report.computation('initialize').flows == ()
+  assert [(v.computation, v.intrinsic) for v in report.violations] == [('next', 'federated_sum')]
+
+
+def test_default_mean_factory_sums_in_the_clear():
+  # TFF's MeanFactory divides two *plain* sums (SumFactory is its default inner factory).
+  report = audit.audit_computation(tff.aggregators.MeanFactory(), value_type=targets.VALUE)
+  assert [(f.intrinsic, f.value_type) for f in report.flows] == [('federated_sum', '{float32[3]}@CLIENTS'),
+                                                                  ('federated_sum', '{float32}@CLIENTS')]
+  assert _violating(report) == ['federated_sum', 'federated_sum']
+  assert audit.audit_computation(tff.aggregators.MeanFactory(), value_type=targets.VALUE,
+                                 policy=audit.AuditPolicy(allow_plain_sum=True)).ok
+
+
+def test_secure_sum_factory_passes_and_shows_bitwidths():
+  report = audit.audit_computation(targets.secure_sum_factory, value_type=targets.VALUE)
+  assert report.ok
+  assert report.aggregation_passes == 1
+  assert {f.intrinsic for f in report.flows} == {'federated_secure_sum_bitwidth'}
+  bitwidths = {f.value_type: f.parameters['bitwidth'] for f in report.flows}
+  # The float values are quantized to int64 and summed with 32 bits; the clip counters need 1 bit.
+  assert bitwidths == {'{int64[3]}@CLIENTS': 32, '{int32}@CLIENTS': 1}
+
+
+def test_mean_factory_with_secure_inner_sums_passes():
+  report = audit.audit_computation(targets.secure_mean_factory(), value_type=targets.VALUE,
+                                   weight_type=tff.TensorType(np.float32))
+  assert report.ok
+  value_flows = [f for f in report.flows if f.value_type in ('{int64[3]}@CLIENTS', '{int64}@CLIENTS')]
+  assert sorted(f.value_type for f in value_flows) == ['{int64[3]}@CLIENTS', '{int64}@CLIENTS']
+  assert all(f.parameters == {'bitwidth': 32} for f in value_flows)
+
+
+def test_factory_arguments_are_checked():
+  with pytest.raises(ValueError, match='value_type'):
+    audit.audit_computation(tff.aggregators.SumFactory())
+  with pytest.raises(ValueError, match='weight_type'):
+    audit.audit_computation(tff.aggregators.SumFactory(), value_type=targets.VALUE, weight_type=np.float32)
+  with pytest.raises(ValueError, match='value_type'):
+    audit.audit_computation(targets.plain_sum, value_type=targets.VALUE)
+  with pytest.raises(TypeError, match='audit_computation takes'):
+    audit.audit_computation(lambda x: x)
+
+
+# --- Learning processes. -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def default_fed_avg_report():
+  return audit.audit_computation(targets.fed_avg_default())
+
+
+def test_default_learning_process_reports_plain_metric_sums(default_fed_avg_report):
+  report = default_fed_avg_report
+  assert not report.ok
+  assert report.computation('initialize').flows == ()
+  assert report.aggregation_passes == 1
+  assert _violating(report) == ['federated_sum'] * 3  # Model update: value and weight sums; metrics: one sum.
+  metric_flows = [f for f in report.flows if 'accuracy' in f.value_type]
+  (metric_flow,) = metric_flows
+  assert not metric_flow.allowed
+  assert 'aggregator_computation' in metric_flow.where  # tff.learning.metrics.sum_then_finalize's local.
+
+
+def test_secure_learning_process_passes():
+  report = audit.audit_computation(targets.fed_avg_secure())
+  assert report.ok, report.to_markdown()
+  assert report.aggregation_passes == 1
+  assert {f.intrinsic for f in report.flows} == {'federated_secure_sum_bitwidth'}
+  assert all(isinstance(f.parameters['bitwidth'], (int, list)) for f in report.flows)
+  # The model update (trainable weights, quantized to int64) is among them.
+  assert any(f.value_type == '{<int64[64,10],int64[10]>}@CLIENTS' for f in report.flows)
+
+
+# --- Rendering. --------------------------------------------------------------------------------------------------
+
+
+def test_to_json_round_trips(default_fed_avg_report):
+  report = default_fed_avg_report
+  decoded = json.loads(report.to_json())
+  assert decoded['ok'] is False
+  assert decoded['aggregation_passes'] == 1
+  assert [c['name'] for c in decoded['computations']] == ['initialize', 'next']
+  assert len(decoded['violations']) == 3
+  flows = decoded['computations'][1]['flows']
+  assert [f['intrinsic'] for f in flows] == [f.intrinsic for f in report.computation('next').flows]
+  assert [f['where'] for f in flows] == [f.where for f in report.computation('next').flows]
+  assert decoded['policy']['allow_plain_sum'] is False
+  bounded = json.loads(audit.audit_computation(targets.secure_sum_factory, value_type=targets.VALUE).to_json())
+  assert {f['parameters']['bitwidth'] for f in bounded['computations'][1]['flows']} == {1, 32}
+
+
+def test_to_markdown_has_verdict_and_tables():
+  report = audit.audit_computation(targets.mean_then_reweighted_mean)
+  text = report.to_markdown()
+  assert '**Verdict: PASS.**' in text
+  assert 'aggregation passes per call of `computation`: **2**' in text
+  assert '| pass | intrinsic | value type | secure | parameters | runs/call | allowed | where |' in text
+  assert '| 2 | `federated_weighted_mean` | `{float32[3]}@CLIENTS` | no | - | 1 | yes |' in text
+  assert '| computation | intrinsic | secure | call sites | runs/call | passes | allowed |' in text
+  leaky = audit.audit_computation(targets.plain_sum).to_markdown()
+  assert '**Verdict: FAIL (1 violation).**' in leaky
+  assert '### Violations' in leaky and '**NO**' in leaky

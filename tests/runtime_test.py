@@ -1,0 +1,120 @@
+"""The TFF worker never outlives its Python process and never holds the caller's pipes.
+
+Each case runs a child Python that sets up the simulation context, runs a secure-sum computation, prints the
+worker's pid, and then ends in a different way. The child's stdout/stderr are pipes: `communicate()` returns only
+once every holder of those pipes has closed them, so a worker that inherited them would make it time out.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+_CHILD = textwrap.dedent('''
+    import os, sys, time
+    # Inherited by the worker: at 3 it logs nothing, at 0 it logs its start-up banner.
+    os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3' if {quiet!r} else '0'
+    import numpy as np
+    import tensorflow_federated as tff
+    from tff_gma import runtime
+
+    worker = runtime.set_simulation_context(log_path={log_path!r})
+
+    @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+    def secure_total(x):
+      return tff.federated_secure_sum_bitwidth(x, 8)
+
+    assert secure_total([1, 2, 3]) == 6
+    print('WORKER', worker.pid, flush=True)
+    mode = {mode!r}
+    if mode == 'exception':
+      raise RuntimeError('deliberate failure after a computation')
+    if mode == 'wait':
+      time.sleep(120)
+''')
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().split()[2] != 'Z'
+  except FileNotFoundError:
+    return False
+
+
+def _wait_gone(pid: int, timeout: float = 15.0) -> bool:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if not _alive(pid):
+      return True
+    time.sleep(0.1)
+  return False
+
+
+def _start(mode, tmp_path, log_path=None, quiet=True):
+  return subprocess.Popen(
+      [sys.executable, '-c', _CHILD.format(mode=mode, log_path=log_path, quiet=quiet)],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=tmp_path,
+      text=True)
+
+
+def _read_worker_pid(proc) -> int:
+  line = proc.stdout.readline()
+  while line and not line.startswith('WORKER'):
+    line = proc.stdout.readline()
+  assert line.startswith('WORKER'), proc.stderr.read()
+  return int(line.split()[1])
+
+
+@pytest.mark.parametrize('mode, expected_rc', [('exit', 0), ('exception', 1)])
+def test_worker_stops_when_python_ends(mode, expected_rc, tmp_path):
+  proc = _start(mode, tmp_path)
+  # Times out (and fails) if the worker kept the pipes open after Python ended.
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == expected_rc, err
+  pid = int(next(l for l in out.splitlines() if l.startswith('WORKER')).split()[1])
+  assert _wait_gone(pid), f'worker {pid} outlived its Python process ({mode})'
+
+
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_worker_stops_when_python_is_signalled(sig, tmp_path):
+  proc = _start('wait', tmp_path)
+  pid = _read_worker_pid(proc)
+  assert _alive(pid)
+  proc.send_signal(sig)
+  proc.communicate(timeout=60)
+  assert proc.returncode != 0
+  assert _wait_gone(pid), f'worker {pid} outlived its Python process ({sig.name})'
+
+
+def test_worker_log_goes_to_file_not_caller(tmp_path):
+  log = tmp_path / 'worker.log'
+  proc = _start('exit', tmp_path, log_path=str(log), quiet=False)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err
+  # The worker's start-up banner is in its own log, never in the caller's output.
+  banner = 'ExecutorService started'
+  assert banner in log.read_text()
+  assert banner not in err and banner not in out
+
+
+def test_context_runs_secure_sums_and_restarts_a_dead_worker(simulation_context):
+  import numpy as np
+  import tensorflow_federated as tff
+  from tff_gma import runtime
+
+  @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+  def secure_total(x):
+    return tff.federated_secure_sum(x, 7)
+
+  assert secure_total([1, 2, 7]) == 10
+  worker = runtime.set_simulation_context()
+  old_pid = worker.pid
+  os.kill(old_pid, signal.SIGKILL)
+  assert _wait_gone(old_pid)
+  assert secure_total([3, 4]) == 7  # The context starts a fresh worker instead of failing.
+  assert worker.pid != old_pid and _alive(worker.pid)

@@ -1,0 +1,36 @@
+"""Aggregators beyond plain averaging, as `tff.aggregators` factories built only from mean and secure-sum intrinsics.
+
+* `GradientMaskedFactory` / `UnweightedGradientMaskedFactory`: Gradient Masked Averaging (GMA): the weighted
+  mean masked by the clients' sign agreement, the agreement computed from secure-summed sign codes.
+* `GeometricMedianFactory` / `UnweightedGeometricMedianFactory`: Robust Federated Aggregation (RFA): the smoothed
+  geometric median by a few secure averages (smoothed Weiszfeld; one-step RFA with `one_step=True`).
+* `FederatedMeanFactory`, `SecureWeightedMeanFactory`: the weighted means they are built from (`federated_mean`,
+  or TFF's `SecureSumFactory`), usable on their own; `as_unweighted` turns a weighted factory into an unweighted one.
+
+Example::
+
+    aggregator = tff_gma.aggregators.GradientMaskedFactory(tau=0.4)      # or GeometricMedianFactory()
+    process = tff.learning.algorithms.build_weighted_fed_avg(model_fn, client_optimizer_fn,
+                                                             model_aggregator=aggregator)
+
+The processes use `tff.federated_secure_sum` (GMA's sign sums, the client counts), so they need an execution
+context that supports the secure intrinsics, such as `tff_gma.runtime.set_simulation_context()`.
+"""
+
+from tff_gma.aggregators.geometric_median import GeometricMedianFactory
+from tff_gma.aggregators.geometric_median import UnweightedGeometricMedianFactory
+from tff_gma.aggregators.gradient_masked import GradientMaskedFactory
+from tff_gma.aggregators.gradient_masked import UnweightedGradientMaskedFactory
+from tff_gma.aggregators.secure_mean import as_unweighted
+from tff_gma.aggregators.secure_mean import FederatedMeanFactory
+from tff_gma.aggregators.secure_mean import SecureWeightedMeanFactory
+
+__all__ = [
+    'FederatedMeanFactory',
+    'GeometricMedianFactory',
+    'GradientMaskedFactory',
+    'SecureWeightedMeanFactory',
+    'UnweightedGeometricMedianFactory',
+    'UnweightedGradientMaskedFactory',
+    'as_unweighted',
+]

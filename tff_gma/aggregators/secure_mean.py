@@ -1,0 +1,297 @@
+"""Weighted means built only from `federated_mean` or the secure-sum family, and shared client plumbing.
+
+GMA and RFA both reduce to weighted means `sum_i a_i w_i / sum_i a_i` of client values `w_i` with client
+weights `a_i` (RFA: one per Weiszfeld pass, with reweighted `a_i`). This module provides the two weighted-mean
+factories they use and the client-side steps they share:
+
+* `FederatedMeanFactory` (`secure=False`): one `tff.federated_mean` of the pair `(a_i w_i, a_i)`; the server
+  divides the two means, so `N` cancels and the result is the weighted mean. It returns zeros when the total
+  weight is zero (a plain weighted `federated_mean` would return NaN there), and needs no bounds. The values
+  reach the aggregation in the clear (the runtime sees them), as with TFF's default mean.
+* `SecureWeightedMeanFactory` (`secure=True`): every float leaves the clients only through
+  `tff.federated_secure_sum_bitwidth`, by composing TFF's own `tff.aggregators.MeanFactory` with two
+  `tff.aggregators.SecureSumFactory`s. Each client clips its weight to `[0, weight_bound]` and each coordinate of
+  its value to `[-value_bound, value_bound]` (both counted), and sends `u_i = a_i / weight_bound` in `[0, 1]`
+  and `u_i w_i` in `[-value_bound, value_bound]`. Normalizing the weight *before* multiplying is what keeps
+  `u_i w_i` inside the value bound (TFF's `MeanFactory` clips `a_i w_i` itself, so a client weight of 90 would
+  clip an update of 0.02); the common factor `1 / weight_bound` cancels in the division.
+
+Discretization error of the secure mean. `SecureSumFactory` maps each float in `[lo, hi]` to one of `2**32 - 1`
+evenly spaced integers by rounding to nearest, so each client adds at most `(hi - lo) / (2 * (2**32 - 1))` of
+error to a sum: `value_bound / (2**32 - 1)` per coordinate of `sum u_i w_i` and `1 / (2 * (2**32 - 1))` to
+`sum u_i`. With `N` clients, `U = sum_i a_i / weight_bound` and the exact mean `m`, the returned mean therefore
+differs from the weighted mean of the clipped values by at most about
+
+    N * (value_bound + |m| / 2) / ((2**32 - 1) * U)      (`discretization_error_bound`)
+
+per coordinate, plus float32 rounding of the sums (about 1e-7 relative). Example: 10 clients of weight 100,
+`weight_bound=1e4`, `value_bound=1`: `U = 0.1`, error below 2.4e-8. Keep `weight_bound` near the largest
+real weight: the error grows as `weight_bound / sum a_i`.
+
+Non-finite input. `drop_invalid_clients` replaces a client whose value has a NaN/Inf, or whose weight is
+non-finite or negative, by a zero value with zero weight, and flags it so that the factories can count it with a
+secure sum. Such a client then contributes nothing to any sum (and nothing to GMA's sign sums or counts).
+
+Counting. Counts of clients (participating, dropped, clipped) are secure sums of 0/1 indicators with
+`max_input=1`, in both modes: the server learns the counts, never which client they came from.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+SECAGG_LEVELS = 2**32 - 1  # Quantization levels of TFF's float secure sum (`primitives.secure_quantized_sum`).
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plain TF (client side).
+
+
+def all_finite(value) -> tf.Tensor:
+  """Scalar bool: every element of every tensor of the structure `value` is finite."""
+  leaves = tf.nest.flatten(value)
+  if not leaves:
+    return tf.constant(True)
+  return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(x)) for x in leaves]))
+
+
+def drop_invalid_clients(value, weight):
+  """Zeroes a client that must not reach the server; returns `(value, weight, keep)`.
+
+  A client is dropped when any element of `value` is NaN/Inf or its `weight` is non-finite or negative. A
+  dropped client returns zeros of the value's structure and weight 0 (so that `0 * value` cannot produce NaN
+  downstream). `keep` is an int32 scalar, 1 for a kept client, 0 for a dropped one.
+  """
+  weight_ok = tf.logical_and(tf.math.is_finite(weight), weight >= 0)
+  keep = tf.logical_and(all_finite(value), weight_ok)
+  clean_value = tf.nest.map_structure(lambda x: tf.where(keep, x, tf.zeros_like(x)), value)
+  clean_weight = tf.where(keep, weight, tf.zeros_like(weight))
+  return clean_value, clean_weight, tf.cast(keep, tf.int32)
+
+
+def clip_to_bounds(value, weight, value_bound: float, weight_bound: float):
+  """Clips `value` to `[-value_bound, value_bound]` and `weight` to `[0, weight_bound]`.
+
+  Returns `(value, weight, value_clipped, weight_clipped)`, the last two int32 0/1 flags saying whether any
+  coordinate of the value, resp. the weight, was changed.
+  """
+  clipped = tf.nest.map_structure(
+      lambda x: tf.clip_by_value(x, tf.cast(-value_bound, x.dtype), tf.cast(value_bound, x.dtype)), value)
+  changed = [tf.reduce_any(tf.not_equal(x, c)) for x, c in zip(tf.nest.flatten(value), tf.nest.flatten(clipped))]
+  value_clipped = tf.reduce_any(tf.stack(changed)) if changed else tf.constant(False)
+  clipped_weight = tf.clip_by_value(weight, tf.zeros_like(weight), tf.cast(weight_bound, weight.dtype))
+  weight_clipped = tf.not_equal(weight, clipped_weight)
+  return clipped, clipped_weight, tf.cast(value_clipped, tf.int32), tf.cast(weight_clipped, tf.int32)
+
+
+def discretization_error_bound(
+    num_clients: int, total_weight: float, value_bound: float, weight_bound: float, mean_abs: float = 0.0,
+) -> float:
+  """Worst-case per-coordinate quantization error of `SecureWeightedMeanFactory` (see the module docstring).
+
+  Args:
+    num_clients: the number of clients in the round.
+    total_weight: `sum_i a_i` over kept clients (after clipping to `weight_bound`).
+    value_bound: the secure value bound.
+    weight_bound: the secure weight bound.
+    mean_abs: `|m|` for the coordinate (or its maximum over coordinates).
+
+  Returns:
+    The bound; float32 rounding of the sums (about 1e-7 relative) comes on top.
+  """
+  normalized_total = total_weight / weight_bound
+  if normalized_total <= 0:
+    return 0.0
+  return num_clients * (value_bound + mean_abs / 2) / (SECAGG_LEVELS * normalized_total)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Federated helpers.
+
+
+def secure_count(indicators):
+  """Secure sum of int32 0/1 indicators (a scalar or a structure) at CLIENTS, with the tightest `max_input=1`."""
+  return tff.federated_secure_sum(indicators, 1)
+
+
+def check_float_structure(value_type, name: str = 'value_type') -> None:
+  """Raises TypeError unless `value_type` is a non-federated tensor or structure of float tensors."""
+  if isinstance(value_type, tff.FederatedType) or not isinstance(value_type, (tff.TensorType, tff.StructType)):
+    raise TypeError(f'{name} must be an unplaced tff.TensorType or tff.StructType, got {value_type}')
+  leaves = tff.structure.flatten(value_type) if isinstance(value_type, tff.StructType) else [value_type]
+  if not leaves:
+    raise TypeError(f'{name} must hold at least one tensor, got {value_type}')
+  for leaf in leaves:
+    if not isinstance(leaf, tff.TensorType) or not np.issubdtype(leaf.dtype, np.floating):
+      raise TypeError(f'every tensor of {name} must be of a float dtype, got {value_type}')
+    if leaf.shape is None or any(d is None for d in leaf.shape):
+      raise TypeError(f'every tensor of {name} must have a fully defined shape, got {value_type}')
+
+
+def check_weight_type(weight_type, name: str = 'weight_type') -> None:
+  if not (isinstance(weight_type, tff.TensorType) and np.issubdtype(weight_type.dtype, np.floating)
+          and len(weight_type.shape) == 0):  # pylint: disable=g-explicit-length-test
+    raise TypeError(f'{name} must be a scalar float tff.TensorType, got {weight_type}')
+
+
+def num_elements(value_type) -> int:
+  """Total number of scalars in a (structure of) tensor type(s)."""
+  leaves = tff.structure.flatten(value_type) if isinstance(value_type, tff.StructType) else [value_type]
+  return int(sum(math.prod(leaf.shape) for leaf in leaves))
+
+
+def check_positive_finite(value, name: str) -> float:
+  """`float(value)` when it is a positive finite number; ValueError naming `name` otherwise."""
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f'{name} must be a positive finite number, got {value!r}') from None
+  if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
+    raise ValueError(f'{name} must be a positive finite number, got {value!r}')
+  return number
+
+
+def check_bool(value, name: str) -> bool:
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f'{name} must be a bool, got {value!r}')
+  return bool(value)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Factories.
+
+
+class FederatedMeanFactory(tff.aggregators.WeightedAggregationFactory):
+  """Weighted mean through a single `tff.federated_mean`; zero when the total weight is zero.
+
+  Clients send the pair `(a_i * w_i, a_i)` to one unweighted `federated_mean`; the server returns
+  `mean(a w) / mean(a)` (`divide_no_nan`). Empty state, empty measurements.
+  """
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    check_float_structure(value_type)
+    check_weight_type(weight_type)
+
+    @tff.tensorflow.computation(value_type, weight_type)
+    def weighted_pair(value, weight):
+      weighted = tf.nest.map_structure(lambda x: x * tf.cast(weight, x.dtype), value)
+      return weighted, weight
+
+    @tff.tensorflow.computation(weighted_pair.type_signature.result)
+    def divide(mean_pair):
+      weighted_mean, mean_weight = mean_pair
+      return tf.nest.map_structure(
+          lambda x: tf.math.divide_no_nan(x, tf.cast(mean_weight, x.dtype)), weighted_mean)
+
+    @tff.federated_computation()
+    def init_fn():
+      return tff.federated_value((), tff.SERVER)
+
+    @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
+                               tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      mean_pair = tff.federated_mean(tff.federated_map(weighted_pair, (value, weight)))
+      result = tff.federated_map(divide, mean_pair)
+      return tff.templates.MeasuredProcessOutput(state, result, tff.federated_value((), tff.SERVER))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
+  """Weighted mean whose floats leave the clients only through TFF's `SecureSumFactory` (32-bit quantized).
+
+  See the module docstring for the clipping, the weight normalization and the discretization error.
+  Measurements: `value_clipped_clients` and `weight_clipped_clients` (clients with any value coordinate outside
+  `[-value_bound, value_bound]`, resp. a weight above `weight_bound`), and `mean`, the measurements of the
+  inner `tff.aggregators.MeanFactory` (its secure sums' thresholds and clip counts).
+  """
+
+  def __init__(self, value_bound: float, weight_bound: float = 1e4):
+    """Args: `value_bound`: bound on the absolute value of every coordinate; `weight_bound`: largest weight."""
+    self._value_bound = check_positive_finite(value_bound, 'value_bound')
+    self._weight_bound = check_positive_finite(weight_bound, 'weight_bound')
+
+  @property
+  def value_bound(self) -> float:
+    return self._value_bound
+
+  @property
+  def weight_bound(self) -> float:
+    return self._weight_bound
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    check_float_structure(value_type)
+    check_weight_type(weight_type)
+    value_bound, weight_bound = self._value_bound, self._weight_bound
+    inner = tff.aggregators.MeanFactory(
+        value_sum_factory=tff.aggregators.SecureSumFactory(value_bound),
+        weight_sum_factory=tff.aggregators.SecureSumFactory(1.0, 0.0),
+        no_nan_division=True,
+    ).create(value_type, weight_type)
+
+    @tff.tensorflow.computation(value_type, weight_type)
+    def prepare(value, weight):
+      value, weight, value_clipped, weight_clipped = clip_to_bounds(value, weight, value_bound, weight_bound)
+      return value, weight / tf.cast(weight_bound, weight.dtype), (value_clipped, weight_clipped)
+
+    @tff.federated_computation(inner.state_type, tff.FederatedType(value_type, tff.CLIENTS),
+                               tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      prepared = tff.federated_map(prepare, (value, weight))
+      output = inner.next(state, prepared[0], prepared[1])
+      value_clipped, weight_clipped = secure_count(prepared[2])
+      measurements = collections.OrderedDict(
+          value_clipped_clients=value_clipped, weight_clipped_clients=weight_clipped, mean=output.measurements)
+      return tff.templates.MeasuredProcessOutput(output.state, output.result, tff.federated_zip(measurements))
+
+    return tff.templates.AggregationProcess(inner.initialize, next_fn)
+
+
+def weighted_mean_factory(
+    secure: bool, value_bound: Optional[float], weight_bound: float,
+) -> tff.aggregators.WeightedAggregationFactory:
+  """`SecureWeightedMeanFactory(value_bound, weight_bound)` when `secure`, else `FederatedMeanFactory()`."""
+  if not secure:
+    return FederatedMeanFactory()
+  if value_bound is None:
+    raise ValueError('value_bound is required when secure=True (the bound on |coordinate| that secure sums clip '
+                     'to), got None')
+  return SecureWeightedMeanFactory(value_bound, weight_bound)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Unweighted use.
+
+
+class _UnitWeightFactory(tff.aggregators.UnweightedAggregationFactory):
+  """Runs a weighted factory with weight 1 for every client."""
+
+  def __init__(self, weighted_factory: tff.aggregators.WeightedAggregationFactory):
+    if not isinstance(weighted_factory, tff.aggregators.WeightedAggregationFactory):
+      raise TypeError(f'expected a tff.aggregators.WeightedAggregationFactory, got {weighted_factory!r}')
+    self._weighted_factory = weighted_factory
+
+  def create(self, value_type) -> tff.templates.AggregationProcess:
+    process = self._weighted_factory.create(value_type, tff.TensorType(np.float32))
+
+    @tff.federated_computation(process.state_type, tff.FederatedType(value_type, tff.CLIENTS))
+    def next_fn(state, value):
+      return process.next(state, value, tff.federated_value(np.float32(1.0), tff.CLIENTS))
+
+    return tff.templates.AggregationProcess(process.initialize, next_fn)
+
+
+def as_unweighted(
+    weighted_factory: tff.aggregators.WeightedAggregationFactory,
+) -> tff.aggregators.UnweightedAggregationFactory:
+  """The unweighted counterpart of a weighted factory: every client gets weight 1 (float32).
+
+  The converse of TFF's `tff.aggregators.as_weighted_aggregator`, which TFF 0.87 does not provide.
+  """
+  return _UnitWeightFactory(weighted_factory)

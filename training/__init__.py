@@ -1,0 +1,1 @@
+"""Experiment drivers for tff-gma: the demo and the experiment runner."""
