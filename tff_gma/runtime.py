@@ -35,6 +35,7 @@ import portpicker
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.backends.native import compiler as native_compiler
 from tensorflow_federated.python.core.backends.test import compiler as test_compiler
+from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 
 # Same limits as TFF's local executor factory: models cross the channel as single messages.
@@ -174,6 +175,18 @@ def stop_all_workers() -> None:
 
 
 atexit.register(stop_all_workers)
+
+
+def _drop_import_time_context() -> None:
+  # `import tensorflow_federated` installs a default context whose executor factory's __del__ runs at interpreter
+  # shutdown, when `subprocess` is already gone, and prints a spurious traceback. Replacing and collecting it at
+  # exit (atexit runs before module teardown) keeps processes that never ran a computation quiet too.
+  if _current_worker is None:
+    tff.framework.get_context_stack().set_default_context(runtime_error_context.RuntimeErrorContext())
+    gc.collect()
+
+
+atexit.register(_drop_import_time_context)
 
 
 def _sigterm_to_exit(signum, frame):

@@ -106,21 +106,29 @@ def client_dataset(
 
 @dataclasses.dataclass
 class CentralEvaluator:
-  """Evaluates a `ModelWeights` on held-out arrays with a local Keras copy of the model (no TFF round-trip)."""
+  """Evaluates a `ModelWeights` on held-out arrays with a local Keras copy of the model (no TFF round-trip).
+
+  With `pad_id` (sequence targets), positions whose target is `pad_id` count in neither loss nor accuracy.
+  """
   build_keras: Callable[[], tf.keras.Model]
   x: np.ndarray
   y: np.ndarray
   batch_size: int = 512
-
-  def __post_init__(self):
-    self._loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  pad_id: Optional[int] = None
 
   def __call__(self, model_weights: tff.learning.models.ModelWeights) -> dict[str, float]:
-    logits = self.logits(model_weights, self.x)
-    return {
-        'accuracy': float(np.mean(np.argmax(logits, axis=-1) == self.y)),
-        'loss': float(self._loss(self.y, logits).numpy()),
-    }
+    return self.evaluate_arrays(model_weights, self.x, self.y)
+
+  def evaluate_arrays(self, model_weights: tff.learning.models.ModelWeights, x: np.ndarray,
+                      y: np.ndarray) -> dict[str, float]:
+    logits = self.logits(model_weights, x).astype(np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    nll = -np.take_along_axis(log_probs, np.asarray(y)[..., None].astype(np.int64), axis=-1)[..., 0]
+    correct = np.argmax(logits, axis=-1) == y
+    mask = np.ones_like(correct) if self.pad_id is None else (np.asarray(y) != self.pad_id)
+    count = max(int(mask.sum()), 1)
+    return {'accuracy': float((correct * mask).sum() / count), 'loss': float((nll * mask).sum() / count)}
 
   def logits(self, model_weights: tff.learning.models.ModelWeights, x: np.ndarray) -> np.ndarray:
     # A fresh Keras model per call, called directly: a Keras model kept across TFF's tracing of other Keras models

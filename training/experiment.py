@@ -1,0 +1,304 @@
+"""One federated experiment: data, model, learning process, rounds, evaluation, outputs and checkpoints.
+
+`ExperimentConfig` holds every setting (the runner maps its absl flags onto it); `run(config)` trains and
+writes into `config.output_dir`:
+
+* `metrics.csv`: one row per completed round (`tff.program.CSVFileReleaseManager`, keyed by round): the
+  process's metrics, the aggregator's measurements, and the evaluations of the rounds that evaluate;
+* TensorBoard event files (`tff.program.TensorBoardReleaseManager`) under `tensorboard/`;
+* `checkpoints/`: the learning-process state after every round (`tff.program.FileProgramStateManager`);
+* `summary.json`: final accuracy (mean over the last 10 evaluated rounds), best accuracy, rounds completed, the
+  full resolved configuration;
+* `accuracy.png`: test accuracy against rounds.
+
+Rerunning with the same output directory resumes after the last saved round (a larger `rounds` continues).
+Every random choice is a function of (seed, round), so an interrupted and resumed run ends with exactly the
+model of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma import models
+from tff_gma import simulation
+from tff_gma.data import loaders
+from training import progress
+from training import registry
+
+LAST_EVALS_FOR_FINAL = 10  # "Final" figure: mean over the last 10 evaluated rounds (GMA paper).
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """Everything that defines a run. Field names are the runner's flag names."""
+  dataset: str = 'digits'
+  data_dir: Optional[str] = None
+  partition: str = 'iid'
+  classes_per_client: int = 2
+  alpha: float = 0.5
+  beta: float = 0.5
+  num_clients: int = 10
+  clients_per_round: int = 10
+  rounds: int = 20
+  local_epochs: int = 1
+  batch_size: int = 16
+  model: str = 'cnn'
+  algorithm: str = 'fedavg'
+  client_lr: float = 0.05
+  server_lr: float = 1.0
+  client_momentum: float = simulation.CLIENT_MOMENTUM
+  proximal_strength: float = 0.01
+  adaptive_epsilon: float = 1e-3
+  aggregator: str = 'mean'
+  tau: float = 0.4
+  num_passes: int = 3
+  smoothing: float = 1e-6
+  secure: bool = False
+  secure_bound: Optional[float] = None
+  secure_metrics: bool = False
+  eval_every: int = 1
+  seed: int = 0
+  output_dir: str = 'outputs/run'
+  audit: bool = False
+
+  def algorithm_config(self) -> simulation.AlgorithmConfig:
+    return simulation.AlgorithmConfig(
+        name=self.algorithm, client_lr=self.client_lr, server_lr=self.server_lr,
+        client_momentum=self.client_momentum, proximal_strength=self.proximal_strength,
+        adaptive_epsilon=self.adaptive_epsilon)
+
+  def aggregator_params(self) -> registry.AggregatorParams:
+    return registry.AggregatorParams(
+        tau=self.tau, num_passes=self.num_passes, smoothing=self.smoothing, secure=self.secure,
+        secure_bound=self.secure_bound)
+
+  def partition_kwargs(self) -> dict[str, Any]:
+    """The partition keyword arguments that apply to the chosen partition."""
+    names = [k for k, parts in loaders.federated.PARTITION_KWARGS.items() if self.partition in parts]
+    return {k: getattr(self, k) for k in names if hasattr(self, k)}
+
+  def validate(self) -> None:
+    """Raises ValueError naming the setting when something is unknown or inconsistent, before any training."""
+    loaders.check_config(self.dataset, self.partition)
+    if self.model not in models.MODELS:
+      raise ValueError(f'model: unknown model {self.model!r}; expected one of {models.MODELS}')
+    if self.aggregator not in registry.NAMES:
+      raise ValueError(f'aggregator: unknown aggregator {self.aggregator!r}; expected one of {registry.NAMES}')
+    self.algorithm_config()  # Raises on bad algorithm/learning-rate settings.
+    positive_ints = ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size', 'eval_every',
+                     'num_passes', 'classes_per_client')
+    for name in positive_ints:
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+    if self.clients_per_round > self.num_clients:
+      raise ValueError(f'clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})')
+    if not 0.0 <= self.tau <= 1.0:
+      raise ValueError(f'tau must lie in [0, 1], got {self.tau!r}')
+    if not self.smoothing > 0:
+      raise ValueError(f'smoothing must be positive, got {self.smoothing!r}')
+    for name in ('alpha', 'beta'):
+      if not getattr(self, name) > 0:
+        raise ValueError(f'{name} must be positive, got {getattr(self, name)!r}')
+    if self.secure_bound is not None and not self.secure_bound > 0:
+      raise ValueError(f'secure_bound must be positive, got {self.secure_bound!r}')
+    if self.model == 'char_lstm' and self.dataset != 'shakespeare':
+      raise ValueError(f'model: char_lstm needs dataset=shakespeare, got dataset={self.dataset!r}')
+    if self.dataset == 'shakespeare' and self.model != 'char_lstm':
+      raise ValueError(f'model: dataset=shakespeare needs model=char_lstm, got {self.model!r}')
+
+
+# Settings a resumed run may change: they do not alter the state or what a round computes.
+_RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir')
+
+
+def check_resumable(config: ExperimentConfig) -> None:
+  """Refuses to resume an output directory written with other settings (its checkpoint would not fit)."""
+  path = os.path.join(config.output_dir, 'config.json')
+  current = dataclasses.asdict(config)
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    changed = sorted(k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k) != current[k])
+    if changed:
+      details = ', '.join(f'{k}: {saved.get(k)!r} -> {current[k]!r}' for k in changed)
+      raise ValueError(
+          f'{config.output_dir} holds a run with other settings ({details}); use another --output_dir '
+          f'or the same flags to resume it')
+  with open(path, 'w') as f:
+    json.dump(current, f, indent=2)
+
+
+def _run_async(coro):
+  return asyncio.run(coro)
+
+
+@dataclasses.dataclass
+class _Setup:
+  data: loaders.FederatedDataset
+  build_keras: Callable[[], tf.keras.Model]
+  process: tff.learning.templates.LearningProcess
+  evaluator: simulation.CentralEvaluator
+
+
+def build_setup(config: ExperimentConfig) -> _Setup:
+  data = loaders.load_federated_data(
+      config.dataset, config.partition, config.num_clients, config.seed, data_dir=config.data_dir,
+      **config.partition_kwargs())
+  build_keras = models.keras_builder(config.model, data.input_shape, data.num_classes)
+  model_fn = models.model_fn(build_keras, data.input_spec, pad_id=data.pad_id)
+  metrics_aggregator = tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None
+  process = simulation.build_learning_process(
+      model_fn, config.algorithm_config(), registry.build(config.aggregator, config.aggregator_params()),
+      metrics_aggregator=metrics_aggregator)
+  evaluator = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y, pad_id=data.pad_id)
+  return _Setup(data, build_keras, process, evaluator)
+
+
+def _pooled(data, client_ids):
+  xs, ys = zip(*(data.train.client_arrays(c) for c in client_ids))
+  return np.concatenate(xs), np.concatenate(ys)
+
+
+def evaluate(setup: _Setup, state, participants: list[str]) -> dict[str, float]:
+  """Central test split; OOD clients where the partition has them; this round's participants vs the rest."""
+  weights = setup.process.get_model_weights(state)
+  out = {f'test/{k}': v for k, v in setup.evaluator(weights).items()}
+  if setup.data.ood_test is not None:
+    ood = setup.evaluator.evaluate_arrays(weights, setup.data.ood_test_x, setup.data.ood_test_y)
+    out.update({f'ood_test/{k}': v for k, v in ood.items()})
+  others = [c for c in setup.data.train.client_ids if c not in set(participants)]
+  if others:  # GMA paper Table 4: the global model on participating vs non-participating clients' data.
+    for name, ids in (('participating', participants), ('non_participating', others)):
+      metrics = setup.evaluator.evaluate_arrays(weights, *_pooled(setup.data, ids))
+      out.update({f'{name}/{k}': v for k, v in metrics.items()})
+  return out
+
+
+def _plot(rows: list[dict[str, float]], path: str, title: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for key in ('test/accuracy', 'ood_test/accuracy'):
+    points = [(r['round'], r[key]) for r in rows if key in r]
+    if points:
+      ax.plot(*zip(*points), label=key.split('/')[0])
+  ax.set_xlabel('round')
+  ax.set_ylabel('accuracy')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def _read_rows(csv_path: str) -> list[dict[str, float]]:
+  import csv  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(csv_path):
+    return []
+  with open(csv_path, newline='') as f:
+    rows = []
+    for raw in csv.DictReader(f):
+      row = {}
+      for k, v in raw.items():
+        if v not in (None, ''):
+          try:
+            row[k] = float(v)
+          except ValueError:
+            pass
+      rows.append(row)
+  return rows
+
+
+def run(config: ExperimentConfig, *, show_progress: bool = True,
+        on_round: Optional[Callable[[int, Any], None]] = None) -> dict[str, Any]:
+  """Trains (or resumes) the experiment; returns the summary that is also written to summary.json.
+
+  `on_round(round_num, state)` is called after each round's checkpoint is saved (tests use it to interrupt).
+  """
+  config.validate()
+  os.makedirs(config.output_dir, exist_ok=True)
+  check_resumable(config)
+  setup = build_setup(config)
+  if config.audit:
+    from tff_gma import audit  # pylint: disable=g-import-not-at-top
+    report = audit.audit_computation(setup.process)
+    with open(os.path.join(config.output_dir, 'audit.md'), 'w') as f:
+      f.write(report.to_markdown())
+
+  state_manager = tff.program.FileProgramStateManager(os.path.join(config.output_dir, 'checkpoints'), keep_total=3)
+  csv_path = os.path.join(config.output_dir, 'metrics.csv')
+  csv_release = tff.program.CSVFileReleaseManager(csv_path, key_fieldname='round')
+  tb_release = tff.program.TensorBoardReleaseManager(os.path.join(config.output_dir, 'tensorboard'))
+
+  initial_state = simulation.seeded_initial_state(setup.process, setup.build_keras, config.seed)
+  state, start_round = _run_async(state_manager.load_latest(initial_state))
+  if state is None:
+    state, start_round = initial_state, 0
+    _run_async(state_manager.save(state, 0))
+
+  client_ids = setup.data.train.client_ids
+  bar = progress.RoundProgress(config.rounds, label=f'{config.algorithm}/{config.aggregator}') \
+      if show_progress else None
+  started = time.monotonic()
+  for round_num in range(start_round + 1, config.rounds + 1):
+    participants = simulation.sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
+    datasets = [
+        simulation.client_dataset(setup.data.train, c, local_epochs=config.local_epochs,
+                                  batch_size=config.batch_size, seed=config.seed, round_num=round_num)
+        for c in participants
+    ]
+    output = setup.process.next(state, datasets)
+    state = output.state
+    row = simulation.flatten_metrics(output.metrics)
+    if round_num % config.eval_every == 0 or round_num == config.rounds:
+      row.update(evaluate(setup, state, participants))
+    # Release the round's row before its checkpoint: a crash in between re-runs the round on resume, and the
+    # CSV release of that round replaces the row (it drops rows with keys >= the released key).
+    _run_async(csv_release.release(row, round_num))
+    _run_async(tb_release.release(row, round_num))
+    _run_async(state_manager.save(state, round_num))
+    if bar is not None:
+      bar.update(round_num, **({'acc': row['test/accuracy']} if 'test/accuracy' in row else {}))
+    if on_round is not None:
+      on_round(round_num, state)
+
+  rows = [r for r in _read_rows(csv_path) if r.get('round', 0) <= config.rounds]
+  evaluated = [r for r in rows if 'test/accuracy' in r]
+  accuracy = [r['test/accuracy'] for r in evaluated]
+  summary = {
+      'final_accuracy': float(np.mean(accuracy[-LAST_EVALS_FOR_FINAL:])) if accuracy else None,
+      'best_accuracy': float(np.max(accuracy)) if accuracy else None,
+      'rounds_completed': int(max((r['round'] for r in rows), default=0)),
+      'seconds_this_run': time.monotonic() - started,
+      'config': dataclasses.asdict(config),
+  }
+  if evaluated and 'ood_test/accuracy' in evaluated[-1]:
+    summary['final_ood_accuracy'] = float(np.mean([r['ood_test/accuracy'] for r in evaluated
+                                                   if 'ood_test/accuracy' in r][-LAST_EVALS_FOR_FINAL:]))
+  for key in ('participating/accuracy', 'non_participating/accuracy'):
+    values = [r[key] for r in evaluated if key in r]
+    if values:
+      summary[f'final_{key.replace("/", "_")}'] = float(np.mean(values[-LAST_EVALS_FOR_FINAL:]))
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(summary, f, indent=2)
+  if evaluated:
+    _plot(evaluated, os.path.join(config.output_dir, 'accuracy.png'),
+          f'{config.dataset}/{config.partition}: {config.algorithm} + {config.aggregator}')
+  final_weights = setup.process.get_model_weights(state)
+  summary['_model_weights'] = final_weights  # Not serialized; for callers such as tests and the MIA audit.
+  return summary

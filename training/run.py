@@ -1,0 +1,89 @@
+"""The experiment runner.
+
+    python -m training.run --flagfile=configs/<name>.flags [--flag=value ...]
+
+Trains one federated experiment (see `training.experiment` for what is written to --output_dir). Rerunning the
+same command resumes from the last completed round; a larger --rounds continues training. Unknown flags and
+inconsistent settings fail before any training, naming the flag.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+import dataclasses  # pylint: disable=g-import-not-at-top
+import json
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from tff_gma import models
+from tff_gma import runtime
+from tff_gma import simulation
+from tff_gma.data import loaders
+from training import experiment
+from training import registry
+
+_D = experiment.ExperimentConfig()
+_ALL_PARTITIONS = sorted({p for d in loaders.DATASETS for p in loaders.supported_partitions(d)})
+
+flags.DEFINE_enum('dataset', _D.dataset, list(loaders.DATASETS), 'Data set (digits is embedded and offline).')
+flags.DEFINE_string('data_dir', _D.data_dir, 'Where TFDS/TFF data sets are (or are downloaded to).')
+flags.DEFINE_enum('partition', _D.partition, _ALL_PARTITIONS, 'How training examples are dealt to clients.')
+flags.DEFINE_integer('classes_per_client', _D.classes_per_client, 'label_skew/mixed_skew: classes per client.')
+flags.DEFINE_float('alpha', _D.alpha, 'dirichlet: label concentration (smaller = more skew).')
+flags.DEFINE_float('beta', _D.beta, 'quantity_skew: size concentration (paper: 0.5).')
+flags.DEFINE_integer('num_clients', _D.num_clients, 'Clients in the federation.')
+flags.DEFINE_integer('clients_per_round', _D.clients_per_round, 'Clients sampled per round.')
+flags.DEFINE_integer('rounds', _D.rounds, 'Total rounds (a resumed run continues up to this).')
+flags.DEFINE_integer('local_epochs', _D.local_epochs, 'Client epochs per round.')
+flags.DEFINE_integer('batch_size', _D.batch_size, 'Client batch size.')
+flags.DEFINE_enum('model', _D.model, list(models.MODELS), 'Keras model.')
+flags.DEFINE_enum('algorithm', _D.algorithm, list(simulation.ALGORITHMS), 'Federated optimisation algorithm.')
+flags.DEFINE_float('client_lr', _D.client_lr, 'Client SGD learning rate (momentum --client_momentum).')
+flags.DEFINE_float('server_lr', _D.server_lr, 'Server learning rate (SGD, or Adam/Yogi for fedadam/fedyogi).')
+flags.DEFINE_float('client_momentum', _D.client_momentum, 'Client SGD momentum (GMA paper: 0.9).')
+flags.DEFINE_float('proximal_strength', _D.proximal_strength, 'fedprox: proximal term mu.')
+flags.DEFINE_float('adaptive_epsilon', _D.adaptive_epsilon, 'fedadam/fedyogi: epsilon (adaptivity tau).')
+flags.DEFINE_enum('aggregator', _D.aggregator, list(registry.NAMES), 'How client updates are aggregated.')
+flags.DEFINE_float('tau', _D.tau, 'gma/gma_binary: agreement threshold in [0, 1] (paper: 0.4).')
+flags.DEFINE_integer('num_passes', _D.num_passes, 'rfa: secure averages per round (paper: 3).')
+flags.DEFINE_float('smoothing', _D.smoothing, 'rfa/rfa_one_step: Weiszfeld smoothing nu.')
+flags.DEFINE_bool('secure', _D.secure, 'Aggregate the float sums through secure sums too.')
+flags.DEFINE_float('secure_bound', _D.secure_bound, 'Per-coordinate clipping bound of secure float sums.')
+flags.DEFINE_bool('secure_metrics', _D.secure_metrics, 'Aggregate training metrics with secure sums.')
+flags.DEFINE_integer('eval_every', _D.eval_every, 'Evaluate every this many rounds (and at the last).')
+flags.DEFINE_integer('seed', _D.seed, 'Seed of the partition, initial model, client sampling and data order.')
+flags.DEFINE_string('output_dir', _D.output_dir, 'Output directory (reused to resume).')
+flags.DEFINE_bool('audit', _D.audit, 'Write audit.md: the privacy audit of the round computation.')
+
+FLAGS = flags.FLAGS
+
+
+def config_from_flags() -> experiment.ExperimentConfig:
+  return experiment.ExperimentConfig(**{f.name: FLAGS[f.name].value
+                                        for f in dataclasses.fields(experiment.ExperimentConfig)})
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)
+  config = config_from_flags()
+  try:
+    config.validate()
+    experiment.check_resumable(config)
+  except ValueError as e:
+    raise app.UsageError(f'invalid flags: {e}') from e
+  runtime.set_simulation_context()
+  summary = experiment.run(config)
+  summary.pop('_model_weights', None)
+  print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
+  print(f'Outputs: {os.path.abspath(config.output_dir)}')
+
+
+if __name__ == '__main__':
+  app.run(main)
