@@ -102,9 +102,10 @@ def test_invalid_settings_fail_before_training(changes, flag, tmp_path):
 @pytest.mark.parametrize('aggregator', registry.NAMES)
 def test_every_algorithm_with_every_aggregator(algorithm, aggregator, tmp_path):
   config = dataclasses.replace(
-      _TOY, algorithm=algorithm, aggregator=aggregator, rounds=1, num_clients=3, clients_per_round=3,
-      server_lr=0.03 if algorithm in ('fedadam', 'fedyogi') else 1.0, output_dir=str(tmp_path / 'run'))
+      _TOY, algorithm=algorithm, aggregator=aggregator, rounds=2, num_clients=3, clients_per_round=3,
+      partition='iid',
+      server_lr=0.1 if algorithm in ('fedadam', 'fedyogi') else 1.0, output_dir=str(tmp_path / 'run'))
   summary = experiment.run(config, show_progress=False)
-  assert summary['rounds_completed'] == 1
-  assert summary['final_accuracy'] > 0.2  # One round from a random start already beats chance (0.1).
+  assert summary['rounds_completed'] == 2
+  assert summary['best_accuracy'] > 0.3, summary  # Two rounds from a random start beat chance (0.1) clearly.
   assert all(np.all(np.isfinite(w)) for w in _weights(summary))

@@ -34,7 +34,7 @@ from training import registry
 _ROUNDS = flags.DEFINE_integer('rounds', 25, 'Rounds per aggregator.')
 _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 10, 'Clients (all take part in every round).')
 _PARTITION = flags.DEFINE_enum('partition', 'label_skew', list(digits.PARTITIONS), 'How the digits are split.')
-_MODEL = flags.DEFINE_enum('model', 'cnn', list(models.MODELS), 'Keras model.')
+_MODEL = flags.DEFINE_enum('model', 'cnn', ['cnn', 'logistic', 'lenet'], 'Keras model.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for the partition, the model init and the client data order.')
 _AGGREGATORS = flags.DEFINE_list('aggregators', None, 'Aggregators to compare (default: all registered).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'outputs/demo', 'Where a timestamped run folder is written.')
@@ -72,15 +72,16 @@ def main(argv):
   for name in names:
     if name not in registry.NAMES:
       raise app.UsageError(f'--aggregators: unknown aggregator {name!r}; known: {", ".join(registry.NAMES)}')
-  split = digits.load_split()
-  train_data = digits.federated_train_data(_PARTITION.value, _NUM_CLIENTS.value, _SEED.value)
-  build_keras = models.keras_builder(_MODEL.value, digits.IMAGE_SHAPE, digits.NUM_CLASSES)
-  model_fn = models.model_fn(build_keras, simulation.batched_input_spec(train_data))
-  evaluator = simulation.CentralEvaluator(build_keras, split.x_test, split.y_test)
+  data = digits.federated_data(_PARTITION.value, _NUM_CLIENTS.value, _SEED.value)
+  train_data = data.train
+  build_keras = models.keras_builder(_MODEL.value, data.input_shape, data.num_classes)
+  model_fn = models.model_fn(build_keras, data.input_spec)
+  evaluator = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y)
   out_dir = os.path.join(_OUTPUT_DIR.value, datetime.datetime.now().strftime('%Y%m%d-%H%M%S'))
   os.makedirs(out_dir, exist_ok=True)
 
-  print(f'Digits ({len(split.y_train)} train / {len(split.y_test)} test), {_PARTITION.value}, '
+  num_train = sum(train_data.num_examples(c) for c in train_data.client_ids)
+  print(f'Digits ({num_train} train / {len(data.test_y)} test), {_PARTITION.value}, '
         f'{_NUM_CLIENTS.value} clients, {_MODEL.value} model, FedAvg (client SGD lr {_CONFIG.client_lr}, '
         f'momentum {_CONFIG.client_momentum}), {_ROUNDS.value} rounds, seed {_SEED.value}.')
   summary = {}
