@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -14,21 +15,39 @@ from tff_gma.audit import __main__ as cli
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run_cli(*args):
-  """Runs the CLI in its own session and checks that nothing it started outlives it."""
+def _run_python(argv, tmp_path):
+  """Runs `python ARGV` in its own session; fails (after killing them) if any process it started outlives it.
+
+  Output goes to files, not pipes: a leftover TFF worker inherits its parent's stdout/stderr, and reading a pipe
+  to its end would wait for the worker instead of reporting it.
+  """
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  with subprocess.Popen(
-      [sys.executable, '-m', 'tff_gma.audit', *args], cwd=_REPO, env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True, start_new_session=True) as process:
-    stdout, stderr = process.communicate(timeout=300)
-  # The child led a new process group; any process of it still alive (a TFF worker would be) answers signal 0.
-  with pytest.raises(ProcessLookupError):
-    os.killpg(process.pid, 0)
-  return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+  stdout_path, stderr_path = tmp_path / 'stdout', tmp_path / 'stderr'
+  with open(stdout_path, 'w') as stdout, open(stderr_path, 'w') as stderr:
+    process = subprocess.Popen([sys.executable, *argv], cwd=_REPO, env=env, stdout=stdout, stderr=stderr,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+      process.wait(timeout=300)
+    finally:
+      # The child led a new process group: anything of it still alive (a TFF worker would be) answers signal 0.
+      leftover = True
+      try:
+        os.killpg(process.pid, 0)
+      except ProcessLookupError:
+        leftover = False
+      if leftover:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+  assert not leftover, f'processes started by {argv} outlived it (killed now)'
+  return subprocess.CompletedProcess(argv, process.returncode, stdout_path.read_text(), stderr_path.read_text())
 
 
-def test_clean_computation_exits_zero_and_prints_the_report():
-  process = _run_cli('tests.audit_targets:weighted_mean')
+def _run_cli(tmp_path, *args):
+  return _run_python(['-m', 'tff_gma.audit', *args], tmp_path)
+
+
+def test_clean_computation_exits_zero_and_prints_the_report(tmp_path):
+  process = _run_cli(tmp_path, 'tests.audit_targets:weighted_mean')
   assert process.returncode == 0, process.stderr
   assert '## Aggregation audit: tests.audit_targets:weighted_mean (computation)' in process.stdout
   assert '**Verdict: PASS.**' in process.stdout
@@ -37,7 +56,7 @@ def test_clean_computation_exits_zero_and_prints_the_report():
 
 def test_leaky_factory_exits_nonzero_and_writes_json(tmp_path):
   output = tmp_path / 'audit.json'
-  process = _run_cli('tests.audit_targets:plain_sum_factory', '--value_type', 'float32[3]', '--format', 'json',
+  process = _run_cli(tmp_path, 'tests.audit_targets:plain_sum_factory', '--value_type', 'float32[3]', '--format', 'json',
                      '--output', str(output))
   assert process.returncode == 1, process.stderr
   report = json.loads(process.stdout)

@@ -209,9 +209,21 @@ def fed_avg_default() -> tff.learning.templates.LearningProcess:
       _model_fn(), client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1))
 
 
-def fed_avg_secure() -> tff.learning.templates.LearningProcess:
-  """FedAvg with a secure model-update mean and securely summed metrics."""
+def secure_rfa(num_passes: int = 2):
+  """The project's RFA with secure sums only."""
+  from tff_gma import aggregators  # pylint: disable=g-import-not-at-top
+  return aggregators.GeometricMedianFactory(num_passes=num_passes, secure=True, value_bound=1.0, weight_bound=100.0)
+
+
+def secure_gma():
+  """The project's GMA with secure sums only."""
+  from tff_gma import aggregators  # pylint: disable=g-import-not-at-top
+  return aggregators.GradientMaskedFactory(tau=0.4, secure=True, value_bound=1.0, weight_bound=100.0)
+
+
+def rfa_secure_learning_process() -> tff.learning.templates.LearningProcess:
+  """A whole FedAvg round with the project's secure RFA (2 Weiszfeld passes) and securely summed metrics."""
   return tff.learning.algorithms.build_weighted_fed_avg(
       _model_fn(), client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
-      model_aggregator=secure_mean_factory(),
+      model_aggregator=secure_rfa(2),
       metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)

@@ -295,14 +295,56 @@ def test_default_learning_process_reports_plain_metric_sums(default_fed_avg_repo
   assert 'aggregator_computation' in metric_flow.where  # tff.learning.metrics.sum_then_finalize's local.
 
 
-def test_secure_learning_process_passes():
-  report = audit.audit_computation(targets.fed_avg_secure())
+def test_secure_rfa_learning_process_passes_and_counts_its_passes():
+  # A whole round with the project's secure RFA (R = 2 Weiszfeld passes) and securely summed metrics.
+  report = audit.audit_computation(targets.rfa_secure_learning_process())
   assert report.ok, report.to_markdown()
+  assert {f.intrinsic for f in report.flows} == {'federated_secure_sum', 'federated_secure_sum_bitwidth'}
+  model_update_sums = [f for f in report.flows if f.value_type == '{<int64[64,10],int64[10]>}@CLIENTS']
+  # R = 2 secure sums of the (quantized) model updates, one per Weiszfeld pass; in secure mode each reweighted
+  # pass waits for a secure objective round (its smoothing), so they run in rounds 1 and 3 ...
+  assert [f.aggregation_pass for f in model_update_sums] == [1, 3]
+  assert all(f.parameters == {'bitwidth': [32, 32]} for f in model_update_sums)
+  # ... and the final objective takes round 4: 2R rounds per call.
+  assert report.aggregation_passes == 4
+  (metric_sum,) = [f for f in report.flows if f.value_type == '{<int64,int64,int64,int64>}@CLIENTS']
+  assert metric_sum.aggregation_pass == 1 and 'aggregator_computation' in metric_sum.where
+
+
+# --- The project's aggregators. ----------------------------------------------------------------------------------
+
+_MODEL_LIKE = tff.to_type([tff.TensorType(np.float32, [3]), tff.TensorType(np.float32, [2])])
+
+
+@pytest.mark.parametrize('num_passes', [1, 3])
+def test_rfa_runs_one_estimate_mean_per_pass_in_sequence(num_passes):
+  from tff_gma import aggregators  # pylint: disable=g-import-not-at-top
+  report = audit.audit_computation(aggregators.GeometricMedianFactory(num_passes=num_passes),
+                                   value_type=_MODEL_LIKE)
+  assert report.ok
+  estimate_means = [f for f in report.flows if f.value_type == '{<<float32[3],float32[2]>,float32>}@CLIENTS']
+  assert [(f.intrinsic, f.aggregation_pass) for f in estimate_means] == [
+      ('federated_mean', k) for k in range(1, num_passes + 1)]
+  # The objective at the final estimate needs one more round.
+  assert report.aggregation_passes == num_passes + 1
+
+
+def test_secure_rfa_uses_only_secure_sums():
+  report = audit.audit_computation(targets.secure_rfa(3), value_type=_MODEL_LIKE)
+  assert report.ok
+  assert {f.intrinsic for f in report.flows} <= audit.SECURE_SUM_INTRINSICS
+  estimate_sums = [f for f in report.flows if f.value_type == '{<int64[3],int64[2]>}@CLIENTS']
+  assert [f.aggregation_pass for f in estimate_sums] == [1, 3, 5]
+  assert report.aggregation_passes == 6
+
+
+def test_secure_gma_is_one_pass_of_secure_sums():
+  report = audit.audit_computation(targets.secure_gma(), value_type=_MODEL_LIKE)
+  assert report.ok
   assert report.aggregation_passes == 1
-  assert {f.intrinsic for f in report.flows} == {'federated_secure_sum_bitwidth'}
-  assert all(isinstance(f.parameters['bitwidth'], (int, list)) for f in report.flows)
-  # The model update (trainable weights, quantized to int64) is among them.
-  assert any(f.value_type == '{<int64[64,10],int64[10]>}@CLIENTS' for f in report.flows)
+  assert {f.intrinsic for f in report.flows} == {'federated_secure_sum', 'federated_secure_sum_bitwidth'}
+  (sign_sum,) = [f for f in report.flows if f.value_type == '{<int32[3],int32[2]>}@CLIENTS']
+  assert sign_sum.parameters == {'max_input': [2, 2]}
 
 
 # --- Rendering. --------------------------------------------------------------------------------------------------

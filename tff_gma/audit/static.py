@@ -15,7 +15,8 @@ called twice runs, and is counted, twice); block locals are evaluated once, in o
 flow's *pass* is one more than the largest level among its inputs: an aggregate whose input was computed at the
 clients from a broadcast of an earlier aggregate is in a later pass; independent aggregates share a pass. The
 number of passes of a computation (`aggregation_passes`) is the largest pass of its flows: the number of
-sequential client-server round trips one call needs.
+sequential client-server round trips one call needs. (TFF's `transformations.to_call_dominant` would inline in
+the same way, but it renames every local, losing the traced function names that `Flow.where` shows.)
 
 Counts are static: `Flow.count` is the number of times the call site is reached by this evaluation per call of
 the computation, with lambdas inlined; there is no data-dependent control flow in TFF's federated language, so
@@ -23,7 +24,13 @@ this is what the runtime executes. Secure-sum parameters (`bitwidth`, `max_input
 building block when they are constants (a literal, or a TensorFlow computation without parameter whose output is a
 `Const` op) and reported as `'dynamic'` otherwise (e.g. bounds taken from the aggregator's state). Intrinsic calls
 that the evaluation never reaches (inside a function that is never called, or handed to an opaque call) are still
-listed, with count 0, so that nothing is hidden.
+listed, with count 0, so that nothing is hidden. Aggregations of values holding no tensor (TFF's null aggregations
+of `<>`) move nothing and are not listed. A select counts as a round trip like an aggregation (the keys go up, the
+selected values come back).
+
+What it does not see: what the TensorFlow inside `federated_map` computes (an aggregate of an encoding of the raw
+data is still an aggregate, and is reported as such), and the runtime's deployment (whether `federated_mean` is
+computed by a trusted aggregator is outside the building block; the default policy trusts it, as the issue asks).
 """
 
 from __future__ import annotations
@@ -558,7 +565,7 @@ class _Evaluator:
     if isinstance(block, building_blocks.Call):
       function = self.evaluate(block.function, env)
       argument = None if block.argument is None else self.evaluate(block.argument, env)
-      return self._call(function, argument, block)
+      return self.call(function, argument, block)
     if isinstance(block, building_blocks.Intrinsic):
       return _IntrinsicFunction(block)
     if isinstance(block, building_blocks.CompiledComputation):
@@ -571,10 +578,8 @@ class _Evaluator:
       return _LEVEL_0
     raise TypeError(f'unsupported building block {type(block).__name__}: {block.compact_representation()}')
 
-  def apply(self, function: _Value, argument: Optional[_Value], call: Optional[building_blocks.Call]) -> _Value:
-    return self._call(function, argument, call)
-
-  def _call(self, function: _Value, argument: Optional[_Value], call: Optional[building_blocks.Call]) -> _Value:
+  def call(self, function: _Value, argument: Optional[_Value], call: Optional[building_blocks.Call]) -> _Value:
+    """Applies an abstract function; `call` is the `Call` node when there is one (it identifies the site)."""
     if isinstance(function, _Closure):
       scope = _Env(function.env)
       if function.function.parameter_name is not None:
@@ -607,13 +612,13 @@ class _Evaluator:
     if uri in ('federated_zip_at_clients', 'federated_zip_at_server'):
       return argument  # Struct of federated values -> federated struct: same structure, same dependencies.
     if uri in ('federated_apply', 'federated_map', 'federated_map_all_equal', 'sequence_map') and len(values) == 2:
-      return self.apply(values[0], values[1], None)
+      return self.call(values[0], values[1], None)
     if uri in ('federated_eval_at_clients', 'federated_eval_at_server') and len(values) == 1:
-      return self.apply(values[0], None, None)
+      return self.call(values[0], None, None)
 
     # Generic intrinsic: its functions see (and its result depends on) all of its data arguments.
     data_level = _join(data)
-    results = [self.apply(f, data_level, None) for f in functions]
+    results = [self.call(f, data_level, None) for f in functions]
     inputs = data + results
     intrinsic_type = intrinsic.type_signature
     if (call is not None and (uri in KEYED_SELECT_INTRINSICS or _is_client_to_server(intrinsic_type))
@@ -622,7 +627,7 @@ class _Evaluator:
       if uri in _SECURE_PARAMETER_NAMES and len(values) == 2:
         parameters[_SECURE_PARAMETER_NAMES[uri]] = _const_of(values[1])
       self._record(call, uri, _client_part_type(intrinsic_type.parameter), secure=_is_secure(intrinsic),
-                   parameters=parameters, inputs=data)
+                   parameters=parameters, inputs=inputs)
       return _join(inputs, extra=1)
     return _join(inputs)
 
@@ -679,7 +684,7 @@ def _audit_building_block(name: str, block: building_blocks.ComputationBuildingB
   if isinstance(value, _Closure):
     # A computation is a lambda: call it on its (level-0) parameter.
     parameter = None if value.function.parameter_type is None else _LEVEL_0
-    evaluator.apply(value, parameter, None)
+    evaluator.call(value, parameter, None)
   sites = evaluator.sites
   unreached = _unreached_sites(block, evaluator.reached_calls, name)
   flows = tuple(
