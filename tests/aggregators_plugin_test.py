@@ -145,7 +145,9 @@ def _train(process, nan_client=False):
   return before, evaluator(weights), weights, aggregator_metrics
 
 
+@functools.lru_cache(maxsize=None)
 def _build(algorithm, factory_name):
+  """One learning process per (algorithm, factory), built once and shared by the tests that use it."""
   _, _, model_fn = _setup()
   if algorithm == 'unweighted_fedavg':
     factory = (aggregators.UnweightedGradientMaskedFactory() if factory_name == 'gma'
@@ -153,16 +155,27 @@ def _build(algorithm, factory_name):
     return tff.learning.algorithms.build_unweighted_fed_avg(
         model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.05, momentum=0.9),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0), model_aggregator=factory)
-  factory = aggregators.GradientMaskedFactory() if factory_name == 'gma' else aggregators.GeometricMedianFactory()
+  factory = {
+      'gma': aggregators.GradientMaskedFactory,
+      'rfa': aggregators.GeometricMedianFactory,
+      # Secure mode end to end: client weights are example counts (about 90 here), below weight_bound=1e4.
+      'gma_secure': functools.partial(aggregators.GradientMaskedFactory, secure=True, value_bound=1.0),
+  }[factory_name]()
   config = simulation.AlgorithmConfig(name=algorithm, server_lr=0.05 if algorithm in ('fedadam', 'fedyogi') else 1.0)
   return simulation.build_learning_process(model_fn, config, model_aggregator=factory)
 
 
-@pytest.mark.parametrize('factory_name', ['gma', 'rfa'])
-@pytest.mark.parametrize('algorithm', ['fedavg', 'unweighted_fedavg', 'fedprox', 'fedadam', 'fedyogi'])
+# Every algorithm with one of the factories, each factory with weighted FedAvg and with two more algorithms,
+# GMA also in secure mode: each combination costs a compilation of several seconds on the 2-core test machine.
+PLUG_IN_CASES = [
+    ('fedavg', 'gma'), ('fedavg', 'rfa'), ('fedavg', 'gma_secure'),
+    ('unweighted_fedavg', 'rfa'), ('fedprox', 'gma'), ('fedadam', 'rfa'), ('fedyogi', 'gma'),
+]
+
+
+@pytest.mark.parametrize('algorithm,factory_name', PLUG_IN_CASES)
 def test_plugs_into_learning_algorithms(algorithm, factory_name):
-  process = _build(algorithm, factory_name)
-  before, after, weights, metrics = _train(process)
+  before, after, weights, metrics = _train(_build(algorithm, factory_name))
   assert all(np.all(np.isfinite(w)) for w in weights.trainable)
   assert after['loss'] < before['loss'] - 0.1, (before, after)
   assert after['accuracy'] > 0.5, (before, after)  # Chance is 0.1.
@@ -172,8 +185,7 @@ def test_plugs_into_learning_algorithms(algorithm, factory_name):
 
 @pytest.mark.parametrize('factory_name', ['gma', 'rfa'])
 def test_nan_client_does_not_corrupt_the_model(factory_name):
-  process = _build('fedavg', factory_name)
-  _, after, weights, metrics = _train(process, nan_client=True)
+  _, after, weights, metrics = _train(_build('fedavg', factory_name), nan_client=True)
   assert all(np.all(np.isfinite(w)) for w in weights.trainable)
   assert after['accuracy'] > 0.5
   # TFF's client work turns the diverged client into a zero update of weight 0: it is left out of the vote.

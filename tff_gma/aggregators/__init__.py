@@ -5,7 +5,7 @@
 * `GeometricMedianFactory` / `UnweightedGeometricMedianFactory`: Robust Federated Aggregation (RFA): the smoothed
   geometric median by a few secure averages (smoothed Weiszfeld; one-step RFA with `one_step=True`).
 * `FederatedMeanFactory`, `SecureWeightedMeanFactory`: the weighted means they are built from (`federated_mean`,
-  or TFF's `SecureSumFactory`), usable on their own; `as_unweighted` turns a weighted factory into an unweighted one.
+  or TFF's quantized secure sum), usable on their own; `as_unweighted` turns a weighted factory into an unweighted one.
 
 Example::
 

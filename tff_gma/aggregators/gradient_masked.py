@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import math
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -49,11 +50,10 @@ from tff_gma.aggregators import sign_agreement
 
 
 def _check_tau(tau) -> float:
-  try:
-    value = float(tau)
-  except (TypeError, ValueError):
-    raise ValueError(f'tau must be a number in [0, 1], got {tau!r}') from None
-  if isinstance(tau, bool) or math.isnan(value) or not 0.0 <= value <= 1.0:
+  if isinstance(tau, bool) or not isinstance(tau, numbers.Real):
+    raise ValueError(f'tau must be a number in [0, 1], got {tau!r}')
+  value = float(tau)
+  if math.isnan(value) or not 0.0 <= value <= 1.0:
     raise ValueError(f'tau must lie in [0, 1], got {tau!r}')
   return value
 
@@ -72,7 +72,8 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
     mean_agreement: mean of A over all coordinates.
     participating_clients: N, the number of clients with a finite update and a positive weight (the voters).
     dropped_clients: clients dropped for a non-finite update or a non-finite/negative weight.
-    mean: the inner weighted-mean factory's measurements (secure mode: clip counts, secure-sum thresholds).
+    mean: the inner weighted-mean factory's measurements (secure mode: `value_clipped_clients`,
+      `weight_clipped_clients`).
   """
 
   def __init__(

@@ -1,0 +1,136 @@
+"""The weighted means GMA and RFA are built from, and their shared client-side helpers."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma.aggregators import secure_mean
+
+VALUE_TYPE = tff.to_type(collections.OrderedDict(
+    a=tff.TensorType(np.float32, [3]), b=[tff.TensorType(np.float32, [2, 2])]))
+WEIGHT_TYPE = tff.TensorType(np.float32)
+
+
+def random_values(rng, num_clients, scale=1.0):
+  return [collections.OrderedDict(a=np.float32(scale * rng.normal(size=3)),
+                                  b=[np.float32(scale * rng.normal(size=(2, 2)))]) for _ in range(num_clients)]
+
+
+def flat(structure):
+  return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in tf.nest.flatten(structure)])
+
+
+def weighted_mean(values, weights):
+  w = np.asarray(weights, np.float64)
+  return w @ np.stack([flat(v) for v in values]) / w.sum() if w.sum() > 0 else np.zeros(7)
+
+
+def test_drop_invalid_clients():
+  value = collections.OrderedDict(a=tf.constant([1.0, np.nan]), b=[tf.constant([[2.0]])])
+  clean, weight, keep = secure_mean.drop_invalid_clients(value, tf.constant(3.0))
+  assert int(keep) == 0 and float(weight) == 0.0
+  assert all(np.all(np.asarray(x) == 0) for x in tf.nest.flatten(clean))
+  finite = collections.OrderedDict(a=tf.constant([1.0, -2.0]), b=[tf.constant([[2.0]])])
+  for bad_weight in (np.inf, np.nan, -0.5):
+    _, weight, keep = secure_mean.drop_invalid_clients(finite, tf.constant(bad_weight, tf.float32))
+    assert int(keep) == 0 and float(weight) == 0.0
+  clean, weight, keep = secure_mean.drop_invalid_clients(finite, tf.constant(0.0))
+  assert int(keep) == 1 and float(weight) == 0.0  # Zero weight is valid (it just contributes nothing).
+  np.testing.assert_array_equal(clean['a'], [1.0, -2.0])
+
+
+def test_clip_to_bounds_flags_what_it_changes():
+  value = collections.OrderedDict(a=tf.constant([0.5, -3.0]), b=[tf.constant([[2.0]])])
+  clipped, weight, value_flag, weight_flag = secure_mean.clip_to_bounds(value, tf.constant(7.0), 2.0, 5.0)
+  np.testing.assert_array_equal(clipped['a'], [0.5, -2.0])
+  np.testing.assert_array_equal(clipped['b'][0], [[2.0]])  # On the bound: unchanged.
+  assert float(weight) == 5.0 and int(value_flag) == 1 and int(weight_flag) == 1
+  _, _, value_flag, weight_flag = secure_mean.clip_to_bounds(value, tf.constant(1.0), 3.0, 5.0)
+  assert int(value_flag) == 0 and int(weight_flag) == 0
+
+
+def test_federated_mean_factory():
+  proc = secure_mean.FederatedMeanFactory().create(VALUE_TYPE, WEIGHT_TYPE)
+  rng = np.random.default_rng(0)
+  for n in (1, 4):
+    values, weights = random_values(rng, n), [np.float32(w) for w in rng.uniform(0.1, 5, n)]
+    result = proc.next(proc.initialize(), values, weights).result
+    np.testing.assert_allclose(flat(result), weighted_mean(values, weights), rtol=1e-5, atol=1e-6)
+  result = proc.next(proc.initialize(), random_values(rng, 3), [np.float32(0)] * 3).result
+  np.testing.assert_array_equal(flat(result), 0.0)  # Zero total weight: zeros, not NaN.
+
+
+def test_secure_mean_matches_reference_within_documented_bound():
+  value_bound, weight_bound = 2.0, 10.0
+  proc = secure_mean.SecureWeightedMeanFactory(value_bound, weight_bound).create(VALUE_TYPE, WEIGHT_TYPE)
+  rng = np.random.default_rng(1)
+  for n in (1, 3, 8):
+    values, weights = random_values(rng, n, scale=0.5), [np.float32(w) for w in rng.uniform(1, 9, n)]
+    output = proc.next(proc.initialize(), values, weights)
+    expected = weighted_mean(values, weights)
+    bound = secure_mean.discretization_error_bound(
+        n, float(np.sum(weights)), value_bound, weight_bound, float(np.max(np.abs(expected))))
+    assert bound < 1e-8
+    np.testing.assert_allclose(flat(output.result), expected, rtol=0, atol=bound + 1e-6 * np.max(np.abs(expected)))
+    assert output.measurements['value_clipped_clients'] == 0
+    assert output.measurements['weight_clipped_clients'] == 0
+  # Out-of-bound values and weights are clipped (never wrap) and counted.
+  values = random_values(rng, 3, scale=0.5)
+  values[0]['a'][1] = np.float32(1e9)
+  values[2]['b'][0][0, 0] = np.float32(-5.0)
+  weights = [np.float32(1.0), np.float32(50.0), np.float32(2.0)]
+  output = proc.next(proc.initialize(), values, weights)
+  clipped = [tf.nest.map_structure(lambda x: np.clip(x, -value_bound, value_bound), v) for v in values]
+  np.testing.assert_allclose(flat(output.result), weighted_mean(clipped, [1.0, weight_bound, 2.0]), atol=1e-6)
+  assert output.measurements['value_clipped_clients'] == 2
+  assert output.measurements['weight_clipped_clients'] == 1
+  # Zero total weight: zeros.
+  result = proc.next(proc.initialize(), random_values(rng, 2), [np.float32(0)] * 2).result
+  np.testing.assert_array_equal(flat(result), 0.0)
+
+
+def test_secure_mean_equals_tff_mean_factory_with_secure_sums():
+  """Same quantization as TFF's own composition, fed the normalized weights (as the module docstring claims)."""
+  value_bound, weight_bound = 3.0, 8.0
+  value_type = tff.TensorType(np.float32, [5])
+  ours = secure_mean.SecureWeightedMeanFactory(value_bound, weight_bound).create(value_type, WEIGHT_TYPE)
+  tffs = tff.aggregators.MeanFactory(
+      tff.aggregators.SecureSumFactory(value_bound), tff.aggregators.SecureSumFactory(1.0, 0.0),
+      no_nan_division=True).create(value_type, WEIGHT_TYPE)
+  rng = np.random.default_rng(2)
+  values = [np.float32(rng.normal(size=5)) for _ in range(6)]
+  weights = [np.float32(w) for w in rng.uniform(1, 8, 6)]
+  got = ours.next(ours.initialize(), values, weights).result
+  want = tffs.next(tffs.initialize(), values, [np.float32(w / weight_bound) for w in weights]).result
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_error_bound_grows_with_weight_bound():
+  assert secure_mean.discretization_error_bound(10, 1000.0, 1.0, 1e4) == pytest.approx(
+      10 / ((2**32 - 1) * 0.1))
+  assert (secure_mean.discretization_error_bound(10, 1000.0, 1.0, 1e6)
+          == pytest.approx(100 * secure_mean.discretization_error_bound(10, 1000.0, 1.0, 1e4)))
+  assert secure_mean.discretization_error_bound(3, 0.0, 1.0, 1.0) == 0.0
+
+
+def test_as_unweighted():
+  factory = secure_mean.as_unweighted(secure_mean.FederatedMeanFactory())
+  assert isinstance(factory, tff.aggregators.UnweightedAggregationFactory)
+  proc = factory.create(VALUE_TYPE)
+  values = random_values(np.random.default_rng(3), 3)
+  np.testing.assert_allclose(flat(proc.next(proc.initialize(), values).result), weighted_mean(values, [1, 1, 1]),
+                             rtol=1e-6, atol=1e-7)
+  with pytest.raises(TypeError):
+    secure_mean.as_unweighted(tff.aggregators.UnweightedMeanFactory())
+
+
+@pytest.mark.parametrize('kwargs,name', [
+    (dict(value_bound=0.0), 'value_bound'), (dict(value_bound=float('nan')), 'value_bound'),
+    (dict(value_bound=1.0, weight_bound=-2.0), 'weight_bound'), (dict(value_bound='1'), 'value_bound'),
+])
+def test_secure_mean_invalid_arguments(kwargs, name):
+  with pytest.raises(ValueError, match=name):
+    secure_mean.SecureWeightedMeanFactory(**kwargs)

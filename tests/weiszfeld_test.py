@@ -1,0 +1,87 @@
+"""RFA's plain-TF math (flattened distances, Weiszfeld weights, secure smoothing) against NumPy."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_gma.aggregators import weiszfeld
+
+
+def random_structure(rng, scale=1.0):
+  return collections.OrderedDict(
+      a=np.float32(scale * rng.normal(size=(2, 3))), b=[np.float32(scale * rng.normal(size=4)),
+                                                        np.float32(scale * rng.normal())])
+
+
+def flat(structure):
+  return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in tf.nest.flatten(structure)])
+
+
+def test_flat_norm_and_distance_cover_the_whole_structure():
+  rng = np.random.default_rng(0)
+  v, w = random_structure(rng), random_structure(rng)
+  assert float(weiszfeld.flat_norm(v)) == pytest.approx(np.linalg.norm(flat(v)), rel=1e-6)
+  assert float(weiszfeld.flat_distance(v, w)) == pytest.approx(np.linalg.norm(flat(v) - flat(w)), rel=1e-6)
+  assert float(weiszfeld.flat_distance(v, v)) == 0.0
+  # Mixed dtypes are compared in float32.
+  assert float(weiszfeld.flat_norm([tf.constant([3.0], tf.float64), tf.constant([4.0])])) == pytest.approx(5.0)
+
+
+def test_weiszfeld_weight_is_scaled_inverse_distance_bounded_by_the_weight():
+  a = np.array([1.0, 2.0, 3.0, 0.5, 0.0], np.float32)
+  d = np.array([0.0, 1e-9, 0.5, 10.0, 4.0], np.float32)
+  nu = 1e-3
+  got = weiszfeld.weiszfeld_weight(tf.constant(a), tf.constant(d), tf.constant(nu)).numpy()
+  np.testing.assert_allclose(got, a * nu / np.maximum(nu, d), rtol=1e-6)
+  assert np.all(got <= a) and np.all(got >= 0)
+  # Proportional to the textbook weights a / max(nu, d): the common factor nu cancels in the average.
+  np.testing.assert_allclose(got / got.sum(), (a / np.maximum(nu, d)) / (a / np.maximum(nu, d)).sum(), rtol=1e-6)
+  assert float(weiszfeld.weiszfeld_weight(1.0, np.inf, 1e-6)) == 0.0
+
+
+def test_secure_smoothing():
+  assert float(weiszfeld.secure_smoothing(1e-6, 5.0, 1e3)) == pytest.approx(5e-3)
+  assert float(weiszfeld.secure_smoothing(1e-2, 5.0, 1e3)) == pytest.approx(1e-2)
+  assert float(weiszfeld.secure_smoothing(1e-6, 0.0, 1e3)) == pytest.approx(1e-6)
+
+
+def test_distance_bound_holds_for_clipped_points_and_their_averages():
+  rng = np.random.default_rng(1)
+  bound, dim = 2.0, 11
+  bound_distance = weiszfeld.distance_bound(bound, dim)
+  points = np.clip(rng.normal(scale=5.0, size=(50, dim)), -bound, bound)
+  points[0], points[1] = bound, -bound  # The extreme pair.
+  weights = rng.random(50)
+  average = weights @ points / weights.sum()
+  assert np.max(np.linalg.norm(points - average, axis=1)) <= bound_distance
+  assert np.linalg.norm(points[0] - points[1]) <= bound_distance
+
+
+def test_weiszfeld_iteration_decreases_the_objective_and_reaches_the_geometric_median():
+  """Iterating the pieces centrally: monotone objective and the median's first-order condition."""
+  rng = np.random.default_rng(2)
+  points = [random_structure(rng) for _ in range(9)]
+  a = rng.uniform(0.5, 2.0, size=9)
+  flat_points = np.stack([flat(p) for p in points])
+  nu = 1e-6
+
+  def objective(v):
+    return float(a @ np.linalg.norm(flat_points - v, axis=1))
+
+  v = a @ flat_points / a.sum()
+  values = [objective(v)]
+  for _ in range(100):
+    estimate = [tf.constant(x) for x in np.split(v, [6, 10])]
+    distances = np.array([float(weiszfeld.flat_distance(
+        estimate, [np.ravel(p['a']), p['b'][0], np.reshape(p['b'][1], [1])])) for p in points])
+    b = weiszfeld.weiszfeld_weight(tf.constant(a, tf.float32), tf.constant(distances), tf.constant(nu)).numpy()
+    v = b.astype(np.float64) @ flat_points / b.sum()
+    values.append(objective(v))
+  assert all(later <= earlier + 1e-5 for earlier, later in zip(values, values[1:]))
+  assert values[-1] < values[0]
+  # At the geometric median, the weighted unit vectors towards the points sum to (about) zero.
+  diffs = flat_points - v
+  gradient = (a[:, None] * diffs / np.linalg.norm(diffs, axis=1)[:, None]).sum(axis=0)
+  assert np.linalg.norm(gradient) < 1e-3 * a.sum()
