@@ -4,6 +4,8 @@
   mean masked by the clients' sign agreement, the agreement computed from secure-summed sign codes.
 * `GeometricMedianFactory` / `UnweightedGeometricMedianFactory`: Robust Federated Aggregation (RFA): the smoothed
   geometric median by a few secure averages (smoothed Weiszfeld; one-step RFA with `one_step=True`).
+* `ElasticFactory`: Elastic aggregation: the weighted mean of client updates scaled per coordinate by the
+  clients' parameter sensitivity (values `OrderedDict(update=..., sensitivity=...)`; see `tff_gma.learning`).
 * `FederatedMeanFactory`, `SecureWeightedMeanFactory`: the weighted means they are built from (`federated_mean`,
   or TFF's quantized secure sum), usable on their own; `as_unweighted` turns a weighted factory into an unweighted one.
 
@@ -17,6 +19,7 @@ The processes use `tff.federated_secure_sum` (GMA's sign sums, the client counts
 context that supports the secure intrinsics, such as `tff_gma.runtime.set_simulation_context()`.
 """
 
+from tff_gma.aggregators.elastic import ElasticFactory
 from tff_gma.aggregators.geometric_median import GeometricMedianFactory
 from tff_gma.aggregators.geometric_median import UnweightedGeometricMedianFactory
 from tff_gma.aggregators.gradient_masked import GradientMaskedFactory
@@ -26,6 +29,7 @@ from tff_gma.aggregators.secure_mean import FederatedMeanFactory
 from tff_gma.aggregators.secure_mean import SecureWeightedMeanFactory
 
 __all__ = [
+    'ElasticFactory',
     'FederatedMeanFactory',
     'GeometricMedianFactory',
     'GradientMaskedFactory',

@@ -1,0 +1,147 @@
+"""FedGMA: the server step against a NumPy reference, the client gradient, and `build_fedgma` on digits."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma import models
+from tff_gma import simulation
+from tff_gma.data import loaders
+from tff_gma.learning import build_fedgma
+from tff_gma.learning import fedgma
+
+F32 = np.float32
+
+
+def reference_server_update(updates, gradients, weights, p, step):
+  """Delta + eta_s * (mask * weighted mean gradient); mask: at least a fraction p of clients share the sign."""
+  w = np.asarray(weights, np.float64) / np.sum(weights)
+  out = []
+  for leaf in range(len(updates[0])):
+    delta = sum(wk * u[leaf] for wk, u in zip(w, updates))
+    grads = np.stack([g[leaf] for g in gradients])
+    mean_grad = np.tensordot(w, grads, axes=1)
+    positive = (grads > 0).mean(axis=0)
+    negative = (grads < 0).mean(axis=0)
+    mask = np.maximum(positive, negative) >= p
+    out.append(delta + step * mask * mean_grad)
+  return out
+
+
+def value_type(shapes):
+  leaves = [tff.TensorType(F32, s) for s in shapes]
+  return tff.to_type(collections.OrderedDict(update=leaves, gradient=list(leaves)))
+
+
+@pytest.mark.parametrize('p,step', [(0.8, 0.5), (0.6, 2.0), (1.0, 1.0)])
+def test_server_step_matches_numpy_reference(p, step):
+  rng = np.random.default_rng(0)
+  shapes = [(6,), (2, 3)]
+  weights = [1.0, 4.0, 2.0, 3.0, 5.0]
+  n = len(weights)
+  updates = [[rng.normal(size=s).astype(F32) for s in shapes] for _ in range(n)]
+  # Gradients with exactly 5, 4 and 3 of 5 clients on the majority sign, so the threshold is exercised.
+  gradients = []
+  for k in range(n):
+    leaves = []
+    for s in shapes:
+      magnitude = rng.uniform(0.1, 1.0, size=s)
+      agree = np.arange(int(np.prod(s))).reshape(s) % 3  # 0: 5/5 agree, 1: 4/5, 2: 3/5.
+      sign = np.where((agree == 1) & (k == 0), -1.0, 1.0)
+      sign = np.where((agree == 2) & (k < 2), -1.0, sign)
+      leaves.append((sign * magnitude).astype(F32))
+    gradients.append(leaves)
+  process = fedgma.FedGMAFactory(server_step_size=step, mask_threshold=p).create(
+      value_type(shapes), tff.TensorType(F32))
+  values = [collections.OrderedDict(update=u, gradient=g) for u, g in zip(updates, gradients)]
+  output = process.next(process.initialize(), values, [F32(w) for w in weights])
+  for got, want in zip(output.result, reference_server_update(updates, gradients, weights, p, step)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  kept = {0.8: 2 / 3, 0.6: 1.0, 1.0: 1 / 3}[p]  # Fraction of coordinates whose agreement passes.
+  assert output.measurements['gradient']['masked_fraction'] == pytest.approx(1 - kept, abs=1e-6)
+  assert output.measurements['gradient']['participating_clients'] == n
+
+
+def test_zero_step_is_the_weighted_mean():
+  shapes = [(3,)]
+  updates = [[np.array([1.0, 2.0, 3.0], F32)], [np.array([3.0, 2.0, 1.0], F32)]]
+  gradients = [[np.array([1.0, 1.0, 1.0], F32)], [np.array([1.0, 1.0, 1.0], F32)]]
+  process = fedgma.FedGMAFactory(server_step_size=0.0).create(value_type(shapes), tff.TensorType(F32))
+  values = [collections.OrderedDict(update=u, gradient=g) for u, g in zip(updates, gradients)]
+  output = process.next(process.initialize(), values, [F32(1.0), F32(3.0)])
+  np.testing.assert_allclose(output.result[0], [2.5, 2.0, 1.5])
+
+
+def test_agreement_threshold_mapping():
+  assert fedgma.agreement_threshold(0.8) == pytest.approx(0.6, abs=1e-5)
+  assert fedgma.agreement_threshold(0.8) < 0.6  # Exactly 80% of clients agreeing is kept despite rounding.
+  assert fedgma.agreement_threshold(0.3) == 0.0
+  assert fedgma.agreement_threshold(1.0) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_mean_loss_gradient_matches_direct_gradient():
+  spec = collections.OrderedDict(x=tf.TensorSpec([None, 3], tf.float32), y=tf.TensorSpec([None], tf.int32))
+  keras_model = tf.keras.Sequential([tf.keras.layers.InputLayer(input_shape=(3,)), tf.keras.layers.Dense(2)])
+  model = tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), input_spec=spec)
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(10, 3)).astype(F32)
+  y = rng.integers(0, 2, size=10).astype(np.int32)
+  data = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(4)  # 4 + 4 + 2.
+  gradient = fedgma.mean_loss_gradient(model, model.trainable_variables, data)
+  with tf.GradientTape() as tape:  # The full-data mean loss in one batch.
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, keras_model(x))
+  for got, want in zip(gradient, tape.gradient(loss, keras_model.trainable_variables)):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.fixture(scope='module')
+def digits_setup():
+  data = loaders.load_federated_data('digits', 'iid', 4, 0)
+  build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
+  return data, build_keras, models.model_fn(build_keras, data.input_spec)
+
+
+def test_fedgma_learns_and_reduces_to_fedavg(digits_setup):
+  data, build_keras, model_fn = digits_setup
+  process = build_fedgma(model_fn, tff.learning.optimizers.build_sgdm(0.1), server_step_size=0.5,
+                         mask_threshold=0.8)
+  assert isinstance(process, tff.learning.templates.LearningProcess)
+  evaluate = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  state = process.initialize()
+  for round_num in range(3):
+    datasets = [simulation.client_dataset(data.train, cid, local_epochs=1, batch_size=16, seed=0,
+                                          round_num=round_num) for cid in data.train.client_ids]
+    output = process.next(state, datasets)
+    state = output.state
+    gradient_metrics = output.metrics['aggregator']['gradient']
+    assert 0 <= gradient_metrics['masked_fraction'] <= 1
+    assert gradient_metrics['participating_clients'] == 4
+  assert evaluate(process.get_model_weights(state))['accuracy'] > 0.6
+
+  # With eta_s = 0 FedGMA is FedAvg: same start, same (unshuffled) data -> TFF's FedAvg's model.
+  fedavg = tff.learning.algorithms.build_weighted_fed_avg(
+      model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+      server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0))
+  zero_step = build_fedgma(model_fn, tff.learning.optimizers.build_sgdm(0.1), server_step_size=0.0)
+  datasets = [data.train.create_tf_dataset_for_client(cid).batch(16) for cid in data.train.client_ids]
+  start = process.get_model_weights(state)
+  fedavg_state = fedavg.next(fedavg.set_model_weights(fedavg.initialize(), start), datasets).state
+  zero_state = zero_step.next(zero_step.set_model_weights(zero_step.initialize(), start), datasets).state
+  for a, b in zip(fedavg.get_model_weights(fedavg_state).trainable, zero_step.get_model_weights(zero_state).trainable):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_invalid_arguments(digits_setup):
+  with pytest.raises(ValueError, match='mask_threshold'):
+    fedgma.FedGMAFactory(mask_threshold=1.5)
+  with pytest.raises(ValueError, match='server_step_size'):
+    fedgma.FedGMAFactory(server_step_size=-1.0)
+  with pytest.raises(ValueError, match='value_bound'):
+    fedgma.FedGMAFactory(secure=True)
+  _, _, model_fn = digits_setup
+  with pytest.raises(ValueError, match='gradient_batches'):
+    build_fedgma(model_fn, tff.learning.optimizers.build_sgdm(0.1), gradient_batches=0)

@@ -1,0 +1,207 @@
+"""`ElasticFactory`: Elastic aggregation (Elastic Aggregation paper, Algorithm 1) as a `tff.aggregators` factory.
+
+Each client k sends `collections.OrderedDict(update=Delta_k, sensitivity=Omega_k)` (two structures of the same
+shape: its model update and its per-parameter sensitivity, see `tff_gma.learning.elastic`) with weight
+`|D_k|`. The server computes, with `w_k = |D_k| / sum_k |D_k|`,
+
+    Omega = sum_k w_k Omega_k,        Delta = sum_k w_k Delta_k                 (two weighted means)
+    zeta  = 1 + tau - Omega / max(Omega)      (per tensor: the max is over one tensor, the paper's "layer")
+    out   = zeta * Delta                      (elementwise)
+
+so the most sensitive parameter of a tensor moves by `tau` times its mean update and an insensitive one by
+`1 + tau` times. The sign convention of `Delta` does not matter (zeta multiplies it); in this project it is
+TFF's `initial - trained`, which the server optimizer applies as a gradient, as in the paper's
+`theta <- theta - eta * Delta`.
+
+Zero sensitivity. A tensor whose aggregated sensitivity is zero everywhere (`max(Omega) == 0`: the clients
+measured no sensitivity, e.g. `sensitivity_fraction=0`, or the tensor does not affect the output on the sampled
+data) gets `zeta = 1`: its plain weighted mean, as FedAvg. Zero sensitivity carries no information about which
+of the tensor's parameters are more sensitive, so the tensor is not reshaped; the alternative limit `1 + tau`
+(every parameter "least sensitive") would silently scale the server learning rate of that tensor by `1 + tau`,
+and an all-zero sensitivity would then make elastic aggregation differ from FedAvg by a constant factor instead
+of reducing to it. A negative max (impossible for true sensitivities, which are absolute values; possible only
+through quantization noise of the secure mean) is treated the same way.
+
+Privacy. The two weighted means are the only flows of client values: `federated_mean` (`secure=False`) or only
+`federated_secure_sum_bitwidth` (`secure=True`, see `secure_mean.SecureWeightedMeanFactory`; the sensitivity has
+its own bound `sensitivity_bound`). Dropped clients are counted with a secure sum.
+
+Bad input. A client with a NaN/Inf in its update or sensitivity, or a non-finite or negative weight, is dropped
+(zero value, zero weight) and counted in `dropped_clients`; a round without weight returns a zero update.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma.aggregators import secure_mean
+
+UPDATE = 'update'
+SENSITIVITY = 'sensitivity'
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plain TF.
+
+
+def elastic_scale(omega: tf.Tensor, tau: float) -> tf.Tensor:
+  """zeta = 1 + tau - omega / max(omega) for one tensor; all ones when max(omega) <= 0 (see module docstring)."""
+  top = tf.reduce_max(omega) if omega.shape.num_elements() != 0 else tf.zeros([], omega.dtype)
+  ratio = tf.math.divide_no_nan(omega, top)
+  scaled = 1.0 + tf.cast(tau, omega.dtype) - ratio
+  return tf.where(top > 0, scaled, tf.ones_like(omega))
+
+
+def elastic_scales(sensitivity, tau: float):
+  """`elastic_scale` for every tensor of the structure `sensitivity`, each tensor scaled by its own max."""
+  return tf.nest.map_structure(lambda omega: elastic_scale(omega, tau), sensitivity)
+
+
+def apply_elastic_scales(scales, mean_update):
+  """zeta * Delta, leaf by leaf."""
+  return tf.nest.map_structure(lambda z, d: tf.cast(z, d.dtype) * d, scales, mean_update)
+
+
+def scale_statistics(scales) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """(min, max, mean) of zeta over all coordinates of the structure (float32)."""
+  flat = tf.concat([tf.reshape(tf.cast(z, tf.float32), [-1]) for z in tf.nest.flatten(scales)], axis=0)
+  return tf.reduce_min(flat), tf.reduce_max(flat), tf.reduce_mean(flat)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Factory.
+
+
+def _check_tau(tau) -> float:
+  try:
+    value = float(tau)
+  except (TypeError, ValueError):
+    raise ValueError(f'tau must be a finite non-negative number, got {tau!r}') from None
+  if isinstance(tau, bool) or not math.isfinite(value) or value < 0:
+    raise ValueError(f'tau must be a finite non-negative number, got {tau!r}')
+  return value
+
+
+def _split_value_type(value_type):
+  """(update type, sensitivity type) of `OrderedDict(update=..., sensitivity=...)`; TypeError otherwise."""
+  if not isinstance(value_type, tff.StructType) or isinstance(value_type, tff.FederatedType):
+    raise TypeError(f'value_type must be a struct with fields {UPDATE!r} and {SENSITIVITY!r}, got {value_type}')
+  names = [name for name, _ in tff.structure.iter_elements(value_type)]
+  if names != [UPDATE, SENSITIVITY]:
+    raise TypeError(f'value_type must have exactly the fields ({UPDATE!r}, {SENSITIVITY!r}) in this order, '
+                    f'got {names} in {value_type}')
+  update_type, sensitivity_type = value_type[UPDATE], value_type[SENSITIVITY]
+  secure_mean.check_float_structure(update_type, 'value_type.update')
+  secure_mean.check_float_structure(sensitivity_type, 'value_type.sensitivity')
+  update_shapes = [tuple(t.shape) for t in tff.structure.flatten(tff.to_type(update_type))]
+  sensitivity_shapes = [tuple(t.shape) for t in tff.structure.flatten(tff.to_type(sensitivity_type))]
+  if update_shapes != sensitivity_shapes:
+    raise TypeError(f'value_type.update and value_type.sensitivity must have the same structure and shapes, got '
+                    f'{update_type} and {sensitivity_type}')
+  return update_type, sensitivity_type
+
+
+class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
+  """Elastic aggregation: the weighted mean update, scaled per parameter by the aggregated sensitivity.
+
+  Values: `collections.OrderedDict(update=<structure>, sensitivity=<same structure>)`; result: the scaled update
+  (the `update` structure). See the module docstring for the math, the zero-sensitivity rule and privacy.
+
+  Measurements (all at SERVER):
+    zeta_min, zeta_max, zeta_mean: statistics of the scale over all coordinates.
+    dropped_clients: clients dropped for a non-finite value or a non-finite/negative weight.
+    update, sensitivity: the measurements of the two inner weighted means.
+  """
+
+  def __init__(
+      self,
+      tau: float = 0.5,
+      secure: bool = False,
+      value_bound: Optional[float] = None,
+      sensitivity_bound: Optional[float] = None,
+      weight_bound: float = 1e4,
+  ):
+    """Initializes the factory.
+
+    Args:
+      tau: the elasticity, >= 0 (paper default 0.5): zeta ranges over [tau, 1 + tau].
+      secure: if True both weighted means go through secure sums only (`secure_mean.SecureWeightedMeanFactory`).
+      value_bound: bound on |coordinate| of a client update; required when `secure=True`.
+      sensitivity_bound: bound on a client's sensitivity coordinates when `secure=True`; defaults to
+        `value_bound`.
+      weight_bound: largest client weight (examples per client) in secure mode.
+
+    Raises:
+      ValueError: for an invalid argument (the message names it).
+    """
+    self._tau = _check_tau(tau)
+    self._secure = secure_mean.check_bool(secure, 'secure')
+    if value_bound is not None:
+      secure_mean.check_positive_finite(value_bound, 'value_bound')
+    if sensitivity_bound is not None:
+      secure_mean.check_positive_finite(sensitivity_bound, 'sensitivity_bound')
+    else:
+      sensitivity_bound = value_bound
+    secure_mean.check_positive_finite(weight_bound, 'weight_bound')
+    if self._secure and value_bound is None:
+      raise ValueError('value_bound is required when secure=True, got None')
+    self._update_mean = secure_mean.weighted_mean_factory(self._secure, value_bound, weight_bound)
+    self._sensitivity_mean = secure_mean.weighted_mean_factory(self._secure, sensitivity_bound, weight_bound)
+
+  @property
+  def tau(self) -> float:
+    return self._tau
+
+  @property
+  def secure(self) -> bool:
+    return self._secure
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    update_type, sensitivity_type = _split_value_type(value_type)
+    secure_mean.check_weight_type(weight_type)
+    update_process = self._update_mean.create(update_type, weight_type)
+    sensitivity_process = self._sensitivity_mean.create(sensitivity_type, weight_type)
+    tau = self._tau
+
+    @tff.federated_computation()
+    def init_fn():
+      return tff.federated_zip(collections.OrderedDict(
+          update=update_process.initialize(), sensitivity=sensitivity_process.initialize()))
+
+    @tff.tensorflow.computation(value_type, weight_type)
+    def client_prepare(value, weight):
+      value, weight, keep = secure_mean.drop_invalid_clients(value, weight)
+      return value[UPDATE], value[SENSITIVITY], weight, 1 - keep
+
+    @tff.tensorflow.computation(update_type, sensitivity_type)
+    def server_scale(mean_update, mean_sensitivity):
+      scales = elastic_scales(mean_sensitivity, tau)
+      zeta_min, zeta_max, zeta_mean = scale_statistics(scales)
+      return apply_elastic_scales(scales, mean_update), zeta_min, zeta_max, zeta_mean
+
+    @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
+                               tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      update, sensitivity, clean_weight, dropped = tff.federated_map(client_prepare, (value, weight))
+      update_output = update_process.next(state[UPDATE], update, clean_weight)
+      sensitivity_output = sensitivity_process.next(state[SENSITIVITY], sensitivity, clean_weight)
+      result, zeta_min, zeta_max, zeta_mean = tff.federated_map(
+          server_scale, (update_output.result, sensitivity_output.result))
+      new_state = tff.federated_zip(collections.OrderedDict(
+          update=update_output.state, sensitivity=sensitivity_output.state))
+      measurements = tff.federated_zip(collections.OrderedDict(
+          zeta_min=zeta_min,
+          zeta_max=zeta_max,
+          zeta_mean=zeta_mean,
+          dropped_clients=secure_mean.secure_count(dropped),
+          update=update_output.measurements,
+          sensitivity=sensitivity_output.measurements,
+      ))
+      return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)

@@ -1,0 +1,181 @@
+"""Pieces shared by the composed learning processes: model types, local SGD steps, client weights, checks.
+
+All client-side functions here are plain TF on a `tff.learning.models.VariableModel` (usable eagerly in tests and
+inside the `tf.function`s of the client works). Conventions follow TFF's `model_delta_client_work`:
+
+* the model update is `initial - trained` over the trainable weights (the finalizer's server optimizer applies
+  it as a gradient: `theta <- theta - lr * update`);
+* the client weight is the number of examples trained on, and 0 when the update is not finite (the update is
+  then zeroed too, and the client's metrics are reset so that they do not reach the aggregate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.core.impl.types import computation_types  # tensorflow_to_type: no public alias
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTypes:
+  """TFF types of a model, and the computations every composed process needs."""
+  initial_weights_fn: tff.Computation  # No-arg tf computation returning `tff.learning.models.ModelWeights`.
+  weights_type: Any  # Type of `ModelWeights`.
+  trainable_type: Any  # Type of `ModelWeights.trainable` (the model update's structure).
+  batch_type: Any  # Type of one batch (`model.input_spec`).
+  metrics_aggregation_fn: tff.Computation  # Client-placed unfinalized metrics -> finalized metrics at SERVER.
+
+
+def model_types(model_fn: Callable[[], tff.learning.models.VariableModel], metrics_aggregator=None) -> ModelTypes:
+  """Builds the model once (in a throwaway graph) to read its types; the metrics aggregator defaults to TFF's."""
+  if not callable(model_fn):
+    raise ValueError(f'model_fn must be a no-argument callable returning a VariableModel, got {model_fn!r}')
+  if metrics_aggregator is None:
+    metrics_aggregator = tff.learning.metrics.sum_then_finalize
+  elif not callable(metrics_aggregator):
+    raise ValueError(f'metrics_aggregator must be callable (e.g. tff.learning.metrics.secure_sum_then_finalize), '
+                     f'got {metrics_aggregator!r}')
+
+  @tff.tensorflow.computation()
+  def initial_weights_fn():
+    model = model_fn()
+    if not isinstance(model, tff.learning.models.VariableModel):
+      raise ValueError(f'model_fn must return a tff.learning.models.VariableModel, got {type(model)}')
+    return tff.learning.models.ModelWeights.from_model(model)
+
+  with tf.Graph().as_default():
+    model = model_fn()
+    metrics_aggregation_fn = metrics_aggregator(model.metric_finalizers())
+    batch_type = computation_types.tensorflow_to_type(model.input_spec)
+  weights_type = initial_weights_fn.type_signature.result
+  return ModelTypes(initial_weights_fn, weights_type, weights_type.trainable, batch_type, metrics_aggregation_fn)
+
+
+def check_optimizer(optimizer, name: str) -> tff.learning.optimizers.Optimizer:
+  if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
+    raise ValueError(f'{name} must be a tff.learning.optimizers.Optimizer (e.g. '
+                     f'tff.learning.optimizers.build_sgdm(0.1)), got {optimizer!r}')
+  return optimizer
+
+
+def check_fraction(value, name: str, *, low_open: bool = False, high_open: bool = False) -> float:
+  """`float(value)` in [0, 1] (bounds excluded where asked); ValueError naming `name` otherwise."""
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f'{name} must be a number in [0, 1], got {value!r}') from None
+  low_ok = number > 0 if low_open else number >= 0
+  high_ok = number < 1 if high_open else number <= 1
+  if isinstance(value, bool) or math.isnan(number) or not (low_ok and high_ok):
+    interval = ('(' if low_open else '[') + '0, 1' + (')' if high_open else ']')
+    raise ValueError(f'{name} must lie in {interval}, got {value!r}')
+  return number
+
+
+def broadcast_process(types: ModelTypes) -> tff.learning.templates.DistributionProcess:
+  return tff.learning.templates.build_broadcast_process(types.weights_type)
+
+
+def apply_optimizer_finalizer(
+    server_optimizer: tff.learning.optimizers.Optimizer, types: ModelTypes,
+) -> tff.learning.templates.FinalizerProcess:
+  return tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, types.weights_type)
+
+
+def optimizer_hparams(optimizer: tff.learning.optimizers.Optimizer):
+  """The optimizer's hyperparameters, read from a state for a whimsy spec (as TFF's client works do)."""
+  return optimizer.get_hparams(optimizer.initialize(tf.TensorSpec([], tf.float32)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plain TF on a VariableModel.
+
+
+def batch_features(batch):
+  """The model input of a batch: `batch['x']` for a mapping, else `batch[0]` (TFF's `(x, y)` convention)."""
+  if isinstance(batch, Mapping):
+    return batch['x']
+  return batch[0]
+
+
+def output_num_examples(output: tff.learning.models.BatchOutput) -> tf.Tensor:
+  if output.num_examples is None:
+    return tf.shape(output.predictions, out_type=tf.int64)[0]
+  return tf.cast(output.num_examples, tf.int64)
+
+
+def assign_weights(model_weights: tff.learning.models.ModelWeights, values) -> None:
+  tf.nest.map_structure(lambda v, t: v.assign(t), model_weights, values)
+
+
+def zeros_like_trainable(model_weights: tff.learning.models.ModelWeights) -> tuple:
+  """A flat tuple of zeros, one per trainable variable (tuples, not lists, are safe as reduce/loop state)."""
+  return tuple(tf.zeros_like(v) for v in tf.nest.flatten(model_weights.trainable))
+
+
+def gradients_or_zeros(gradients, variables) -> tuple:
+  """A flat tuple of gradients with `None` (variable not reached) replaced by zeros."""
+  return tuple(tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+               for g, v in zip(tf.nest.flatten(gradients), tf.nest.flatten(variables)))
+
+
+def initial_optimizer_state(optimizer: tff.learning.optimizers.Optimizer, model_weights, hparams=None):
+  specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in tf.nest.flatten(model_weights.trainable))
+  state = optimizer.initialize(specs)
+  if hparams is not None:
+    state = optimizer.set_hparams(state, hparams)
+  return state
+
+
+def optimizer_step(optimizer: tff.learning.optimizers.Optimizer, optimizer_state, model: Any,
+                   model_weights: tff.learning.models.ModelWeights, batch):
+  """One local step on `batch` (`training=True`, metrics updated); returns `(optimizer_state, num_examples)`."""
+  with tf.GradientTape() as tape:
+    output = model.forward_pass(batch, training=True)
+  trainable = tf.nest.flatten(model_weights.trainable)
+  gradients = gradients_or_zeros(tape.gradient(output.loss, trainable), trainable)
+  optimizer_state, updated = optimizer.next(optimizer_state, tuple(trainable), gradients)
+  for variable, value in zip(trainable, updated):
+    variable.assign(value)
+  return optimizer_state, output_num_examples(output)
+
+
+def count_batches(data: tf.data.Dataset) -> tf.Tensor:
+  """Number of elements of `data` (int64): its cardinality when known, else one pass over it."""
+  cardinality = tf.cast(data.cardinality(), tf.int64)
+  return tf.cond(cardinality >= 0, lambda: cardinality,
+                 lambda: data.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+
+
+def finish_client_update(initial_trainable, model_weights, num_examples: tf.Tensor, extra=()):
+  """`(update, weight, extra, non_finite)`: update = initial - trained, zeroed with `extra` if not all finite.
+
+  `weight` is `num_examples` as float32, or 0 for a non-finite client (the caller resets that client's metrics,
+  see `reset_metrics_if`).
+  """
+  trained = tf.nest.flatten(model_weights.trainable)
+  update = tuple(a - b for a, b in zip(tf.nest.flatten(initial_trainable), trained))
+  (update, extra), non_finite = zero_all_if_any_non_finite((update, extra))
+  weight = tf.where(non_finite > 0, tf.constant(0.0), tf.cast(num_examples, tf.float32))
+  return update, weight, extra, non_finite
+
+
+def zero_all_if_any_non_finite(structure):
+  """`(structure, 0)` when every element is finite, else `(zeros, 1)` (as TFF's `tensor_utils`)."""
+  flat = tf.nest.flatten(structure)
+  if not flat:
+    return structure, tf.constant(0)
+  finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in flat]))
+  zeroed = tf.nest.map_structure(lambda t: tf.where(finite, t, tf.zeros_like(t)), structure)
+  return zeroed, tf.cast(tf.logical_not(finite), tf.int32)
+
+
+def reset_metrics_if(model: Any, non_finite: tf.Tensor) -> None:
+  """Resets the model's metrics when `non_finite > 0`, so a diverged client's metrics do not reach the server."""
+  if non_finite > 0:  # A tf.cond under autograph.
+    model.reset_metrics()

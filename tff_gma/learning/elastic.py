@@ -1,0 +1,222 @@
+"""Elastic aggregation (Elastic Aggregation paper, Algorithm 1) as a composed `tff.learning` process.
+
+Client work (`build_elastic_client_work`), per round, on the round's client dataset (a stream of batches, as
+for FedAvg):
+
+1. B_k = the first `k` batches of the stream, `k = min(ceil(sensitivity_fraction * n), n - 1)` for a stream of
+   `n` batches (at least one batch is left to train on; `k = 0` when `n <= 1`). For each batch x of B_k, at the
+   round's starting model theta:
+       g = grad ||F(theta; x)||_2^2,        Omega_k <- mu * Omega_k + (1 - mu) * |g|     (Omega_k starts at 0)
+   with F the model's output (logits; no labels are used) and ||F(theta; x)||_2^2 the batch mean of the
+   per-example squared norms (a mean rather than a sum so that a short last batch weighs as much as the
+   others; a constant factor would not change zeta, which only uses Omega / max(Omega)).
+2. D_k = the remaining batches: local training as FedAvg with the client optimizer.
+3. Returns `OrderedDict(update=Delta_k, sensitivity=Omega_k)` with weight |D_k| (examples trained on).
+   `Delta_k = theta - theta_k` (TFF's sign; see `tff_gma.aggregators.elastic`).
+
+B_k and D_k are disjoint within the round: both come from one pass over the stream (`enumerate`), so a
+dataset that reshuffles on each iteration cannot mix them. Deviation from the paper, which samples B_k once
+before training: here B_k is re-drawn each round from the round's (shuffled) stream, so the process takes the same
+client datasets as TFF's FedAvg; with `local_epochs > 1` the stream repeats the client's data, so B_k's examples
+can reappear in D_k's later epochs (use one local epoch, or data that repeats B_k never, to match the paper).
+
+Server: `tff_gma.aggregators.elastic.ElasticFactory` (weighted means of Delta and Omega, then
+`zeta = 1 + tau - Omega / max(Omega)` per tensor), then the server optimizer (`theta <- theta - eta * Delta`
+for SGD, as the paper).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma.aggregators import elastic as elastic_aggregator
+from tff_gma.learning import client_lib
+
+DEFAULT_MU = 0.95
+DEFAULT_SENSITIVITY_FRACTION = 0.1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plain TF on a VariableModel.
+
+
+def output_norm_gradient(model: tff.learning.models.VariableModel, variables, batch) -> tuple:
+  """grad over `variables` of the batch mean of ||F(theta; x_j)||_2^2 (inference mode, no metrics updated)."""
+  with tf.GradientTape() as tape:
+    predictions = model.predict_on_batch(client_lib.batch_features(batch), training=False)
+    per_example = tf.reshape(tf.square(predictions), [tf.shape(predictions)[0], -1])
+    objective = tf.reduce_mean(tf.reduce_sum(per_example, axis=1))
+  return client_lib.gradients_or_zeros(tape.gradient(objective, variables), variables)
+
+
+def accumulate_sensitivity(omega: tuple, gradient: tuple, mu: float) -> tuple:
+  """Omega <- mu * Omega + (1 - mu) * |g|, leaf by leaf."""
+  return tuple(mu * o + (1.0 - mu) * tf.abs(g) for o, g in zip(omega, gradient))
+
+
+def sensitivity_batch_count(num_batches: tf.Tensor, fraction: float) -> tf.Tensor:
+  """k = min(ceil(fraction * n), n - 1), and 0 when n <= 1 (int64)."""
+  num_batches = tf.cast(num_batches, tf.int64)
+  wanted = tf.cast(tf.math.ceil(fraction * tf.cast(num_batches, tf.float64)), tf.int64)
+  return tf.maximum(tf.minimum(wanted, num_batches - 1), 0)
+
+
+def build_elastic_client_update(
+    model_fn: Callable[[], tff.learning.models.VariableModel], mu: float, sensitivity_fraction: float,
+):
+  """A `tf.function` (optimizer, hparams, initial_weights, data) -> (ClientResult, unfinalized metrics).
+
+  Builds its model once, at call time of this function (inside the caller's graph, as TFF's client works do).
+  """
+  model = model_fn()
+
+  @tf.function
+  def client_update(optimizer, optimizer_hparams, initial_weights, data):
+    model_weights = tff.learning.models.ModelWeights.from_model(model)
+    client_lib.assign_weights(model_weights, initial_weights)
+    trainable = tf.nest.flatten(model_weights.trainable)
+    num_sensitivity_batches = sensitivity_batch_count(client_lib.count_batches(data), sensitivity_fraction)
+
+    def reduce_fn(state, element):
+      omega, num_examples, optimizer_state = state
+      index, batch = element
+
+      def sensitivity_step():
+        gradient = output_norm_gradient(model, trainable, batch)
+        return accumulate_sensitivity(omega, gradient, mu), num_examples, optimizer_state
+
+      def training_step():
+        new_optimizer_state, batch_examples = client_lib.optimizer_step(
+            optimizer, optimizer_state, model, model_weights, batch)
+        return omega, num_examples + batch_examples, new_optimizer_state
+
+      return tf.cond(index < num_sensitivity_batches, sensitivity_step, training_step)
+
+    initial_state = (client_lib.zeros_like_trainable(model_weights), tf.constant(0, tf.int64),
+                     client_lib.initial_optimizer_state(optimizer, model_weights, optimizer_hparams))
+    omega, num_examples, _ = data.enumerate().reduce(initial_state, reduce_fn)
+    update, weight, omega, non_finite = client_lib.finish_client_update(
+        initial_weights.trainable, model_weights, num_examples, extra=omega)
+    client_lib.reset_metrics_if(model, non_finite)
+    value = collections.OrderedDict(update=list(update), sensitivity=list(omega))
+    return (tff.learning.templates.ClientResult(update=value, update_weight=weight),
+            model.report_local_unfinalized_metrics())
+
+  return client_update
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Client work and builder.
+
+
+def build_elastic_client_work(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    *,
+    mu: float = DEFAULT_MU,
+    sensitivity_fraction: float = DEFAULT_SENSITIVITY_FRACTION,
+    metrics_aggregator=None,
+) -> tff.learning.templates.ClientWorkProcess:
+  """The client work of elastic aggregation (module docstring): state = the client optimizer's hyperparameters.
+
+  Measurements: `train`, the aggregated training metrics (of the D_k batches only).
+  """
+  client_lib.check_optimizer(client_optimizer, 'client_optimizer_fn')
+  mu = client_lib.check_fraction(mu, 'mu', high_open=True)
+  sensitivity_fraction = client_lib.check_fraction(sensitivity_fraction, 'sensitivity_fraction', high_open=True)
+  types = client_lib.model_types(model_fn, metrics_aggregator)
+  data_type = tff.SequenceType(types.batch_type)
+  initial_hparams = client_lib.optimizer_hparams(client_optimizer)
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_value(initial_hparams, tff.SERVER)
+
+  state_type = init_fn.type_signature.result.member
+
+  @tff.tensorflow.computation(state_type, types.weights_type, data_type)
+  def client_update_computation(hparams, initial_weights, data):
+    client_update = build_elastic_client_update(model_fn, mu, sensitivity_fraction)
+    return client_update(client_optimizer, hparams, initial_weights, data)
+
+  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(types.weights_type, tff.CLIENTS),
+                             tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, client_data):
+    client_result, local_metrics = tff.federated_map(
+        client_update_computation, (tff.federated_broadcast(state), weights, client_data))
+    measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(local_metrics)))
+    return tff.templates.MeasuredProcessOutput(state, client_result, measurements)
+
+  @tff.tensorflow.computation(state_type)
+  def get_hparams_fn(state):
+    return state
+
+  @tff.tensorflow.computation(state_type, state_type)
+  def set_hparams_fn(state, hparams):
+    del state
+    return hparams
+
+  return tff.learning.templates.ClientWorkProcess(
+      init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
+
+
+def build_elastic_fed_avg(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    tau: float = 0.5,
+    mu: float = DEFAULT_MU,
+    sensitivity_fraction: float = DEFAULT_SENSITIVITY_FRACTION,
+    secure: bool = False,
+    value_bound: Optional[float] = None,
+    sensitivity_bound: Optional[float] = None,
+    weight_bound: float = 1e4,
+    metrics_aggregator=None,
+) -> tff.learning.templates.LearningProcess:
+  """FedAvg with elastic aggregation, as a `tff.learning.templates.LearningProcess`.
+
+  Composed from TFF's broadcast distributor, `build_elastic_client_work`, `ElasticFactory` and TFF's
+  apply-optimizer finalizer; `initialize`, `next(state, client_datasets)`, `get_model_weights`,
+  `set_model_weights`, `get_hparams`, `set_hparams` behave as for `tff.learning.algorithms.build_weighted_fed_avg`
+  and the client datasets are the same (batched, e.g. `tff_gma.simulation.client_dataset`).
+
+  Args:
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
+    client_optimizer_fn: the client's `tff.learning.optimizers.Optimizer`.
+    server_optimizer_fn: the server's `tff.learning.optimizers.Optimizer`; default SGD with learning rate 1.
+    tau: elasticity (paper: 0.5); zeta lies in [tau, 1 + tau].
+    mu: sensitivity momentum in [0, 1) (paper: 0.95).
+    sensitivity_fraction: fraction in [0, 1) of the round's batches used for the sensitivity (not trained on);
+      0 gives Omega = 0, hence zeta = 1: plain FedAvg.
+    secure, value_bound, sensitivity_bound, weight_bound: see `ElasticFactory`.
+    metrics_aggregator: as in TFF's builders; default `tff.learning.metrics.sum_then_finalize` (pass
+      `tff.learning.metrics.secure_sum_then_finalize` to keep metrics to secure sums too).
+
+  Raises:
+    ValueError: for an invalid argument (the message names it).
+  """
+  if server_optimizer_fn is None:
+    server_optimizer_fn = tff.learning.optimizers.build_sgdm(1.0)
+  client_lib.check_optimizer(server_optimizer_fn, 'server_optimizer_fn')
+  aggregator_factory = elastic_aggregator.ElasticFactory(
+      tau=tau, secure=secure, value_bound=value_bound, sensitivity_bound=sensitivity_bound,
+      weight_bound=weight_bound)
+  client_work = build_elastic_client_work(
+      model_fn, client_optimizer_fn, mu=mu, sensitivity_fraction=sensitivity_fraction,
+      metrics_aggregator=metrics_aggregator)
+  types = client_lib.model_types(model_fn, metrics_aggregator)
+  result_type = client_work.next.type_signature.result.result.member
+  aggregator = aggregator_factory.create(result_type.update, result_type.update_weight)
+  return tff.learning.templates.compose_learning_process(
+      types.initial_weights_fn,
+      client_lib.broadcast_process(types),
+      client_work,
+      aggregator,
+      client_lib.apply_optimizer_finalizer(server_optimizer_fn, types),
+  )

@@ -1,0 +1,367 @@
+"""SCAFFOLD (Karimireddy et al., 2020, Algorithm 1, option II) as a composed `tff.learning` process.
+
+Round, with server model x, server control variate c and client control variates c_i:
+
+    client i:  y <- x;  K times (one per batch):  y <- y - eta_l * (g_i(y) - c_i + c)
+               c_i+ = c_i - c + (x - y) / (K * eta_l);    sends  Delta_i = x - y,  dc_i = c_i+ - c_i
+    server:    x <- x - eta_g * aggregate(Delta_i)          (`model_aggregator`, then the server optimizer)
+               c <- c + (|S| / N) * mean_i(dc_i)             (`tff.federated_mean`; |S| by a secure count)
+
+`Delta_i = x - y` is TFF's sign for model updates (the finalizer's SGD applies `x - eta_g * Delta`, SCAFFOLD's
+`x + eta_g * (y - x)`). The model updates go through any weighted `tff.aggregators` factory: the weighted mean
+(default), `GradientMaskedFactory` (GMA on SCAFFOLD, the GMA paper's Table 7), `GeometricMedianFactory`... The
+controls are averaged unweighted, as in the paper, so that c stays the mean of all clients' c_i. N is
+`num_clients`, the population size; None means full participation (|S| / N = 1). A client without batches, or
+whose update is not finite, sends a zero update with weight 0 and dc_i = 0 and keeps its c_i.
+
+Where the state lives.
+  * x, c: in the `LearningAlgorithmState` (c is the client work's state), so they are checkpointed with it (e.g.
+    `tff.program.FileProgramStateManager`).
+  * c_i: with the client. TFF has no client state and a `LearningProcess` cannot output CLIENTS-placed values,
+    so a client's c_i comes in with its data -- client data are `OrderedDict(batches=<dataset of batches>,
+    control_variate=<dataset of at most one element: c_i as a tuple of arrays>)`, an empty dataset meaning
+    c_i = 0 -- and goes out through `ScaffoldProcess.next_with_client_controls`, which runs the same round as
+    `next` (same components) and also returns every client's c_i+ at CLIENTS. In simulation
+    `ControlVariateStore` keeps them by client id (`run_round` does the bookkeeping) and saves/loads them
+    (`save`/`load`, one .npz), next to the server state's checkpoint. The plain `next` (the `LearningProcess`
+    interface) drops the clients' new control variates: a driver that calls it keeps every c_i at its old
+    value, which is not SCAFFOLD beyond the first round; use `next_with_client_controls` to train.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma.aggregators import secure_mean
+from tff_gma.learning import client_lib
+
+BATCHES = 'batches'
+CONTROL_VARIATE = 'control_variate'
+
+
+class ScaffoldOutput(NamedTuple):
+  """Result of `ScaffoldProcess.next_with_client_controls`."""
+  state: Any  # The `LearningAlgorithmState`, as from `next`.
+  metrics: Any  # As from `next`.
+  client_control_variates: Any  # Per client (CLIENTS-placed): its new c_i, a tuple of arrays.
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plain TF.
+
+
+def control_variate_update(update: tuple, num_steps: tf.Tensor, client_lr: float, server_control: tuple,
+                           valid: tf.Tensor) -> tuple:
+  """dc_i = (x - y) / (K * eta_l) - c (option II: c_i+ - c_i); zeros unless `valid` (and K > 0)."""
+  scale = tf.cast(num_steps, tf.float32) * client_lr
+  ok = tf.logical_and(valid, num_steps > 0)
+  return tuple(tf.where(ok, tf.math.divide_no_nan(u, tf.cast(scale, u.dtype)) - c, tf.zeros_like(u))
+               for u, c in zip(update, server_control))
+
+
+def server_control_update(server_control: tuple, mean_control_delta: tuple, num_participants: tf.Tensor,
+                          num_clients: Optional[int]) -> tuple:
+  """c + (|S| / N) * mean(dc_i); |S| / N = 1 when N is None (full participation)."""
+  if num_clients is None:
+    fraction = tf.constant(1.0)
+  else:
+    fraction = tf.cast(num_participants, tf.float32) / float(num_clients)
+  return tuple(c + tf.cast(fraction, c.dtype) * d for c, d in zip(server_control, mean_control_delta))
+
+
+def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.VariableModel], client_lr: float,
+                                 client_weighting: tff.learning.ClientWeighting):
+  """A `tf.function` (initial_weights, batches, client_control_data, server_control) ->
+  (ClientResult, dc_i, c_i+, unfinalized metrics, participation indicator)."""
+  model = model_fn()
+
+  @tf.function
+  def client_update(initial_weights, batches, client_control_data, server_control):
+    model_weights = tff.learning.models.ModelWeights.from_model(model)
+    client_lib.assign_weights(model_weights, initial_weights)
+    trainable = tf.nest.flatten(model_weights.trainable)
+    server_control = tuple(tf.nest.flatten(server_control))
+    zeros = client_lib.zeros_like_trainable(model_weights)
+    # The client's stored c_i: the dataset's (last) element, zeros when it is empty (a new client).
+    client_control = client_control_data.reduce(zeros, lambda _, c: tuple(tf.nest.flatten(c)))
+    correction = tuple(c - ci for c, ci in zip(server_control, client_control))
+
+    def reduce_fn(state, batch):
+      num_steps, num_examples = state
+      with tf.GradientTape() as tape:
+        output = model.forward_pass(batch, training=True)
+      gradients = client_lib.gradients_or_zeros(tape.gradient(output.loss, trainable), trainable)
+      for variable, gradient, corr in zip(trainable, gradients, correction):
+        variable.assign_sub(client_lr * (gradient + corr))
+      return num_steps + 1, num_examples + client_lib.output_num_examples(output)
+
+    num_steps, num_examples = batches.reduce((tf.constant(0, tf.int64), tf.constant(0, tf.int64)), reduce_fn)
+    update, weight, _, non_finite = client_lib.finish_client_update(
+        initial_weights.trainable, model_weights, num_examples)
+    client_lib.reset_metrics_if(model, non_finite)
+    if client_weighting == tff.learning.ClientWeighting.UNIFORM:
+      weight = tf.cast(weight > 0, tf.float32)
+    control_delta = control_variate_update(update, num_steps, client_lr, server_control,
+                                           tf.equal(non_finite, 0))
+    new_client_control = tuple(ci + d for ci, d in zip(client_control, control_delta))
+    return (tff.learning.templates.ClientResult(update=list(update), update_weight=weight), control_delta,
+            new_client_control, model.report_local_unfinalized_metrics(), tf.constant(1, tf.int32))
+
+  return client_update
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Federated pieces.
+
+
+def _control_type(types: client_lib.ModelTypes):
+  """c and c_i: a tuple with one tensor per trainable variable."""
+  return tff.StructWithPythonType(list(tff.structure.flatten(types.trainable_type)), tuple)
+
+
+def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float,
+                        client_weighting: tff.learning.ClientWeighting, num_clients: Optional[int]):
+  """(init_fn, client_round) where client_round: (state@S, weights@C, data@C) ->
+  (state@S, ClientResult@C, measurements@S, new c_i@C)."""
+  control_type = _control_type(types)
+  data_type = tff.StructWithPythonType(
+      [(BATCHES, tff.SequenceType(types.batch_type)), (CONTROL_VARIATE, tff.SequenceType(control_type))],
+      collections.OrderedDict)
+  zeros = tuple(np.zeros(t.shape, t.dtype) for t in tff.structure.flatten(control_type))
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_value(collections.OrderedDict(control_variate=zeros), tff.SERVER)
+
+  state_type = init_fn.type_signature.result
+
+  @tff.tensorflow.computation(types.weights_type, data_type, control_type)
+  def client_update_computation(initial_weights, data, server_control):
+    client_update = build_scaffold_client_update(model_fn, client_lr, client_weighting)
+    return client_update(initial_weights, data[BATCHES], data[CONTROL_VARIATE], server_control)
+
+  @tff.tensorflow.computation(control_type, control_type, np.int32)
+  def update_server_control(server_control, mean_control_delta, num_participants):
+    new_control = server_control_update(server_control, mean_control_delta, num_participants, num_clients)
+    norm = tf.linalg.global_norm(list(new_control))
+    return collections.OrderedDict(control_variate=new_control), norm
+
+  @tff.federated_computation(state_type, tff.FederatedType(types.weights_type, tff.CLIENTS),
+                             tff.FederatedType(data_type, tff.CLIENTS))
+  def client_round(state, weights, client_data):
+    server_control = tff.federated_broadcast(state.control_variate)
+    client_result, control_delta, new_client_control, local_metrics, participated = tff.federated_map(
+        client_update_computation, (weights, client_data, server_control))
+    num_participants = secure_mean.secure_count(participated)
+    new_state, control_norm = tff.federated_map(
+        update_server_control, (state.control_variate, tff.federated_mean(control_delta), num_participants))
+    measurements = tff.federated_zip(collections.OrderedDict(
+        train=types.metrics_aggregation_fn(local_metrics),
+        participating_clients=num_participants,
+        server_control_norm=control_norm,
+    ))
+    return new_state, client_result, measurements, new_client_control
+
+  return init_fn, client_round, control_type, data_type
+
+
+class ScaffoldProcess(tff.learning.templates.LearningProcess):
+  """A `LearningProcess` for SCAFFOLD, plus `next_with_client_controls` (module docstring).
+
+  Attributes:
+    next_with_client_controls: `(state, client_data) -> ScaffoldOutput(state, metrics, client_control_variates)`,
+      the same round as `next` that also returns each client's new control variate (CLIENTS-placed; in
+      simulation a list in client order).
+    control_variate_type: the TFF type of a control variate (a tuple with one tensor per trainable variable).
+  """
+
+  def __init__(self, composed: tff.learning.templates.LearningProcess, next_with_client_controls: tff.Computation,
+               control_variate_type):
+    super().__init__(composed.initialize, composed.next, composed.get_model_weights, composed.set_model_weights,
+                     get_hparams_fn=composed.get_hparams, set_hparams_fn=composed.set_hparams)
+    self._next_with_client_controls = next_with_client_controls
+    self._control_variate_type = control_variate_type
+
+  @property
+  def next_with_client_controls(self) -> tff.Computation:
+    return self._next_with_client_controls
+
+  @property
+  def control_variate_type(self):
+    return self._control_variate_type
+
+
+def build_scaffold(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_lr: float,
+    server_lr: float = 1.0,
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    *,
+    num_clients: Optional[int] = None,
+    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    metrics_aggregator=None,
+) -> ScaffoldProcess:
+  """SCAFFOLD (option II) as a `ScaffoldProcess` (a `tff.learning.templates.LearningProcess`).
+
+  Args:
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
+    client_lr: eta_l > 0, the clients' (plain, corrected) SGD step.
+    server_lr: eta_g > 0, the server's SGD step on the aggregated update (ignored with `server_optimizer_fn`).
+    model_aggregator: weighted factory for the model updates; default the weighted mean
+      (`tff_gma.aggregators.FederatedMeanFactory`, one `federated_mean`).
+    num_clients: N, the client population, for the control update's |S| / N; None: every client takes part
+      in every round.
+    client_weighting: `tff.learning.ClientWeighting.NUM_EXAMPLES` (TFF's default) or `UNIFORM` (the paper's
+      1/|S|), the weights of the model updates.
+    server_optimizer_fn: optional server optimizer replacing SGD(server_lr).
+    metrics_aggregator: as in TFF's builders (default `tff.learning.metrics.sum_then_finalize`).
+
+  Raises:
+    ValueError: for an invalid argument (the message names it).
+  """
+  client_lr = secure_mean.check_positive_finite(client_lr, 'client_lr')
+  server_lr = secure_mean.check_positive_finite(server_lr, 'server_lr')
+  if num_clients is not None and (isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer))
+                                  or num_clients < 1):
+    raise ValueError(f'num_clients must be None or a positive int, got {num_clients!r}')
+  if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES, tff.learning.ClientWeighting.UNIFORM):
+    raise ValueError(f'client_weighting must be a tff.learning.ClientWeighting, got {client_weighting!r}')
+  if model_aggregator is None:
+    model_aggregator = secure_mean.FederatedMeanFactory()
+  elif not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory):
+    raise ValueError(f'model_aggregator must be a tff.aggregators.WeightedAggregationFactory, got '
+                     f'{model_aggregator!r}')
+  if server_optimizer_fn is None:
+    server_optimizer_fn = tff.learning.optimizers.build_sgdm(server_lr)
+  client_lib.check_optimizer(server_optimizer_fn, 'server_optimizer_fn')
+
+  types = client_lib.model_types(model_fn, metrics_aggregator)
+  init_fn, client_round, control_type, _ = _build_client_round(
+      model_fn, types, client_lr, client_weighting, None if num_clients is None else int(num_clients))
+  client_round_type = client_round.type_signature
+
+  @tff.federated_computation(*client_round_type.parameter)
+  def client_work_next(state, weights, client_data):
+    new_state, client_result, measurements, _ = client_round(state, weights, client_data)
+    return tff.templates.MeasuredProcessOutput(new_state, client_result, measurements)
+
+  client_work = tff.learning.templates.ClientWorkProcess(init_fn, client_work_next)
+  distributor = client_lib.broadcast_process(types)
+  aggregator = model_aggregator.create(types.trainable_type, tff.TensorType(np.float32))
+  finalizer = client_lib.apply_optimizer_finalizer(server_optimizer_fn, types)
+  composed = tff.learning.templates.compose_learning_process(
+      types.initial_weights_fn, distributor, client_work, aggregator, finalizer)
+
+  state_type, data_type = composed.next.type_signature.parameter
+
+  @tff.federated_computation(state_type, data_type)
+  def next_with_client_controls(state, client_data):
+    # The composition of `compose_learning_process`'s `next`, keeping the clients' new control variates.
+    distributor_output = distributor.next(state.distributor, state.global_model_weights)
+    client_state, client_result, client_measurements, new_client_controls = client_round(
+        state.client_work, distributor_output.result, client_data)
+    aggregator_output = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
+    finalizer_output = finalizer.next(state.finalizer, state.global_model_weights, aggregator_output.result)
+    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+        finalizer_output.result, distributor_output.state, client_state, aggregator_output.state,
+        finalizer_output.state))
+    metrics = tff.federated_zip(collections.OrderedDict(
+        distributor=distributor_output.measurements,
+        client_work=client_measurements,
+        aggregator=aggregator_output.measurements,
+        finalizer=finalizer_output.measurements))
+    return ScaffoldOutput(new_state, metrics, new_client_controls)
+
+  return ScaffoldProcess(composed, next_with_client_controls, control_type)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Simulation: the clients' control variates.
+
+
+class ControlVariateStore:
+  """The clients' SCAFFOLD control variates c_i in simulation, by client id (zeros for a client not seen yet).
+
+  Usage::
+
+      store = ControlVariateStore.for_process(process)
+      state = process.initialize()
+      for round_num in range(rounds):
+        state, metrics = store.run_round(process, state, client_ids, [datasets of batches])
+      store.save(path)      # with the server state's checkpoint; ControlVariateStore.load(path) restores it
+  """
+
+  def __init__(self, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any]):
+    self._shapes = [tuple(int(d) for d in s) for s in shapes]
+    self._dtypes = [np.dtype(d) for d in dtypes]
+    if len(self._shapes) != len(self._dtypes) or not self._shapes:
+      raise ValueError(f'shapes and dtypes must be non-empty and of equal length, got {shapes} and {dtypes}')
+    self._controls: dict[str, tuple[np.ndarray, ...]] = {}
+
+  @classmethod
+  def for_process(cls, process: ScaffoldProcess) -> 'ControlVariateStore':
+    leaves = tff.structure.flatten(process.control_variate_type)
+    return cls([t.shape for t in leaves], [t.dtype for t in leaves])
+
+  def __len__(self) -> int:
+    return len(self._controls)
+
+  def __contains__(self, client_id: str) -> bool:
+    return client_id in self._controls
+
+  def get(self, client_id: str) -> tuple[np.ndarray, ...]:
+    if client_id in self._controls:
+      return self._controls[client_id]
+    return tuple(np.zeros(s, d) for s, d in zip(self._shapes, self._dtypes))
+
+  def set(self, client_id: str, control_variate: Sequence[Any]) -> None:
+    arrays = tuple(np.asarray(c) for c in control_variate)
+    if [a.shape for a in arrays] != self._shapes:
+      raise ValueError(f'control variate of client {client_id!r} has shapes {[a.shape for a in arrays]}, '
+                       f'expected {self._shapes}')
+    self._controls[client_id] = tuple(a.astype(d, copy=False) for a, d in zip(arrays, self._dtypes))
+
+  def client_data(self, client_id: str, batches: tf.data.Dataset) -> collections.OrderedDict:
+    """The process's client data: the batches and a one-element dataset holding the client's c_i."""
+    control = tf.data.Dataset.from_tensors(tuple(tf.constant(c) for c in self.get(client_id)))
+    return collections.OrderedDict([(BATCHES, batches), (CONTROL_VARIATE, control)])
+
+  def run_round(self, process: ScaffoldProcess, state, client_ids: Sequence[str],
+                datasets: Sequence[tf.data.Dataset]):
+    """One SCAFFOLD round on `client_ids` with their batch datasets; stores their new c_i; (state, metrics)."""
+    if len(client_ids) != len(datasets):
+      raise ValueError(f'client_ids and datasets must have the same length, got {len(client_ids)} and '
+                       f'{len(datasets)}')
+    output = process.next_with_client_controls(
+        state, [self.client_data(cid, ds) for cid, ds in zip(client_ids, datasets)])
+    for client_id, control in zip(client_ids, output.client_control_variates):
+      self.set(client_id, control)
+    return output.state, output.metrics
+
+  def save(self, path: str) -> None:
+    """Writes every stored c_i to one .npz (client ids kept as JSON, so any string is a valid id)."""
+    client_ids = sorted(self._controls)
+    arrays = {'client_ids': np.array(json.dumps(client_ids))}
+    for i, client_id in enumerate(client_ids):
+      for j, value in enumerate(self._controls[client_id]):
+        arrays[f'c{i}_{j}'] = value
+    with open(path, 'wb') as f:
+      np.savez(f, **arrays)
+
+  @classmethod
+  def load(cls, path: str, like: 'ControlVariateStore') -> 'ControlVariateStore':
+    """A store with `like`'s shapes and dtypes, filled from `save`'s file."""
+    store = cls(like._shapes, like._dtypes)  # pylint: disable=protected-access
+    with np.load(path) as data:
+      client_ids = json.loads(str(data['client_ids']))
+      for i, client_id in enumerate(client_ids):
+        store.set(client_id, [data[f'c{i}_{j}'] for j in range(len(store._shapes))])  # pylint: disable=protected-access
+    return store
