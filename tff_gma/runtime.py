@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import gc
+import logging
 import dataclasses
 import os
 import signal
@@ -28,14 +29,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import IO, Optional
 
 import grpc
 import portpicker
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.backends.native import compiler as native_compiler
+from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
 from tensorflow_federated.python.core.backends.test import compiler as test_compiler
+from tensorflow_federated.python.common_libs import structure
 from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
+from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 
 # Same limits as TFF's local executor factory: models cross the channel as single messages.
@@ -56,6 +61,16 @@ def worker_binary_path() -> str:
   if not os.path.isfile(path):
     raise RuntimeError(f'TFF worker binary not found at {path}; is tensorflow-federated installed?')
   return path
+
+
+class _DropUnusedAssertionNoise(logging.Filter):
+  """Drops TF's "Object was never used" report for the unused assertions inside TFF's quantized secure sum."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return 'Object was never used' not in record.getMessage()
+
+
+logging.getLogger('tensorflow').addFilter(_DropUnusedAssertionNoise())
 
 
 def _die_with_parent() -> None:
@@ -166,6 +181,7 @@ class WorkerProcess:
 _live_workers: set[WorkerProcess] = set()
 _lock = threading.Lock()
 _current_worker: Optional[WorkerProcess] = None
+_current_context = None
 
 
 def stop_all_workers() -> None:
@@ -210,19 +226,21 @@ def _compile_for_simulation(comp):
   return native_compiler.desugar_and_transform_to_native(comp)
 
 
-def _executor_factory(worker: WorkerProcess, default_num_clients: int):
+def _executor_factory(worker: Optional[WorkerProcess], default_num_clients: int, target: Optional[str] = None):
+  """Executors on `worker` (restarted if it died), or on a worker this process does not own at `target`."""
   stub_holder = {}
 
   def stack_fn(cardinalities):
     if cardinalities.get(tff.CLIENTS) is None:
       cardinalities[tff.CLIENTS] = default_num_clients
-    if not worker.running():
+    if worker is not None and not worker.running():
       # The worker died (e.g. OOM-killed): start a fresh one on a new port rather than fail every later call.
       worker.port = None
       worker.start()
       stub_holder.clear()
     if 'stub' not in stub_holder:
-      stub_holder['stub'] = worker.stub()
+      stub_holder['stub'] = worker.stub() if worker is not None else tff.framework.RemoteExecutorGrpcStub(
+          grpc.insecure_channel(target, _GRPC_OPTIONS))
     executor = tff.framework.RemoteExecutor(stub_holder['stub'])
     executor.set_cardinalities(cardinalities)
     return executor
@@ -263,17 +281,102 @@ def set_simulation_context(
       'stderr' shows it), else `<tmpdir>/tff_gma_worker_<pid>.log`.
     default_num_clients: the CLIENTS cardinality for computations whose arguments do not fix it.
   """
-  global _current_worker
+  global _current_worker, _current_context
   with _lock:
     if _current_worker is None or not _current_worker.running():
       _current_worker = WorkerProcess(log_path=log_path or _default_log_path()).start()
       _install_sigterm_handler()
-      context = create_simulation_context(_current_worker, default_num_clients)
-      tff.framework.get_context_stack().set_default_context(context)
-      # Collect the replaced import-time context now: its executor factory's __del__ otherwise runs at
-      # interpreter shutdown, when `subprocess` is already gone, and prints a spurious traceback.
-      gc.collect()
+      _current_context = create_simulation_context(_current_worker, default_num_clients)
+    # (Re)install it: another context (e.g. the multi-worker one) may have replaced it since.
+    tff.framework.get_context_stack().set_default_context(_current_context)
+    # Collect a replaced context now: the executor factory of TFF's import-time context has a __del__ that
+    # otherwise runs at interpreter shutdown, when `subprocess` is already gone, and prints a traceback.
+    gc.collect()
     return _current_worker
+
+
+class _MergeableContext(tff.framework.MergeableCompExecutionContext):
+  """TFF's mergeable context, returning results in the Python containers of the computation's result type.
+
+  TFF's version converts results with the type of the compiled `after_merge` part, which has lost the
+  containers (a learning process's `next` then returns an OrderedDict instead of a `LearningProcessOutput`).
+  """
+
+  def invoke(self, comp, arg=None):
+    result = super().invoke(comp, arg)
+    if isinstance(comp, tff.Computation):
+      result = type_conversions.type_to_py_container(
+          structure.from_container(result, recursive=True), comp.type_signature.result)
+    return result
+
+
+def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int = 0) -> None:
+  """Distributes each computation's clients over the TFF workers at `targets` ('host:port', ...).
+
+  TFF's own distributed runtime: one asynchronous context per worker and TFF's mergeable-computation context,
+  which compiles a computation to `MergeableCompForm` (the work before the aggregation runs on every worker
+  on its share of the clients, the partial aggregates are merged, the rest runs once). Limit of that form: one
+  aggregation stage per computation, so multi-pass aggregates (RFA with more than one pass) cannot run on it
+  (`check_single_aggregation_stage` says so before training). The workers are not owned here: start them with
+  `start_local_workers` on this host, or `python -m tff_gma.worker --port=P` on other hosts.
+  """
+  if not targets:
+    raise ValueError('targets must name at least one worker (host:port)')
+  for target in targets:
+    host, _, port = target.rpartition(':')
+    if not host or not port.isdigit():
+      raise ValueError(f'targets: {target!r} is not host:port')
+    channel = grpc.insecure_channel(target, _GRPC_OPTIONS)
+    try:
+      grpc.channel_ready_future(channel).result(timeout=_STARTUP_TIMEOUT_S)
+    except grpc.FutureTimeoutError as e:
+      raise RuntimeError(f'no TFF worker answers at {target}') from e
+    finally:
+      channel.close()
+  contexts = [
+      tff.framework.AsyncExecutionContext(
+          executor_fn=_executor_factory(None, default_num_clients, target=target),
+          compiler_fn=_compile_for_simulation,
+          transform_args=tensorflow_computation.transform_args,
+          transform_result=tensorflow_computation.transform_result,
+      ) for target in targets
+  ]
+  # Lower the secure intrinsics before splitting into mergeable form (as the per-worker compiler does): TFF's
+  # mergeable compiler only recognises the plain aggregation intrinsics.
+  context = _MergeableContext(
+      async_contexts=contexts,
+      compiler_fn=lambda comp: mergeable_comp_compiler.compile_to_mergeable_comp_form(
+          test_compiler.replace_secure_intrinsics_with_bodies(comp)))
+  tff.framework.get_context_stack().set_default_context(context)
+  gc.collect()
+
+
+def start_local_workers(count: int, *, log_dir: Optional[str] = None) -> list[WorkerProcess]:
+  """Starts `count` owned workers on 127.0.0.1 (stopped at exit like the simulation context's worker)."""
+  if count < 1:
+    raise ValueError(f'count must be positive, got {count}')
+  workers = []
+  for i in range(count):
+    log = os.path.join(log_dir, f'worker_{i}.log') if log_dir else _default_log_path()
+    workers.append(WorkerProcess(log_path=log).start())
+  _install_sigterm_handler()
+  return workers
+
+
+def check_single_aggregation_stage(process) -> int:
+  """Raises ValueError if `process.next` aggregates client data in more than one sequential stage.
+
+  TFF's mergeable-computation context (several workers) supports a single stage; the count comes from the
+  static audit of the computation (`tff_gma.audit`). Returns the number of stages.
+  """
+  from tff_gma import audit  # pylint: disable=g-import-not-at-top
+  passes = audit.audit_computation(process, policy=audit.AuditPolicy(allow_plain_sum=True)).aggregation_passes
+  if passes > 1:
+    raise ValueError(
+        f'this process aggregates in {passes} sequential client-to-server stages; TFF\'s multi-worker '
+        f'(mergeable-computation) runtime runs one stage per computation: use one worker, or a one-stage '
+        f'aggregator (mean, gma, rfa_one_step)')
+  return passes
 
 
 def shutdown() -> None:
