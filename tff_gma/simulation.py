@@ -59,6 +59,10 @@ def server_optimizer(config: AlgorithmConfig) -> tff.learning.optimizers.Optimiz
   return tff.learning.optimizers.build_sgdm(config.server_lr)
 
 
+def client_optimizer(config: AlgorithmConfig) -> tff.learning.optimizers.Optimizer:
+  return tff.learning.optimizers.build_sgdm(config.client_lr, momentum=config.client_momentum)
+
+
 def build_learning_process(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     config: AlgorithmConfig,
@@ -66,9 +70,8 @@ def build_learning_process(
     metrics_aggregator=None,
 ) -> tff.learning.templates.LearningProcess:
   """TFF's own FedAvg/FedProx process with `model_aggregator` in place of the weighted mean."""
-  client_optimizer = tff.learning.optimizers.build_sgdm(config.client_lr, momentum=config.client_momentum)
   kwargs = dict(
-      client_optimizer_fn=client_optimizer,
+      client_optimizer_fn=client_optimizer(config),
       server_optimizer_fn=server_optimizer(config),
       model_aggregator=model_aggregator,
       metrics_aggregator=metrics_aggregator,
