@@ -85,6 +85,14 @@ def test_builder_callable_and_weight_type(capsys):
   assert 'bitwidth=32' in out
 
 
+def test_rfa_report_shows_one_pass_per_weiszfeld_pass(capsys):
+  # audit_targets.secure_rfa: the project's secure RFA with R = 2 passes, so 2 client-to-server rounds.
+  assert cli.main(['audit_targets:secure_rfa', '--value_type', 'float32[3]']) == cli.EXIT_OK
+  out = capsys.readouterr().out
+  assert 'Client-to-server aggregation passes per call of `next`: **2**.' in out
+  assert '**Verdict: PASS.**' in out
+
+
 @pytest.mark.parametrize('argv, message', [
     (['no_colon_here'], 'MODULE:ATTR'),
     (['audit_targets:no_such_target'], 'AttributeError'),

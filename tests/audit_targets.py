@@ -210,7 +210,7 @@ def fed_avg_default() -> tff.learning.templates.LearningProcess:
 
 
 def secure_rfa(num_passes: int = 2):
-  """The project's RFA with secure sums only."""
+  """The project's RFA with secure sums only: `num_passes` Weiszfeld passes, as many client-to-server rounds."""
   from tff_gma import aggregators  # pylint: disable=g-import-not-at-top
   return aggregators.GeometricMedianFactory(num_passes=num_passes, secure=True, value_bound=1.0, weight_bound=100.0)
 

@@ -52,13 +52,23 @@ def unflatten(vector):
 # NumPy reference.
 
 
-def rfa_reference(values, weights, num_passes, one_step=False, secure=False):
-  """RFA in NumPy (float64): (flat estimate, objectives after each pass, smoothing of each reweighting pass).
+class Reference(collections.namedtuple(
+    'Reference', ['estimate', 'objectives', 'smoothings', 'pass_weights', 'client_weights'])):
+  """NumPy RFA: flat estimate, objectives D(v_0), D(v_1), ..., smoothing c of each reweighting pass, the
+  weights b'_i = a_i * c / max(c, d_i) each pass sends (a_i for the plain first pass), and the a_i of the kept
+  (in secure mode: clipped) clients."""
+
+
+def rfa_reference(values, weights, num_passes, one_step=False, secure=False, final_objective=False) -> Reference:
+  """RFA in NumPy (float64), as the RFA paper's Algorithms 2 and 3 with the secure smoothing rule documented.
 
   Weiszfeld: v_1 = weighted mean; v_{k+1} = sum b_i w_i / sum b_i with b_i = a_i / max(c, ||v_k - w_i||).
-  One-step: a single pass with b_i = a_i / max(c, ||w_i||). c = nu; in secure mode c = max(nu, D / K) with D the
-  weighted mean distance at the broadcast point, and values / weights clipped to their bounds first.
-  Clients with a non-finite value or a non-finite/negative weight are left out.
+  One-step: a single pass from v_0 = 0, b_i = a_i / max(c, ||w_i||). c = nu; in secure mode the smoothing is
+  known before its round: c = max(nu, D(v_{k-1}) / K) for the pass broadcasting v_k (the objective measured one
+  round earlier; D(v_0) with v_0 = 0 for pass 2), and c = max(nu, B sqrt(n) / K) for one-step RFA; values and
+  weights are clipped to their bounds first. Objectives: D(v) = sum a_i ||v - w_i|| / sum a_i at v_0 = 0 and at
+  every broadcast estimate, plus at the result with `final_objective`. Clients with a non-finite value or a
+  non-finite/negative weight are left out.
   """
   points = np.stack([to_flat(v) for v in values])
   a = np.asarray(weights, np.float64)
@@ -73,52 +83,60 @@ def rfa_reference(values, weights, num_passes, one_step=False, secure=False):
   def objective(v):
     return float(weighted_mean(np.linalg.norm(points - v, axis=1), a))
 
-  def reweight(v):
-    c = max(NU, objective(v) / RATIO) if secure else NU
-    b = a / np.maximum(c, np.linalg.norm(points - v, axis=1))
-    return weighted_mean(points, b), c
-
-  if one_step:
-    estimate, c = reweight(np.zeros(DIM))
-    return estimate, [objective(estimate)], [c]
-  estimate, objectives, smoothings = weighted_mean(points, a), [], []
-  for _ in range(num_passes - 1):
-    objectives.append(objective(estimate))
-    estimate, c = reweight(estimate)
+  def reweight(v, c):
+    b = a * c / np.maximum(c, np.linalg.norm(points - v, axis=1))
+    pass_weights.append(b)
     smoothings.append(c)
-  objectives.append(objective(estimate))
-  return estimate, objectives, smoothings
+    return weighted_mean(points, b)
+
+  zero = np.zeros(DIM)
+  objectives, smoothings, pass_weights = [objective(zero)], [], []
+  if one_step:
+    estimate = reweight(zero, max(NU, VALUE_BOUND * np.sqrt(DIM) / RATIO) if secure else NU)
+  else:
+    pass_weights.append(a)
+    estimate = weighted_mean(points, a)
+    for _ in range(num_passes - 1):
+      c = max(NU, objectives[-1] / RATIO) if secure else NU
+      objectives.append(objective(estimate))
+      estimate = reweight(estimate, c)
+  if final_objective:
+    objectives.append(objective(estimate))
+  return Reference(estimate, objectives, smoothings, pass_weights, a)
 
 
-def secure_tolerance(values, weights, num_passes, one_step):
-  """Documented per-average discretization bound, summed over the passes, with a safety factor for propagation."""
-  points = np.clip(np.stack([to_flat(v) for v in values]), -VALUE_BOUND, VALUE_BOUND)
-  a = np.minimum(np.asarray(weights, np.float64), WEIGHT_BOUND)
-  bound = secure_mean.discretization_error_bound(len(values), a.sum(), VALUE_BOUND, WEIGHT_BOUND, VALUE_BOUND)
-  # A reweighting pass sends b'_i = a_i * c / max(c, d_i): the normalized total weight shrinks by about c / d_i.
-  estimate = np.zeros(DIM) if one_step else a @ points / a.sum()
-  for _ in range(1 if one_step else num_passes - 1):
-    d = np.linalg.norm(points - estimate, axis=1)
-    c = max(NU, float(a @ d / a.sum()) / RATIO)
-    b = a * c / np.maximum(c, d)
-    bound += secure_mean.discretization_error_bound(len(values), b.sum(), VALUE_BOUND, WEIGHT_BOUND, VALUE_BOUND)
-    estimate = b @ points / b.sum()
-  return 10 * bound + 1e-5
+def secure_tolerances(values, weights, num_passes, one_step):
+  """(estimate, objective) absolute tolerances in secure mode from the documented discretization bounds.
+
+  The estimate: the per-average bound of each pass (its total weight sum b'_i), summed over the passes; the
+  objective: the bound of one mean of distances (bound 2 B sqrt(n)). A safety factor of 10 for propagation.
+  """
+  reference = rfa_reference(values, weights, num_passes, one_step, secure=True)
+  num_clients = len(values)
+  estimate_bound = sum(
+      secure_mean.discretization_error_bound(num_clients, b.sum(), VALUE_BOUND, WEIGHT_BOUND, VALUE_BOUND)
+      for b in reference.pass_weights)
+  distance_bound = 2 * VALUE_BOUND * np.sqrt(DIM)
+  objective_bound = secure_mean.discretization_error_bound(
+      num_clients, reference.client_weights.sum(), distance_bound, WEIGHT_BOUND, distance_bound)
+  return 10 * estimate_bound + 1e-5, 10 * objective_bound + 1e-5
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Processes, built once per configuration.
 
 
-def process(num_passes=3, one_step=False, secure=False):
-  return _process(num_passes, one_step, secure)  # One cache key per configuration, however it is spelled.
+def process(num_passes=3, one_step=False, secure=False, final_objective=False):
+  # One cache key per configuration, however it is spelled.
+  return _process(num_passes, one_step, secure, final_objective)
 
 
 @functools.lru_cache(maxsize=None)
-def _process(num_passes, one_step, secure):
+def _process(num_passes, one_step, secure, final_objective):
   factory = aggregators.GeometricMedianFactory(
       num_passes=num_passes, smoothing=NU, one_step=one_step, secure=secure,
-      value_bound=VALUE_BOUND if secure else None, weight_bound=WEIGHT_BOUND, max_weight_ratio=RATIO)
+      value_bound=VALUE_BOUND if secure else None, weight_bound=WEIGHT_BOUND, max_weight_ratio=RATIO,
+      report_final_objective=final_objective)
   return factory.create(VALUE_TYPE, WEIGHT_TYPE)
 
 
@@ -127,16 +145,16 @@ def run(proc, values, weights):
   return output.result, output.measurements
 
 
-def check_against_reference(proc, values, weights, num_passes, one_step, secure):
+def check_against_reference(proc, values, weights, num_passes, one_step, secure, final_objective=False):
   result, measurements = run(proc, values, weights)
-  expected, objectives, smoothings = rfa_reference(values, weights, num_passes, one_step, secure)
-  atol = secure_tolerance(values, weights, num_passes, one_step) if secure else 2e-6
+  reference = rfa_reference(values, weights, num_passes, one_step, secure, final_objective)
+  atol, objective_atol = secure_tolerances(values, weights, num_passes, one_step) if secure else (2e-6, 2e-6)
   assert isinstance(result, collections.OrderedDict) and list(result) == ['a', 'b']
-  for got, want in zip(tf.nest.flatten(result), unflatten(expected)):
+  for got, want in zip(tf.nest.flatten(result), unflatten(reference.estimate)):
     assert np.shape(got) == want.shape
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=atol)
-  np.testing.assert_allclose(measurements['objective'], objectives, rtol=1e-4, atol=atol)
-  np.testing.assert_allclose(measurements['smoothing'], smoothings, rtol=1e-4)
+  np.testing.assert_allclose(measurements['objective'], reference.objectives, rtol=1e-5, atol=objective_atol)
+  np.testing.assert_allclose(measurements['smoothing'], reference.smoothings, rtol=1e-4)
   return result, measurements
 
 
@@ -154,17 +172,51 @@ def test_matches_numpy_reference(secure, one_step):
     assert measurements['participating_clients'] == num_clients
     assert measurements['dropped_clients'] == 0
     assert measurements['value_clipped_clients'] == 0
-    expected_calls = 2 * num_passes + (1 if one_step and secure else 0)
-    assert measurements['aggregation_calls'] == expected_calls
+    # One round per pass; the objectives are those of v_0 = 0, ..., v_{R-1}, measured along the way.
+    assert measurements['aggregation_calls'] == num_passes
     assert len(measurements['objective']) == num_passes
+
+
+@pytest.mark.parametrize('secure', [False, True])
+def test_final_objective_costs_one_round_and_leaves_the_estimate_unchanged(secure):
+  num_passes = 2
+  rng = np.random.default_rng(37 + secure)
+  values, weights = random_values(rng, 5, center=0.5), random_weights(rng, 5)
+  values[4] = random_values(rng, 1, scale=5.0)[0]
+  with_final = process(num_passes, False, secure, final_objective=True)
+  result, measurements = check_against_reference(
+      with_final, values, weights, num_passes, False, secure, final_objective=True)
+  assert measurements['aggregation_calls'] == num_passes + 1
+  assert len(measurements['objective']) == num_passes + 1
+  assert len(measurements['objectives']) == num_passes + 1
+  if not secure:  # Same federated_mean calls in the same order: bit-identical estimates.
+    plain_result, plain_measurements = run(process(num_passes, False, secure), values, weights)
+    for got, want in zip(tf.nest.flatten(result), tf.nest.flatten(plain_result)):
+      np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(measurements['objective'][:num_passes], plain_measurements['objective'])
+
+
+def test_secure_smoothing_comes_from_the_previous_round():
+  """Secure pass k uses c = max(nu, D(v_{k-2}) / K): pass 2 the zero update's objective, pass 3 D(v_1)."""
+  rng = np.random.default_rng(71)
+  values, weights = random_values(rng, 6, center=2.0), random_weights(rng, 6)
+  _, measurements = check_against_reference(process(3, False, True), values, weights, 3, False, True)
+  objective, smoothing = measurements['objective'], measurements['smoothing']
+  np.testing.assert_allclose(smoothing, np.maximum(NU, objective[:2] / RATIO), rtol=1e-6)
+  assert smoothing[0] > smoothing[1]  # D(0) > D(v_1): the updates share a common part (center 2).
+  # One-step RFA: a constant known before its round, B sqrt(n) / K.
+  _, measurements = run(process(1, True, True), values, weights)
+  np.testing.assert_allclose(measurements['smoothing'], [VALUE_BOUND * np.sqrt(DIM) / RATIO], rtol=1e-6)
 
 
 def test_weiszfeld_decreases_the_objective_and_differs_from_the_mean():
   rng = np.random.default_rng(41)
   values, weights = random_values(rng, 7), random_weights(rng, 7)
   values[6] = random_values(rng, 1, scale=20.0)[0]
-  result, measurements = run(process(), values, weights)
-  objective = measurements['objective']
+  result, measurements = run(process(final_objective=True), values, weights)
+  # D(v_1), D(v_2), D(v_3): from the weighted mean on, each pass decreases the objective (D(v_0) = D(0) is the
+  # zero update's objective, not part of the iteration).
+  objective = measurements['objective'][1:]
   assert np.all(np.diff(objective) <= 1e-6) and objective[-1] < objective[0]
   mean = np.asarray(weights, np.float64) @ np.stack([to_flat(v) for v in values]) / np.sum(weights)
   assert np.linalg.norm(to_flat(result) - mean) > 0.5
@@ -185,10 +237,11 @@ def test_breakdown_forty_percent_far_outliers():
   passes = 8
   proc = aggregators.GeometricMedianFactory(num_passes=passes).create(VALUE_TYPE, WEIGHT_TYPE)
   result, measurements = run(proc, values, weights)
-  expected, _, _ = rfa_reference(values, weights, passes)
+  expected = rfa_reference(values, weights, passes).estimate
   np.testing.assert_allclose(to_flat(result), expected, rtol=1e-4, atol=1e-3)
   assert np.linalg.norm(to_flat(result) - honest_mean) < honest_spread
-  assert np.all(np.diff(measurements['objective']) <= 1e-3)
+  assert np.all(np.diff(measurements['objective'][1:]) <= 1e-3)  # D(v_1) >= D(v_2) >= ... >= D(v_7).
+  assert measurements['aggregation_calls'] == passes
   # The default budget of 3 passes already removes most of the outliers' pull.
   result, _ = run(process(), values, weights)
   assert np.linalg.norm(to_flat(result) - honest_mean) < np.linalg.norm(mean - honest_mean) / 5
@@ -198,9 +251,9 @@ def test_unweighted_factory_uses_unit_weights():
   proc = aggregators.UnweightedGeometricMedianFactory().create(VALUE_TYPE)
   values = random_values(np.random.default_rng(47), 5)
   output = proc.next(proc.initialize(), values)
-  expected, objectives, _ = rfa_reference(values, [1.0] * 5, 3)
-  np.testing.assert_allclose(to_flat(output.result), expected, rtol=1e-5, atol=2e-6)
-  np.testing.assert_allclose(output.measurements['objective'], objectives, rtol=1e-5)
+  reference = rfa_reference(values, [1.0] * 5, 3)
+  np.testing.assert_allclose(to_flat(output.result), reference.estimate, rtol=1e-5, atol=2e-6)
+  np.testing.assert_allclose(output.measurements['objective'], reference.objectives, rtol=1e-5)
   assert isinstance(aggregators.UnweightedGeometricMedianFactory(), tff.aggregators.UnweightedAggregationFactory)
 
 
@@ -215,7 +268,10 @@ def test_single_pass_with_a_tff_mean_factory_is_the_weighted_mean():
   expected = np.asarray(weights, np.float64) @ np.stack([to_flat(v) for v in values]) / np.sum(weights)
   np.testing.assert_allclose(to_flat(result), expected, rtol=1e-5, atol=1e-6)
   assert measurements['smoothing'].shape == (0,)
-  assert measurements['aggregation_calls'] == 2
+  assert measurements['aggregation_calls'] == 1
+  np.testing.assert_allclose(  # D(v_0): the zero update's objective, the weighted mean norm.
+      measurements['objective'], [np.average([np.linalg.norm(to_flat(v)) for v in values], weights=weights)],
+      rtol=1e-5)
   assert 'mean_value' in measurements['passes'][0]  # The inner factory's own measurements.
 
 
@@ -233,12 +289,13 @@ def test_non_finite_clients_are_dropped_and_counted(secure):
   num_passes = 2 if secure else 3
   result, measurements = run(process(num_passes, False, secure), values, weights)
   assert np.all(np.isfinite(to_flat(result)))
-  expected, objectives, _ = rfa_reference(values, weights, num_passes, secure=secure)
+  reference = rfa_reference(values, weights, num_passes, secure=secure)
   clean = [v for i, v in enumerate(values) if i not in (0, 3, 5)]
   clean_weights = [w for i, w in enumerate(weights) if i not in (0, 3, 5)]
-  atol = secure_tolerance(clean, clean_weights, num_passes, False) if secure else 2e-6
-  np.testing.assert_allclose(to_flat(result), expected, rtol=1e-5, atol=atol)
-  np.testing.assert_allclose(measurements['objective'], objectives, rtol=1e-4, atol=atol)
+  np.testing.assert_allclose(reference.estimate, rfa_reference(clean, clean_weights, num_passes, secure=secure)[0])
+  atol, objective_atol = secure_tolerances(values, weights, num_passes, False) if secure else (2e-6, 2e-6)
+  np.testing.assert_allclose(to_flat(result), reference.estimate, rtol=1e-5, atol=atol)
+  np.testing.assert_allclose(measurements['objective'], reference.objectives, rtol=1e-5, atol=objective_atol)
   assert measurements['dropped_clients'] == 3
   assert measurements['participating_clients'] == 3
 
@@ -265,9 +322,8 @@ def test_secure_bounds_clip_and_count():
   values[1]['a'][0, 0] = np.float32(1e4)
   weights[2] = np.float32(50.0)
   result, measurements = run(process(2, False, True), values, weights)
-  expected, _, _ = rfa_reference(values, weights, 2, secure=True)
-  clipped = [tf.nest.map_structure(lambda x: np.clip(x, -VALUE_BOUND, VALUE_BOUND), v) for v in values]
-  atol = secure_tolerance(clipped, weights, 2, False)
+  expected = rfa_reference(values, weights, 2, secure=True).estimate
+  atol, _ = secure_tolerances(values, weights, 2, False)
   np.testing.assert_allclose(to_flat(result), expected, rtol=1e-5, atol=atol)
   assert measurements['value_clipped_clients'] == 1
   assert measurements['weight_clipped_clients'] == 1
@@ -279,7 +335,7 @@ def test_secure_bounds_clip_and_count():
     (dict(smoothing=float('nan')), 'smoothing'), (dict(one_step='no'), 'one_step'), (dict(secure=1), 'secure'),
     (dict(secure=True), 'value_bound'), (dict(value_bound=0.0), 'value_bound'),
     (dict(weight_bound=-1.0), 'weight_bound'), (dict(max_weight_ratio=1.0), 'max_weight_ratio'),
-    (dict(mean_factory='mean'), 'mean_factory'),
+    (dict(mean_factory='mean'), 'mean_factory'), (dict(report_final_objective=1), 'report_final_objective'),
 ])
 def test_invalid_arguments_raise_value_error_naming_them(kwargs, name):
   with pytest.raises(ValueError, match=name):
@@ -289,4 +345,6 @@ def test_invalid_arguments_raise_value_error_naming_them(kwargs, name):
 def test_defaults():
   factory = aggregators.GeometricMedianFactory()
   assert factory.num_passes == 3 and not factory.one_step and not factory.secure
+  assert not factory.report_final_objective and factory.num_rounds == 3
+  assert aggregators.GeometricMedianFactory(num_passes=2, report_final_objective=True).num_rounds == 3
   assert aggregators.GeometricMedianFactory(one_step=True).num_passes == 1

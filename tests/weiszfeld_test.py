@@ -47,6 +47,23 @@ def test_secure_smoothing():
   assert float(weiszfeld.secure_smoothing(1e-6, 0.0, 1e3)) == pytest.approx(1e-6)
 
 
+def test_one_step_secure_smoothing_keeps_every_weight_above_a_over_k():
+  """c = max(nu, B sqrt(n) / K): a constant, and b' = a c / max(c, ||w||) >= a / K for every clipped update."""
+  rng = np.random.default_rng(3)
+  bound, dim, ratio = 2.0, 11, 50.0
+  assert weiszfeld.norm_bound(bound, dim) == pytest.approx(bound * np.sqrt(dim))
+  c = weiszfeld.one_step_secure_smoothing(1e-6, bound, dim, ratio)
+  assert c == pytest.approx(bound * np.sqrt(dim) / ratio)
+  assert weiszfeld.one_step_secure_smoothing(1.0, bound, dim, ratio) == 1.0  # nu wins when larger.
+  points = np.clip(rng.normal(scale=5.0, size=(50, dim)), -bound, bound)
+  points[0] = bound  # The largest norm a clipped update can have.
+  norms = np.linalg.norm(points, axis=1)
+  assert np.max(norms) == pytest.approx(weiszfeld.norm_bound(bound, dim))
+  a = rng.uniform(0.5, 2.0, size=50).astype(np.float32)
+  b = weiszfeld.weiszfeld_weight(tf.constant(a), tf.constant(norms, tf.float32), tf.constant(c)).numpy()
+  assert np.all(b >= a / ratio * (1 - 1e-6)) and np.all(b <= a)
+
+
 def test_distance_bound_holds_for_clipped_points_and_their_averages():
   rng = np.random.default_rng(1)
   bound, dim = 2.0, 11

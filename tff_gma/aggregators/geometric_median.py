@@ -1,42 +1,53 @@
 """`GeometricMedianFactory`: Robust Federated Aggregation (RFA) as a `tff.aggregators` factory.
 
 The result is the smoothed geometric median of the client updates computed by the smoothed Weiszfeld algorithm
-with a budget of `num_passes` secure averages (RFA paper, Algorithm 2; math in `weiszfeld`):
+with a budget of `num_passes` secure averages (RFA paper, Algorithm 2; math in `weiszfeld`). Each pass is one
+client->server round, so a call with R passes runs exactly R sequential rounds (the audit's
+`aggregation_passes`; one more with `report_final_objective=True`):
 
   pass 1:      v_1 = weighted mean of w_i with weights a_i
   pass k > 1:  broadcast v_{k-1}; client i computes d_i = ||v_{k-1} - w_i|| (whole flattened update) and its own
                weight b_i = a_i / max(nu, d_i); the server receives only the weighted mean of w_i with weights b_i.
 
 `one_step=True` is one-step RFA (Algorithm 3): a single pass with b_i = a_i / max(nu, ||w_i||), i.e. from the
-zero update (the current server model).
+zero update v_0 = 0 (the current server model).
 
 Every average goes through one weighted-mean process (`federated_mean` when `secure=False`; only secure sums when
 `secure=True`, see `secure_mean`), so the server learns the estimates, never a client's update, distance or
 weight. The weights are sent scaled as b'_i = a_i * c / max(c, d_i) (a common factor that cancels): they never
-exceed a_i, so they stay inside the secure weight bound; in secure mode c = max(nu, D / max_weight_ratio) keeps
-them above the quantization resolution (see `weiszfeld` for why, and what it changes).
+exceed a_i, so they stay inside the secure weight bound. With `secure=False`, c = nu: exactly the smoothed
+Weiszfeld algorithm. In secure mode c = max(nu, S / max_weight_ratio) keeps the weights above the quantization
+resolution, with a distance scale S the server has before the round: pass k >= 2 uses the objective measured
+in the previous round, D(v_{k-2}); one-step RFA uses value_bound * sqrt(n), the largest norm of a clipped update
+(see `weiszfeld` for why, and what this larger smoothing changes).
 
-Objective. After each pass the objective at the new estimate, D_k = sum_i a_i ||v_k - w_i|| / sum_i a_i (the
-weighted mean distance, i.e. sum_i a_i ||v_k - w_i|| normalized by the total weight), is computed by one more
-weighted mean of the clients' distances (secure in secure mode, with the bound 2 * value_bound * sqrt(dim)
-that clipped points and their convex combinations cannot exceed). In secure mode D_{k-1} also sets the
-smoothing of pass k (one-step RFA in secure mode first evaluates D at the zero update for the same purpose).
+Objective. D(v) = sum_i a_i ||v - w_i|| / sum_i a_i (the weighted mean distance, i.e. the RFA objective
+normalized by the total weight). In the round of pass k the clients have d_i = ||v_{k-1} - w_i|| at hand, so
+they also send a_i d_i there: a second weighted mean, independent of the estimate's, in the same round (secure
+in secure mode, with the bound 2 * value_bound * sqrt(n) that clipped points and their convex combinations
+cannot exceed). The R passes thus measure D(v_0), ..., D(v_{R-1}), with v_0 = 0 the zero update (one-step:
+D(v_0) only). The objective of the result v_R would take one more round, in which the clients only compute
+distances to v_R; it is skipped unless `report_final_objective=True`, which pays that round (R + 1 in all).
 
 Measurements (all at SERVER):
-  objective: float32[num_passes], D_k after each pass (the last entry is the objective of the result).
+  objective: float32[num_passes] (+1 with `report_final_objective`), entry k = D(v_k): the objective at the
+    zero update (k = 0) and at the estimate broadcast by pass k + 1; the last entry is D(v_R), the objective of
+    the result, only with `report_final_objective`.
   smoothing: float32[num_passes - 1] (one-step: [1]), the c used by each reweighting pass.
-  aggregation_calls: the number of weighted means run this round: num_passes for the estimate plus one per
-    objective evaluation (num_passes, plus one at the zero update for one-step RFA in secure mode).
+  aggregation_calls: the number of sequential client->server aggregation rounds run this call: num_passes, plus
+    one with `report_final_objective`. (Each round holds the estimate's weighted mean and the objective's,
+    computed side by side; the final-objective round holds the objective's only.)
   participating_clients: clients with a finite update and a positive weight.
   dropped_clients: clients dropped for a non-finite update or a non-finite or negative weight.
   value_clipped_clients, weight_clipped_clients: clients clipped to the secure bounds (0 unless secure).
-  passes, objectives: the inner weighted-mean processes' measurements.
+  passes, objectives: the inner weighted-mean processes' measurements (`objectives[k]` measured D(v_k)).
 
 Bad input: as `GradientMaskedFactory` (dropped clients get zero weight in every pass; a round with zero total
 weight returns a zero update).
 
 Defaults: num_passes = 3 (the RFA paper's budget; 1 with `one_step=True`), smoothing nu = 1e-6, `secure=False`
-(mean semantics by default, as TFF's `MeanFactory`; set `secure=True` with `value_bound` for secure sums only).
+(mean semantics by default, as TFF's `MeanFactory`; set `secure=True` with `value_bound` for secure sums only),
+`report_final_objective=False` (no round beyond the budget).
 `UnweightedGeometricMedianFactory` is the unweighted variant (a_i = 1), for `build_unweighted_fed_avg`.
 """
 
@@ -80,7 +91,7 @@ def _stack_scalars(scalars_at_server):
 
 
 class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
-  """RFA: the smoothed geometric median by `num_passes` secure averages (see the module docstring)."""
+  """RFA: the smoothed geometric median in `num_passes` rounds of secure averages (see the module docstring)."""
 
   def __init__(
       self,
@@ -92,21 +103,26 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       weight_bound: float = 1e4,
       max_weight_ratio: float = 1e3,
       mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+      report_final_objective: bool = False,
   ):
     """Initializes the factory.
 
     Args:
-      num_passes: secure averages forming the estimate; default 3 (1 with `one_step=True`, which needs 1).
+      num_passes: secure averages (= sequential rounds) forming the estimate; default 3 (1 with
+        `one_step=True`, which needs 1).
       smoothing: nu > 0, the smallest distance used in b_i = a_i / max(nu, d_i).
       one_step: one-step RFA (a single reweighted pass from the zero update).
       secure: if True every average goes through secure sums only (`secure_mean.SecureWeightedMeanFactory`),
         with coordinates clipped to `[-value_bound, value_bound]` and weights to `[0, weight_bound]`.
       value_bound: bound on |coordinate| of a client update; required when `secure=True`.
       weight_bound: largest client weight a_i in secure mode (keep it tight; see `secure_mean`).
-      max_weight_ratio: K in the secure smoothing c = max(nu, D / K) (see `weiszfeld`); > 1. Larger K keeps
+      max_weight_ratio: K in the secure smoothing c = max(nu, S / K) (see `weiszfeld`); > 1. Larger K keeps
         the exact smoothing down to closer points but costs quantization precision (error grows about as K).
       mean_factory: optional weighted-mean factory for the estimate passes, replacing the one chosen by
         `secure` (it must return a weighted mean, zero for zero total weight, and accept weights in [0, a_i]).
+      report_final_objective: also measure D(v_R), the objective of the result. Costs one more sequential
+        round per call (the clients compute their distance to the result and send it through one more
+        weighted mean): num_passes + 1 rounds instead of num_passes.
 
     Raises:
       ValueError: for an invalid argument (the message names it).
@@ -127,6 +143,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     elif not isinstance(mean_factory, tff.aggregators.WeightedAggregationFactory):
       raise ValueError(f'mean_factory must be a tff.aggregators.WeightedAggregationFactory, got {mean_factory!r}')
     self._mean_factory = mean_factory
+    self._report_final_objective = secure_mean.check_bool(report_final_objective, 'report_final_objective')
 
   @property
   def num_passes(self) -> int:
@@ -139,6 +156,15 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
   @property
   def secure(self) -> bool:
     return self._secure
+
+  @property
+  def report_final_objective(self) -> bool:
+    return self._report_final_objective
+
+  @property
+  def num_rounds(self) -> int:
+    """Sequential client->server rounds per call: num_passes, plus one with `report_final_objective`."""
+    return self._num_passes + int(self._report_final_objective)
 
   def _objective_factory(self, num_elements: int) -> tff.aggregators.WeightedAggregationFactory:
     if not self._secure:
@@ -153,11 +179,17 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     secure, one_step = self._secure, self._one_step
     nu, ratio = self._smoothing, self._max_weight_ratio
     value_bound, weight_bound = self._value_bound, self._weight_bound
-    num_passes = self._num_passes
-    num_objectives = num_passes + (1 if one_step and secure else 0)
+    num_passes, num_rounds = self._num_passes, self.num_rounds
+    report_final_objective = self._report_final_objective
+    num_elements = secure_mean.num_elements(value_type)
+    # One objective per round: D(v_0), ..., D(v_{R-1}) alongside the passes, D(v_R) in the optional last round.
     pass_processes = [self._mean_factory.create(value_type, scalar) for _ in range(num_passes)]
-    objective_factory = self._objective_factory(secure_mean.num_elements(value_type))
-    objective_processes = [objective_factory.create(scalar, scalar) for _ in range(num_objectives)]
+    objective_factory = self._objective_factory(num_elements)
+    objective_processes = [objective_factory.create(scalar, scalar) for _ in range(num_rounds)]
+    if secure and one_step:
+      first_smoothing = np.float32(weiszfeld.one_step_secure_smoothing(nu, value_bound, num_elements, ratio))
+    else:
+      first_smoothing = np.float32(nu)
 
     @tff.tensorflow.computation(value_type, weight_type)
     def client_prepare(value, weight):
@@ -184,8 +216,8 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       return weiszfeld.weiszfeld_weight(weight, distance, smoothing)
 
     @tff.tensorflow.computation(scalar)
-    def server_smoothing(objective):
-      return weiszfeld.secure_smoothing(nu, objective, ratio)
+    def server_smoothing(previous_objective):
+      return weiszfeld.secure_smoothing(nu, previous_objective, ratio)
 
     @tff.federated_computation()
     def init_fn():
@@ -203,23 +235,20 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       pass_states, pass_measurements = [], []
       objective_states, objective_measurements, objectives, smoothings = [], [], [], []
 
-      def run_objective(distance):
-        output = objective_processes[len(objective_states)].next(
-            state['objectives'][len(objective_states)], distance, weights)
+      def measure_objective(distance):
+        """D(v) from the clients' d_i = ||v - w_i||: a weighted mean with the original weights a_i."""
+        index = len(objective_states)
+        output = objective_processes[index].next(state['objectives'][index], distance, weights)
         objective_states.append(output.state)
         objective_measurements.append(output.measurements)
-        return output.result
+        objectives.append(output.result)
 
       def run_pass(pass_weights):
-        output = pass_processes[len(pass_states)].next(state['passes'][len(pass_states)], points, pass_weights)
+        index = len(pass_states)
+        output = pass_processes[index].next(state['passes'][index], points, pass_weights)
         pass_states.append(output.state)
         pass_measurements.append(output.measurements)
         return output.result
-
-      def smoothing_from(objective):
-        if secure:
-          return tff.federated_map(server_smoothing, objective)
-        return tff.federated_value(np.float32(nu), tff.SERVER)
 
       def reweighted_pass(distance, smoothing):
         smoothings.append(smoothing)
@@ -227,26 +256,34 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
             client_reweight, (weights, distance, tff.federated_broadcast(smoothing)))
         return run_pass(pass_weights)
 
+      # Round 1: the distances to v_0 = 0 give D(v_0) (and one-step RFA's weights). Nothing in it depends on an
+      # aggregate, and the smoothing of one-step RFA is a constant, so it is one round.
+      distance = tff.federated_map(client_norm, points)
+      measure_objective(distance)
       if one_step:
-        distance = tff.federated_map(client_norm, points)
-        smoothing = smoothing_from(run_objective(distance) if secure else None)
-        estimate = reweighted_pass(distance, smoothing)
+        estimate = reweighted_pass(distance, tff.federated_value(first_smoothing, tff.SERVER))
       else:
         estimate = run_pass(weights)
-        for _ in range(num_passes - 1):
-          distance = tff.federated_map(client_distance, (tff.federated_broadcast(estimate), points))
-          objective = run_objective(distance)
-          objectives.append(objective)
-          estimate = reweighted_pass(distance, smoothing_from(objective))
-      final_distance = tff.federated_map(client_distance, (tff.federated_broadcast(estimate), points))
-      objectives.append(run_objective(final_distance))
+      # Round k = 2..R: broadcast v_{k-1}; its distances give both D(v_{k-1}) and the weights of pass k. The
+      # secure smoothing comes from D(v_{k-2}), measured in round k - 1, so the round waits for nothing else.
+      for _ in range(num_passes - 1):
+        previous_objective = objectives[-1]
+        distance = tff.federated_map(client_distance, (tff.federated_broadcast(estimate), points))
+        measure_objective(distance)
+        if secure:
+          smoothing = tff.federated_map(server_smoothing, previous_objective)
+        else:
+          smoothing = tff.federated_value(np.float32(nu), tff.SERVER)
+        estimate = reweighted_pass(distance, smoothing)
+      if report_final_objective:  # Round R + 1, only on request: D(v_R).
+        measure_objective(tff.federated_map(client_distance, (tff.federated_broadcast(estimate), points)))
 
       new_state = tff.federated_zip(collections.OrderedDict(
           passes=tuple(pass_states), objectives=tuple(objective_states)))
       measurements = collections.OrderedDict(
           objective=_stack_scalars(objectives),
           smoothing=_stack_scalars(smoothings),
-          aggregation_calls=tff.federated_value(np.int32(num_passes + num_objectives), tff.SERVER),
+          aggregation_calls=tff.federated_value(np.int32(num_rounds), tff.SERVER),
           participating_clients=participating,
           dropped_clients=dropped,
           value_clipped_clients=value_clipped,
@@ -265,9 +302,10 @@ class UnweightedGeometricMedianFactory(tff.aggregators.UnweightedAggregationFact
   def __init__(self, num_passes: Optional[int] = None, smoothing: float = 1e-6, one_step: bool = False,
                secure: bool = False, value_bound: Optional[float] = None, weight_bound: float = 1.0,
                max_weight_ratio: float = 1e3,
-               mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None):
+               mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+               report_final_objective: bool = False):
     self._weighted = GeometricMedianFactory(num_passes, smoothing, one_step, secure, value_bound, weight_bound,
-                                            max_weight_ratio, mean_factory)
+                                            max_weight_ratio, mean_factory, report_final_objective)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     return secure_mean.as_unweighted(self._weighted).create(value_type)
