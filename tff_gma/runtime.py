@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import gc
-import logging
 import dataclasses
 import os
 import signal
@@ -61,16 +60,6 @@ def worker_binary_path() -> str:
   if not os.path.isfile(path):
     raise RuntimeError(f'TFF worker binary not found at {path}; is tensorflow-federated installed?')
   return path
-
-
-class _DropUnusedAssertionNoise(logging.Filter):
-  """Drops TF's "Object was never used" report for the unused assertions inside TFF's quantized secure sum."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return 'Object was never used' not in record.getMessage()
-
-
-logging.getLogger('tensorflow').addFilter(_DropUnusedAssertionNoise())
 
 
 def _die_with_parent() -> None:
