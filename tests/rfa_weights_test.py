@@ -1,0 +1,220 @@
+"""RFA effective-weight audit: NumPy reference, dominance warning, agreement with the factory and a real round."""
+
+import collections
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma import aggregators
+from tff_gma import models
+from tff_gma import simulation
+from tff_gma.audit import rfa_weights
+from tff_gma.data import loaders
+
+VALUE_TYPE = tff.to_type([tff.TensorType(np.float32, [2, 3]), tff.TensorType(np.float32, [4])])
+WEIGHT_TYPE = tff.TensorType(np.float32)
+NU = 1e-6
+
+
+def random_updates(rng, num_clients, center=0.0, scale=1.0):
+  return [[np.asarray(center + scale * rng.normal(size=(2, 3)), np.float32),
+           np.asarray(center + scale * rng.normal(size=(4,)), np.float32)] for _ in range(num_clients)]
+
+
+def flat(update):
+  return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in update])
+
+
+def weiszfeld_reference(updates, weights, num_passes, nu, one_step=False):
+  """The RFA paper's Algorithms 2/3 with the unscaled weights beta_i = a_i / max(nu, ||v - w_i||), normalized."""
+  points = np.stack([flat(u) for u in updates])
+  a = np.asarray(weights, np.float64)
+  if one_step:
+    b = a / np.maximum(nu, np.linalg.norm(points, axis=1))
+    return b @ points / b.sum(), [b / b.sum()]
+  betas = [a / a.sum()]
+  v = betas[0] @ points
+  for _ in range(num_passes - 1):
+    b = a / np.maximum(nu, np.linalg.norm(points - v, axis=1))
+    betas.append(b / b.sum())
+    v = betas[-1] @ points
+  return v, betas
+
+
+def run_factory(factory, updates, weights):
+  process = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+  output = process.next(process.initialize(), updates, [np.float32(w) for w in weights])
+  return flat(output.result), output.measurements
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The replay and the report against NumPy.
+
+
+@pytest.mark.parametrize('num_passes, one_step', [(1, False), (3, False), (5, False), (1, True)])
+def test_report_matches_numpy_reference(num_passes, one_step):
+  rng = np.random.default_rng(0)
+  updates = random_updates(rng, 7, center=0.3)
+  weights = rng.uniform(1, 50, size=7)
+  estimate, betas = weiszfeld_reference(updates, weights, num_passes, NU, one_step)
+  report = rfa_weights.rfa_weight_report(updates, weights, num_passes, NU, bound=0.9, one_step=one_step)
+  np.testing.assert_allclose(report['replay'].estimate, estimate, rtol=1e-12, atol=1e-12)
+  np.testing.assert_allclose(report['replay'].normalized_weights, np.stack(betas), rtol=1e-12, atol=1e-15)
+  np.testing.assert_allclose(report['per_pass'], [b.max() for b in betas], rtol=1e-12)
+  assert report['max_normalized_weight'] == pytest.approx(max(b.max() for b in betas), rel=1e-12)
+  assert report['dominant_client'] == str(int(np.argmax(betas[int(np.argmax([b.max() for b in betas]))])))
+  assert not report['dominated'] and report['num_clients'] == 7
+  assert report['uniform_weight'] == pytest.approx(1 / 7)
+  for b in report['replay'].normalized_weights:
+    assert b.sum() == pytest.approx(1.0)
+
+
+def test_client_at_the_median_dominates_and_warns():
+  # Four clients on the corners of a square around c and one client exactly at c: after the first (mean) pass
+  # the estimate is c, the centre client's distance is ~0 and its weight a / nu swamps the others.
+  c = np.array([1.0, -2.0, 0.5, 0.0, 3.0, 1.0, 0.0, 2.0, -1.0, 0.5])
+  offsets = [np.eye(10)[0], -np.eye(10)[0], np.eye(10)[1], -np.eye(10)[1]]
+  points = [c + o for o in offsets] + [c]
+  updates = [[p[:6].reshape(2, 3), p[6:]] for p in points]
+  weights = [10.0] * 5
+  with pytest.warns(rfa_weights.DominatedAggregateWarning, match=r'client c4 has normalized weight'):
+    report = rfa_weights.rfa_weight_report(updates, weights, 3, NU, bound=0.5,
+                                           client_ids=[f'c{i}' for i in range(5)])
+  assert report['dominated'] and report['dominant_client'] == 'c4'
+  assert report['per_pass'][0] == pytest.approx(0.2)  # The plain weighted mean: 10 / 50.
+  assert report['per_pass'][1] > 0.999  # 10 / 1e-6 against 4 * 10 / 1.
+  assert report['per_pass_dominant_client'][1:] == ['c4', 'c4']
+  assert rfa_weights.report_metrics(report)['rfa_audit/dominated'] == 1.0
+
+
+def test_client_with_most_examples_dominates_the_first_pass():
+  rng = np.random.default_rng(1)
+  updates = random_updates(rng, 4)
+  with pytest.warns(rfa_weights.DominatedAggregateWarning, match='pass 1 of 1'):
+    report = rfa_weights.rfa_weight_report(updates, [1000, 10, 10, 10], 1, NU, bound=0.9)
+  assert report['per_pass'] == [pytest.approx(1000 / 1030)]
+  assert report['dominant_client'] == '0'
+  # The mean then lies next to that client, and the reweighted passes give it even more weight.
+  report = rfa_weights.rfa_weight_report(updates, [1000, 10, 10, 10], 2, NU, bound=0.9, warn=False)
+  assert report['per_pass'][1] > report['per_pass'][0] and report['per_pass_dominant_client'] == ['0', '0']
+
+
+def test_spread_clients_do_not_warn():
+  rng = np.random.default_rng(2)
+  updates = random_updates(rng, 10)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    report = rfa_weights.rfa_weight_report(updates, [5.0] * 10, 3, NU, bound=0.3)
+  assert not report['dominated']
+  assert 0.1 <= report['max_normalized_weight'] < 0.3
+  metrics = rfa_weights.report_metrics(report)
+  assert metrics['rfa_audit/max_normalized_weight'] == report['max_normalized_weight']
+  assert [metrics[f'rfa_audit/pass_{k}/max_normalized_weight'] for k in (1, 2, 3)] == report['per_pass']
+
+
+def test_dropped_clients_get_no_weight():
+  rng = np.random.default_rng(3)
+  updates = random_updates(rng, 4)
+  updates[1][0][0, 0] = np.nan
+  report = rfa_weights.rfa_weight_report(updates, [1.0, 1.0, -1.0, 2.0], 2, NU, bound=0.9, warn=False)
+  replay = report['replay']
+  np.testing.assert_array_equal(replay.kept, [True, False, False, True])
+  np.testing.assert_array_equal(replay.normalized_weights[:, 1:3], 0.0)
+  assert report['num_clients'] == 2
+  estimate, _ = weiszfeld_reference([updates[0], updates[3]], [1.0, 2.0], 2, NU)
+  np.testing.assert_allclose(replay.estimate, estimate, rtol=1e-12)
+
+
+@pytest.mark.parametrize('kwargs, name', [
+    (dict(bound=0.0), 'bound'), (dict(bound=1.5), 'bound'), (dict(num_passes=0), 'num_passes'),
+    (dict(smoothing=0.0), 'smoothing'), (dict(secure=True), 'value_bound'),
+    (dict(one_step=True, num_passes=2), 'num_passes'), (dict(max_weight_ratio=1.0), 'max_weight_ratio'),
+    (dict(client_ids=['a']), 'client_ids'),
+])
+def test_invalid_arguments_raise(kwargs, name):
+  rng = np.random.default_rng(4)
+  args = dict(client_updates=random_updates(rng, 3), client_weights=[1.0] * 3, num_passes=2, smoothing=NU,
+              bound=0.5)
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=name):
+    rfa_weights.rfa_weight_report(**args)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The replay against GeometricMedianFactory on the same client values.
+
+
+@pytest.mark.parametrize('num_passes, one_step', [(3, False), (1, True)])
+def test_replay_matches_factory(num_passes, one_step):
+  rng = np.random.default_rng(5)
+  updates = random_updates(rng, 6, center=0.5) + random_updates(rng, 2, center=-4.0, scale=3.0)  # Two outliers.
+  weights = rng.uniform(1, 20, size=8)
+  factory = aggregators.GeometricMedianFactory(num_passes=num_passes if not one_step else None, smoothing=NU,
+                                               one_step=one_step)
+  result, measurements = run_factory(factory, updates, weights)
+  replay = rfa_weights.replay_rfa(updates, weights, rfa_weights.RfaSettings(num_passes, NU, one_step))
+  np.testing.assert_allclose(replay.estimate, result, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(replay.objectives, measurements['objective'], rtol=1e-5)
+  np.testing.assert_allclose(replay.smoothings, measurements['smoothing'], rtol=1e-6)
+
+
+def test_secure_replay_matches_secure_factory():
+  rng = np.random.default_rng(6)
+  updates = random_updates(rng, 6, center=0.2) + random_updates(rng, 1, center=3.0)  # Clipped by the bound 2.
+  weights = rng.uniform(1, 20, size=7)
+  settings = rfa_weights.RfaSettings(3, NU, secure=True, value_bound=2.0, weight_bound=50.0)
+  factory = aggregators.GeometricMedianFactory(num_passes=3, smoothing=NU, secure=True, value_bound=2.0,
+                                               weight_bound=50.0)
+  result, measurements = run_factory(factory, updates, weights)
+  replay = rfa_weights.replay_rfa(updates, weights, settings)
+  assert replay.smoothings[0] > NU  # The secure rule c = max(nu, D(v_0) / K) is in effect.
+  np.testing.assert_allclose(replay.smoothings, measurements['smoothing'], rtol=1e-4)
+  np.testing.assert_allclose(replay.objectives, measurements['objective'], rtol=1e-4)
+  np.testing.assert_allclose(replay.estimate, result, atol=1e-4)  # Quantization is not replayed.
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The round's client updates and the monitor, against a real learning round.
+
+
+def _setup():
+  data = loaders.load_federated_data('digits', 'label_skew', 3, 0)
+  build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
+  model_fn = models.model_fn(build_keras, data.input_spec)
+  algorithm = simulation.AlgorithmConfig(client_lr=0.1, server_lr=1.0)
+  datasets = [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=64, seed=0, round_num=1)
+              for c in data.train.client_ids]
+  return data, build_keras, model_fn, algorithm, datasets
+
+
+def _delta(before, after):
+  return np.concatenate([np.ravel(b - a) for b, a in zip(before.trainable, after.trainable)])
+
+
+def test_monitor_replays_the_rounds_rfa_aggregate():
+  data, build_keras, model_fn, algorithm, datasets = _setup()
+  factory = aggregators.GeometricMedianFactory(num_passes=2, smoothing=NU)
+  process = simulation.build_learning_process(model_fn, algorithm, factory)
+  state = simulation.seeded_initial_state(process, build_keras, 0)
+  start = process.get_model_weights(state)
+
+  monitor = rfa_weights.RfaWeightMonitor(model_fn, algorithm, bound=0.99, settings=rfa_weights.RfaSettings(2, NU))
+  report = monitor(start, datasets, data.train.client_ids)
+  updates, weights = rfa_weights.build_client_updates(model_fn, algorithm)(start, datasets)
+  np.testing.assert_array_equal(weights, [data.train.num_examples(c) for c in data.train.client_ids])
+
+  state, _ = process.next(state, datasets)
+  # Server SGD with learning rate 1 applies the aggregate of the updates (initial - trained) as a gradient.
+  applied = _delta(start, process.get_model_weights(state))
+  np.testing.assert_allclose(report['replay'].estimate, applied, rtol=1e-4, atol=1e-6)
+  assert len(report['per_pass']) == 2 and report['num_clients'] == 3
+  np.testing.assert_allclose(report['per_pass'][0], weights.max() / weights.sum(), rtol=1e-12)
+  assert report['max_normalized_weight'] >= 1 / 3
+
+
+def test_build_client_updates_rejects_bad_algorithm():
+  with pytest.raises(ValueError, match='algorithm'):
+    rfa_weights.build_client_updates(lambda: None, 'fedavg')

@@ -1,0 +1,341 @@
+"""RFA's effective weights, replayed by the simulation harness (RFA paper, Proposition 3).
+
+RFA's privacy argument (RFA paper, Sec. 4, "Privacy Preservation") has two parts: every pass of the smoothed
+Weiszfeld algorithm is a secure average, so the server sees only aggregates; and the *effective weights* of those
+averages, beta_i = b_i / sum_j b_j, stay bounded away from 1 (Proposition 3), so that no aggregate is in effect a
+single client's update. The first part is static (`tff_gma.audit.audit_computation`); the second depends on the
+data: a client whose update lies very close to the estimate gets b_i = a_i / max(nu, d_i) far above everyone
+else's, and the "average" of that pass is then (nearly) its update.
+
+The deployed computation must not compute this: the largest weight is a max over clients, exactly what a secure
+aggregation must not send to the server. The simulation harness already holds every client's data, so it
+recomputes the round's client updates itself and replays the aggregation in NumPy:
+
+  * `build_client_updates(model_fn, algorithm)` returns a `ClientUpdates` that runs TFF's model-delta client work
+    (the one inside `simulation.build_learning_process`: same client optimizer, example-count weighting and loop,
+    FedProx's proximal term) on the round's datasets from the round's global model. Its result is placed at
+    CLIENTS; in simulation it comes back to Python as one update and one weight per client. The client work is
+    deterministic given the datasets (whose shuffling `simulation.client_dataset` seeds), so these are the
+    updates the learning process aggregates in that round.
+  * `replay_rfa(updates, weights, ...)` runs `GeometricMedianFactory`'s smoothed Weiszfeld algorithm in float64
+    with the factory's exact weights b'_i = a_i * c / max(c, d_i) (`tff_gma.aggregators.weiszfeld`), dropping
+    rule, and smoothing c (nu; in secure mode the clipping to the bounds and c = max(nu, S / K)). The normalized
+    weights b'_i / sum_j b'_j are invariant to the common factor c, so they are the paper's beta_i.
+  * `rfa_weight_report(...)` = the replay's largest normalized weight per pass and over the round, with a
+    `DominatedAggregateWarning` (and `dominated=True`) when it exceeds `bound`.
+  * `RfaWeightMonitor` ties them together for a training loop (one call per round, *before* `process.next`).
+
+Differences from the deployed aggregation: the replay works in float64, the factory in float32 (relative
+differences around 1e-6); in secure mode the factory's quantization (`secure_mean`, error of order
+value_bound / 2**32 per coordinate) is not replayed. Pass 1 of Weiszfeld is the plain weighted mean, so its
+normalized weights are a_i / sum_j a_j: a client with most of the examples dominates that aggregate too, and
+the report says so.
+
+The harness trains every participant twice per round (once here, once in the process): an audit cost, paid
+only when the report is enabled. Not covered: update corruption (the replay sees the honest updates, not the
+attack a corrupted client sends) and personalized RFA (another client work).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.learning.templates import proximal_client_work
+
+from tff_gma import simulation
+
+METRIC_PREFIX = 'rfa_audit'
+DEFAULT_WEIGHT_BOUND = 1e4  # GeometricMedianFactory's defaults.
+DEFAULT_MAX_WEIGHT_RATIO = 1e3
+
+
+class DominatedAggregateWarning(UserWarning):
+  """A single client's normalized weight in one of RFA's secure averages exceeded the configured bound."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation.
+
+
+def _positive_int(value, name: str) -> int:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    raise ValueError(f'{name} must be a positive integer, got {value!r}')
+  return int(value)
+
+
+def _positive_finite(value, name: str) -> float:
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value <= 0:
+    raise ValueError(f'{name} must be a positive finite number, got {value!r}')
+  return float(value)
+
+
+def check_bound(bound) -> float:
+  """The dominance bound must lie in (0, 1]: it is compared with a normalized weight."""
+  if isinstance(bound, bool) or not isinstance(bound, numbers.Real) or not 0 < bound <= 1:
+    raise ValueError(f'bound must lie in (0, 1], got {bound!r}')
+  return float(bound)
+
+
+@dataclasses.dataclass(frozen=True)
+class RfaSettings:
+  """The `GeometricMedianFactory` arguments the replay needs (same names, same defaults)."""
+  num_passes: int = 3
+  smoothing: float = 1e-6
+  one_step: bool = False
+  secure: bool = False
+  value_bound: Optional[float] = None
+  weight_bound: float = DEFAULT_WEIGHT_BOUND
+  max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO
+
+  def __post_init__(self):
+    _positive_int(self.num_passes, 'num_passes')
+    if self.one_step and self.num_passes != 1:
+      raise ValueError(f'num_passes must be 1 with one_step=True, got {self.num_passes!r}')
+    _positive_finite(self.smoothing, 'smoothing')
+    if self.secure:
+      if self.value_bound is None:
+        raise ValueError('value_bound is required when secure=True, got None')
+      _positive_finite(self.value_bound, 'value_bound')
+    _positive_finite(self.weight_bound, 'weight_bound')
+    if _positive_finite(self.max_weight_ratio, 'max_weight_ratio') <= 1:
+      raise ValueError(f'max_weight_ratio must be greater than 1, got {self.max_weight_ratio!r}')
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The replay (plain NumPy).
+
+
+@dataclasses.dataclass(frozen=True)
+class RfaReplay:
+  """The smoothed Weiszfeld algorithm as the factory runs it, with every pass's weights.
+
+  estimate: the flat result v_R (float64, the client updates' leaves concatenated).
+  normalized_weights: [num_passes, num_clients], entry (k, i) = b_i / sum_j b_j in pass k + 1 (0 for dropped
+    clients; all 0 in a pass whose total weight is 0).
+  objectives: D(v_0), ..., D(v_{R-1}), as the factory's `objective` measurement.
+  smoothings: the c of each reweighting pass, as the factory's `smoothing` measurement.
+  kept: which clients took part (finite update, finite non-negative weight).
+  """
+  estimate: np.ndarray
+  normalized_weights: np.ndarray
+  objectives: np.ndarray
+  smoothings: np.ndarray
+  kept: np.ndarray
+
+
+def flatten_update(update) -> np.ndarray:
+  """All leaves of one client's update structure as one float64 vector."""
+  leaves = [np.ravel(np.asarray(x, np.float64)) for x in tf.nest.flatten(update)]
+  return np.concatenate(leaves) if leaves else np.zeros([0])
+
+
+def _normalize(weights: np.ndarray) -> np.ndarray:
+  total = weights.sum()
+  return weights / total if total > 0 else np.zeros_like(weights)
+
+
+def _objective(estimate: np.ndarray, points: np.ndarray, weights: np.ndarray) -> float:
+  """D(v) = sum_i a_i ||v - w_i|| / sum_i a_i (0 for zero total weight, as the factory's mean)."""
+  return float(_normalize(weights) @ np.linalg.norm(points - estimate, axis=1))
+
+
+def replay_rfa(client_updates: Sequence[Any], client_weights: Sequence[float], settings: RfaSettings) -> RfaReplay:
+  """`GeometricMedianFactory`'s aggregation of these updates, in NumPy (see the module docstring)."""
+  if len(client_updates) != len(client_weights):
+    raise ValueError(f'client_updates and client_weights differ in length: {len(client_updates)} vs '
+                     f'{len(client_weights)}')
+  if not client_updates:
+    raise ValueError('client_updates must hold at least one client')
+  points = np.stack([flatten_update(u) for u in client_updates])
+  a = np.asarray(client_weights, np.float64).reshape(-1)
+  kept = np.all(np.isfinite(points), axis=1) & np.isfinite(a) & (a >= 0)
+  points = np.where(kept[:, None], points, 0.0)
+  a = np.where(kept, a, 0.0)
+  if settings.secure:
+    points = np.clip(points, -settings.value_bound, settings.value_bound)
+    a = np.minimum(a, settings.weight_bound)
+  nu, ratio = settings.smoothing, settings.max_weight_ratio
+
+  def reweight(distances: np.ndarray, smoothing: float) -> np.ndarray:
+    return a * smoothing / np.maximum(smoothing, distances)  # weiszfeld.weiszfeld_weight
+
+  passes, objectives, smoothings = [], [], []
+  norms = np.linalg.norm(points, axis=1)  # Distances to v_0 = 0.
+  objectives.append(_objective(np.zeros(points.shape[1]), points, a))
+  if settings.one_step:
+    smoothing = nu
+    if settings.secure:  # weiszfeld.one_step_secure_smoothing
+      smoothing = max(nu, settings.value_bound * np.sqrt(points.shape[1]) / ratio)
+    smoothings.append(smoothing)
+    passes.append(_normalize(reweight(norms, smoothing)))
+  else:
+    passes.append(_normalize(a))
+  estimate = passes[-1] @ points
+  for _ in range(settings.num_passes - 1):
+    previous_objective = objectives[-1]  # D(v_{k-2}) for pass k.
+    distances = np.linalg.norm(points - estimate, axis=1)
+    objectives.append(_objective(estimate, points, a))
+    smoothing = max(nu, previous_objective / ratio) if settings.secure else nu  # weiszfeld.secure_smoothing
+    smoothings.append(smoothing)
+    passes.append(_normalize(reweight(distances, smoothing)))
+    estimate = passes[-1] @ points
+  return RfaReplay(estimate, np.stack(passes), np.asarray(objectives), np.asarray(smoothings), kept)
+
+
+def rfa_weight_report(
+    client_updates: Sequence[Any],
+    client_weights: Sequence[float],
+    num_passes: int,
+    smoothing: float,
+    bound: float,
+    *,
+    one_step: bool = False,
+    secure: bool = False,
+    value_bound: Optional[float] = None,
+    weight_bound: float = DEFAULT_WEIGHT_BOUND,
+    max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO,
+    client_ids: Optional[Sequence[str]] = None,
+    warn: bool = True,
+) -> dict[str, Any]:
+  """The largest normalized weight b_i / sum_j b_j of each RFA pass over these client updates.
+
+  Args:
+    client_updates: one update structure per client (e.g. a list of arrays).
+    client_weights: a_i per client (example counts in FedAvg).
+    num_passes, smoothing, one_step, secure, value_bound, weight_bound, max_weight_ratio: as
+      `GeometricMedianFactory`.
+    bound: in (0, 1]; a pass in which one client's normalized weight exceeds it is reported as dominated.
+    client_ids: names for the clients (default: their indices), used in the report and the warning.
+    warn: emit a `DominatedAggregateWarning` when dominated.
+
+  Returns:
+    dict(max_normalized_weight (over all passes), per_pass (list, one max per pass), dominant_client (the
+    client with the overall max), per_pass_dominant_client, dominated (bool), bound, num_clients (clients
+    with a positive weight), uniform_weight (1 / num_clients: the smallest possible max), replay (`RfaReplay`)).
+
+  Raises:
+    ValueError: for invalid arguments (naming them).
+  """
+  bound = check_bound(bound)
+  settings = RfaSettings(num_passes, smoothing, one_step, secure, value_bound, weight_bound, max_weight_ratio)
+  if client_ids is not None and len(client_ids) != len(client_updates):
+    raise ValueError(f'client_ids must name every client: {len(client_ids)} ids for {len(client_updates)} updates')
+  names = [str(c) for c in client_ids] if client_ids is not None else [str(i) for i in range(len(client_updates))]
+  replay = replay_rfa(client_updates, client_weights, settings)
+  per_pass_index = np.argmax(replay.normalized_weights, axis=1)
+  per_pass = replay.normalized_weights[np.arange(len(per_pass_index)), per_pass_index]
+  worst_pass = int(np.argmax(per_pass))
+  max_weight = float(per_pass[worst_pass])
+  participating = int(np.sum(replay.kept & (np.asarray(client_weights, np.float64).reshape(-1) > 0)))
+  report = dict(
+      max_normalized_weight=max_weight,
+      per_pass=[float(w) for w in per_pass],
+      dominant_client=names[per_pass_index[worst_pass]],
+      per_pass_dominant_client=[names[i] for i in per_pass_index],
+      dominated=max_weight > bound,
+      bound=bound,
+      num_clients=participating,
+      uniform_weight=1.0 / participating if participating else float('nan'),
+      replay=replay,
+  )
+  if report['dominated'] and warn:
+    warnings.warn(
+        f'RFA pass {worst_pass + 1} of {len(per_pass)}: client {report["dominant_client"]} has normalized weight '
+        f'{max_weight:.3f} > bound {bound} (uniform weight 1/{participating}); that secure average is dominated '
+        f'by a single client', DominatedAggregateWarning, stacklevel=2)
+  return report
+
+
+def report_metrics(report: dict[str, Any]) -> dict[str, float]:
+  """The report as flat metrics for metrics.csv: `rfa_audit/max_normalized_weight`, per pass, `dominated`."""
+  out = {f'{METRIC_PREFIX}/max_normalized_weight': report['max_normalized_weight'],
+         f'{METRIC_PREFIX}/dominated': float(report['dominated'])}
+  for k, value in enumerate(report['per_pass'], 1):
+    out[f'{METRIC_PREFIX}/pass_{k}/max_normalized_weight'] = value
+  return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The round's client updates, in simulation.
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientUpdates:
+  """Runs the learning process's client work on a round's datasets from given global model weights.
+
+  `computation(model_weights@SERVER, datasets@CLIENTS) -> ClientResult@CLIENTS` broadcasts the weights and runs
+  the client work; `__call__` returns (updates: one list of arrays per client, weights: float64 array).
+  """
+  computation: tff.Computation
+
+  def __call__(self, model_weights: tff.learning.models.ModelWeights,
+               datasets: Sequence[tf.data.Dataset]) -> tuple[list[list[np.ndarray]], np.ndarray]:
+    results = self.computation(model_weights, list(datasets))
+    updates = [[np.asarray(x) for x in tf.nest.flatten(r.update)] for r in results]
+    weights = np.asarray([float(r.update_weight) for r in results], np.float64)
+    return updates, weights
+
+
+def build_client_updates(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    algorithm: simulation.AlgorithmConfig,
+) -> ClientUpdates:
+  """The client work of `simulation.build_learning_process(model_fn, algorithm, ...)`, runnable on its own.
+
+  TFF's `build_weighted_fed_avg`/`build_weighted_fed_prox` build exactly this client work (SGD with momentum at
+  `client_lr`, example-count weighting, the dataset-reduce loop; FedProx's proximal term). FedAdam/FedYogi differ
+  only at the server. Each call starts from a fresh client optimizer state, as every round does.
+  """
+  if not isinstance(algorithm, simulation.AlgorithmConfig):
+    raise ValueError(f'algorithm must be a simulation.AlgorithmConfig, got {algorithm!r}')
+  client_optimizer = tff.learning.optimizers.build_sgdm(algorithm.client_lr, momentum=algorithm.client_momentum)
+  weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
+  loop = tff.learning.LoopImplementation.DATASET_REDUCE
+  if algorithm.name == 'fedprox':
+    client_work = proximal_client_work.build_model_delta_client_work(
+        model_fn, client_optimizer, weighting, delta_l2_regularizer=algorithm.proximal_strength,
+        loop_implementation=loop)
+  else:
+    client_work = tff.learning.templates.build_model_delta_client_work(
+        model_fn, client_optimizer, weighting, loop_implementation=loop)
+  _, weights_type, data_type = client_work.next.type_signature.parameter
+
+  @tff.federated_computation(tff.FederatedType(weights_type.member, tff.SERVER), data_type)
+  def client_updates(model_weights, datasets):
+    return client_work.next(client_work.initialize(), tff.federated_broadcast(model_weights), datasets).result
+
+  return ClientUpdates(client_updates)
+
+
+class RfaWeightMonitor:
+  """Per-round RFA weight report for a simulated training loop.
+
+  Call `monitor(model_weights, datasets, client_ids)` with the global model weights the round starts from
+  (`process.get_model_weights(state)` *before* `process.next`) and the round's datasets; it returns
+  `rfa_weight_report`'s dict (and warns when a pass is dominated). `report_metrics` flattens it for logging.
+  """
+
+  def __init__(self, model_fn: Callable[[], tff.learning.models.VariableModel],
+               algorithm: simulation.AlgorithmConfig, bound: float, settings: RfaSettings = RfaSettings()):
+    self._bound = check_bound(bound)
+    if not isinstance(settings, RfaSettings):
+      raise ValueError(f'settings must be an RfaSettings, got {settings!r}')
+    self._settings = settings
+    self._client_updates = build_client_updates(model_fn, algorithm)
+
+  @property
+  def settings(self) -> RfaSettings:
+    return self._settings
+
+  def __call__(self, model_weights: tff.learning.models.ModelWeights, datasets: Sequence[tf.data.Dataset],
+               client_ids: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    updates, weights = self._client_updates(model_weights, datasets)
+    return rfa_weight_report(updates, weights, bound=self._bound, client_ids=client_ids,
+                             **dataclasses.asdict(self._settings))
