@@ -14,7 +14,7 @@ for FedAvg):
 3. Returns `OrderedDict(update=Delta_k, sensitivity=Omega_k)` with weight |D_k| (examples trained on).
    `Delta_k = theta - theta_k` (TFF's sign; see `tff_gma.aggregators.elastic`).
 
-B_k and D_k are disjoint within the round: both come from one pass over the stream (`enumerate`), so a
+B_k and D_k are disjoint within the round: both come from one pass over one iterator of the stream, so a
 dataset that reshuffles on each iteration cannot mix them. Deviation from the paper, which samples B_k once
 before training: here B_k is re-drawn each round from the round's (shuffled) stream, so the process takes the same
 client datasets as TFF's FedAvg; with `local_epochs > 1` the stream repeats the client's data, so B_k's examples
@@ -81,25 +81,22 @@ def build_elastic_client_update(
     client_lib.assign_weights(model_weights, initial_weights)
     trainable = tf.nest.flatten(model_weights.trainable)
     num_sensitivity_batches = sensitivity_batch_count(client_lib.count_batches(data), sensitivity_fraction)
-
-    def reduce_fn(state, element):
-      omega, num_examples, optimizer_state = state
-      index, batch = element
-
-      def sensitivity_step():
-        gradient = output_norm_gradient(model, trainable, batch)
-        return accumulate_sensitivity(omega, gradient, mu), num_examples, optimizer_state
-
-      def training_step():
-        new_optimizer_state, batch_examples = client_lib.optimizer_step(
-            optimizer, optimizer_state, model, model_weights, batch)
-        return omega, num_examples + batch_examples, new_optimizer_state
-
-      return tf.cond(index < num_sensitivity_batches, sensitivity_step, training_step)
-
-    initial_state = (client_lib.zeros_like_trainable(model_weights), tf.constant(0, tf.int64),
-                     client_lib.initial_optimizer_state(optimizer, model_weights, optimizer_hparams))
-    omega, num_examples, _ = data.enumerate().reduce(initial_state, reduce_fn)
+    # One iterator, one pass: its first k batches go to Omega, the rest to training (B_k and D_k disjoint even
+    # for a stream that reshuffles per iteration). Two loops rather than a per-batch tf.cond: each loop body holds
+    # only its own step, which runs several times faster. k <= n - 1, so get_next() never runs past the end.
+    # (n is the dataset's cardinality; only when that is unknown does count_batches make a separate pass, which
+    # counts batches and feeds neither B_k nor D_k.)
+    iterator = iter(data)
+    omega = client_lib.zeros_like_trainable(model_weights)
+    for _ in tf.range(num_sensitivity_batches):
+      gradient = output_norm_gradient(model, trainable, iterator.get_next())
+      omega = accumulate_sensitivity(omega, gradient, mu)
+    optimizer_state = client_lib.initial_optimizer_state(optimizer, model_weights, optimizer_hparams)
+    num_examples = tf.constant(0, tf.int64)
+    for batch in iterator:  # Autograph: a while loop over get_next_as_optional().
+      optimizer_state, batch_examples = client_lib.optimizer_step(
+          optimizer, optimizer_state, model, model_weights, batch)
+      num_examples += batch_examples
     update, weight, omega, non_finite = client_lib.finish_client_update(
         initial_weights.trainable, model_weights, num_examples, extra=omega)
     client_lib.reset_metrics_if(model, non_finite)
