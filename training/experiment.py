@@ -14,6 +14,15 @@ writes into `config.output_dir`:
 Rerunning with the same output directory resumes after the last saved round (a larger `rounds` continues).
 Every random choice is a function of (seed, round), so an interrupted and resumed run ends with exactly the
 model of an uninterrupted one.
+
+Corruption (`corruption`, `corrupt_fraction`; `tff_gma.corruption`): a fixed, seeded set of
+round(corrupt_fraction * num_clients) clients is corrupted for the whole run: their data poisoned before training
+(`data_negate`, `data_flip_labels`), or their updates replaced inside the client work (`gaussian`; `omniscient`,
+whose attack the simulation harness computes from the round's honest updates). Rows then carry
+`corrupted_participants`. `algorithm='personalized'` is personalized RFA (`tff_gma.learning.personalized_rfa`;
+with `aggregator='rfa'` the RFA paper's Algorithm 4): each client holds out `PERSONAL_TEST_FRACTION` of its
+examples, its personal parameters are saved per round under `personal/` beside `checkpoints/`, and evaluations
+add `personalized/*` (w + v_k on the held-out examples) and `personalized/shared_*` (w alone on them).
 """
 
 from __future__ import annotations
@@ -31,13 +40,16 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import corruption as corruption_lib
 from tff_gma import models
 from tff_gma import simulation
 from tff_gma.data import loaders
+from tff_gma.learning import personalized_rfa
 from training import progress
 from training import registry
 
 LAST_EVALS_FOR_FINAL = 10  # "Final" figure: mean over the last 10 evaluated rounds (GMA paper).
+ALGORITHMS = simulation.ALGORITHMS + (personalized_rfa.ALGORITHM,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,17 +84,20 @@ class ExperimentConfig:
   seed: int = 0
   output_dir: str = 'outputs/run'
   audit: bool = False
+  corruption: str = corruption_lib.NONE
+  corrupt_fraction: float = 0.0
 
   def algorithm_config(self) -> simulation.AlgorithmConfig:
+    # Personalized RFA uses FedAvg's client and server optimizers.
     return simulation.AlgorithmConfig(
-        name=self.algorithm, client_lr=self.client_lr, server_lr=self.server_lr,
+        name='fedavg' if self.algorithm == personalized_rfa.ALGORITHM else self.algorithm, client_lr=self.client_lr, server_lr=self.server_lr,
         client_momentum=self.client_momentum, proximal_strength=self.proximal_strength,
         adaptive_epsilon=self.adaptive_epsilon)
 
   def aggregator_params(self) -> registry.AggregatorParams:
     return registry.AggregatorParams(
         tau=self.tau, num_passes=self.num_passes, smoothing=self.smoothing, secure=self.secure,
-        secure_bound=self.secure_bound)
+        secure_bound=self.secure_bound, corrupt_fraction=self.corrupt_fraction)
 
   def partition_kwargs(self) -> dict[str, Any]:
     """The partition keyword arguments that apply to the chosen partition."""
@@ -94,6 +109,8 @@ class ExperimentConfig:
     loaders.check_config(self.dataset, self.partition)
     if self.model not in models.MODELS:
       raise ValueError(f'model: unknown model {self.model!r}; expected one of {models.MODELS}')
+    if self.algorithm != personalized_rfa.ALGORITHM and self.algorithm not in simulation.ALGORITHMS:
+      raise ValueError(f'algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}')
     if self.aggregator not in registry.NAMES:
       raise ValueError(f'aggregator: unknown aggregator {self.aggregator!r}; expected one of {registry.NAMES}')
     self.algorithm_config()  # Raises on bad algorithm/learning-rate settings.
@@ -118,6 +135,12 @@ class ExperimentConfig:
       raise ValueError(f'model: char_lstm needs dataset=shakespeare, got dataset={self.dataset!r}')
     if self.dataset == 'shakespeare' and self.model != 'char_lstm':
       raise ValueError(f'model: dataset=shakespeare needs model=char_lstm, got {self.model!r}')
+    corruption_lib.check_corruption(self.corruption, self.corrupt_fraction)
+    if self.corruption in corruption_lib.DATA_CORRUPTIONS and self.dataset == 'shakespeare':
+      raise ValueError(f'corruption: {self.corruption} applies to image classification, not {self.dataset}')
+    if self.algorithm == personalized_rfa.ALGORITHM and self.corruption in corruption_lib.UPDATE_CORRUPTIONS:
+      raise ValueError(f'corruption: {self.corruption} is not implemented for algorithm={self.algorithm}')
+    registry.build(self.aggregator, self.aggregator_params())  # Raises on settings the aggregator refuses.
 
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
@@ -131,6 +154,8 @@ def check_resumable(config: ExperimentConfig) -> None:
   if os.path.exists(path):
     with open(path) as f:
       saved = json.load(f)
+    # A setting missing from an older config.json had its default value then.
+    saved = {**dataclasses.asdict(ExperimentConfig()), **saved}
     changed = sorted(k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k) != current[k])
     if changed:
       details = ', '.join(f'{k}: {saved.get(k)!r} -> {current[k]!r}' for k in changed)
@@ -145,26 +170,73 @@ def _run_async(coro):
   return asyncio.run(coro)
 
 
+# (state, participants, their datasets, round number) -> (new state, metrics).
+RoundFn = Callable[[Any, list[str], list[tf.data.Dataset], int], tuple[Any, Any]]
+
+
 @dataclasses.dataclass
 class _Setup:
   data: loaders.FederatedDataset
   build_keras: Callable[[], tf.keras.Model]
   process: tff.learning.templates.LearningProcess
   evaluator: simulation.CentralEvaluator
+  run_round: RoundFn
+  corrupted: tuple[str, ...] = ()
+  personal: Optional[personalized_rfa.PersonalStore] = None  # Personalized RFA's client-held parameters.
+
+
+# Built processes by everything that defines them: a driver running many experiments in one Python process (a
+# study) traces each computation once. The processes hold no state of a run.
+_PROCESS_CACHE: dict[tuple, tff.learning.templates.LearningProcess] = {}
+
+
+def _cached_process(key: tuple, build: Callable[[], tff.learning.templates.LearningProcess]):
+  if key not in _PROCESS_CACHE:
+    _PROCESS_CACHE[key] = build()
+  return _PROCESS_CACHE[key]
 
 
 def build_setup(config: ExperimentConfig) -> _Setup:
   data = loaders.load_federated_data(
       config.dataset, config.partition, config.num_clients, config.seed, data_dir=config.data_dir,
       **config.partition_kwargs())
+  corrupted = ()
+  if config.corruption != corruption_lib.NONE:
+    corrupted = tuple(corruption_lib.corrupted_clients(data.train.client_ids, config.corrupt_fraction, config.seed))
+    data = dataclasses.replace(data, train=corruption_lib.poison_data(
+        data.train, corrupted, config.corruption, data.num_classes))
+  held_out = None
+  if config.algorithm == personalized_rfa.ALGORITHM:
+    train, held_out = personalized_rfa.hold_out(data.train, personalized_rfa.PERSONAL_TEST_FRACTION, config.seed)
+    data = dataclasses.replace(data, train=train)
   build_keras = models.keras_builder(config.model, data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec, pad_id=data.pad_id)
   metrics_aggregator = tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None
-  process = simulation.build_learning_process(
-      model_fn, config.algorithm_config(), registry.build(config.aggregator, config.aggregator_params()),
-      metrics_aggregator=metrics_aggregator)
+  aggregator = registry.build(config.aggregator, config.aggregator_params())
+  algorithm = config.algorithm_config()
+  kind = ('personalized' if config.algorithm == personalized_rfa.ALGORITHM else
+          'corrupted' if config.corruption in corruption_lib.UPDATE_CORRUPTIONS else 'plain')
+  key = (kind, config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id, algorithm,
+         config.aggregator, config.aggregator_params(), config.secure_metrics)
+  personal = None
+  if kind == 'personalized':
+    process = _cached_process(key, lambda: personalized_rfa.build_personalized_rfa(
+        model_fn, tff.learning.optimizers.build_sgdm(algorithm.client_lr, momentum=algorithm.client_momentum),
+        simulation.server_optimizer(algorithm), aggregator, metrics_aggregator))
+    personal = personalized_rfa.PersonalStore.for_process(process, held_out=held_out)
+    run_round = lambda state, ids, datasets, _: personal.run_round(process, state, ids, datasets)
+  elif kind == 'corrupted':
+    process = _cached_process(
+        key, lambda: corruption_lib.build_learning_process(model_fn, algorithm, aggregator, metrics_aggregator))
+    harness = corruption_lib.UpdateCorruption(
+        process, config.corruption, corrupted, data.train.client_ids, config.seed)
+    run_round = lambda state, ids, datasets, round_num: tuple(harness.run_round(state, ids, datasets, round_num))
+  else:
+    process = _cached_process(key, lambda: simulation.build_learning_process(
+        model_fn, algorithm, aggregator, metrics_aggregator=metrics_aggregator))
+    run_round = lambda state, ids, datasets, _: tuple(process.next(state, datasets))
   evaluator = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y, pad_id=data.pad_id)
-  return _Setup(data, build_keras, process, evaluator)
+  return _Setup(data, build_keras, process, evaluator, run_round, corrupted, personal)
 
 
 def _pooled(data, client_ids):
@@ -179,6 +251,8 @@ def evaluate(setup: _Setup, state, participants: list[str]) -> dict[str, float]:
   if setup.data.ood_test is not None:
     ood = setup.evaluator.evaluate_arrays(weights, setup.data.ood_test_x, setup.data.ood_test_y)
     out.update({f'ood_test/{k}': v for k, v in ood.items()})
+  if setup.personal is not None:
+    out.update(setup.personal.evaluate(setup.evaluator, weights))
   others = [c for c in setup.data.train.client_ids if c not in set(participants)]
   if others:  # GMA paper Table 4: the global model on participating vs non-participating clients' data.
     for name, ids in (('participating', participants), ('non_participating', others)):
@@ -250,6 +324,8 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
   if state is None:
     state, start_round = initial_state, 0
     _run_async(state_manager.save(state, 0))
+  if setup.personal is not None:
+    setup.personal.restore(config.output_dir, start_round)
 
   client_ids = setup.data.train.client_ids
   bar = progress.RoundProgress(config.rounds, label=f'{config.algorithm}/{config.aggregator}') \
@@ -262,15 +338,18 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
                                   batch_size=config.batch_size, seed=config.seed, round_num=round_num)
         for c in participants
     ]
-    output = setup.process.next(state, datasets)
-    state = output.state
-    row = simulation.flatten_metrics(output.metrics)
+    state, metrics = setup.run_round(state, participants, datasets, round_num)
+    row = simulation.flatten_metrics(metrics)
+    if config.corruption != corruption_lib.NONE:
+      row['corrupted_participants'] = float(sum(c in setup.corrupted for c in participants))
     if round_num % config.eval_every == 0 or round_num == config.rounds:
       row.update(evaluate(setup, state, participants))
     # Release the round's row before its checkpoint: a crash in between re-runs the round on resume, and the
     # CSV release of that round replaces the row (it drops rows with keys >= the released key).
     _run_async(csv_release.release(row, round_num))
     _run_async(tb_release.release(row, round_num))
+    if setup.personal is not None:  # Before the state: every saved state then has its clients' parameters.
+      setup.personal.checkpoint(config.output_dir, round_num)
     _run_async(state_manager.save(state, round_num))
     if bar is not None:
       bar.update(round_num, **({'acc': row['test/accuracy']} if 'test/accuracy' in row else {}))
@@ -290,7 +369,8 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
   if evaluated and 'ood_test/accuracy' in evaluated[-1]:
     summary['final_ood_accuracy'] = float(np.mean([r['ood_test/accuracy'] for r in evaluated
                                                    if 'ood_test/accuracy' in r][-LAST_EVALS_FOR_FINAL:]))
-  for key in ('participating/accuracy', 'non_participating/accuracy'):
+  for key in ('participating/accuracy', 'non_participating/accuracy', 'personalized/accuracy',
+              'personalized/shared_accuracy'):
     values = [r[key] for r in evaluated if key in r]
     if values:
       summary[f'final_{key.replace("/", "_")}'] = float(np.mean(values[-LAST_EVALS_FOR_FINAL:]))

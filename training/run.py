@@ -20,9 +20,9 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tff_gma import corruption
 from tff_gma import models
 from tff_gma import runtime
-from tff_gma import simulation
 from tff_gma.data import loaders
 from training import experiment
 from training import registry
@@ -42,7 +42,9 @@ flags.DEFINE_integer('rounds', _D.rounds, 'Total rounds (a resumed run continues
 flags.DEFINE_integer('local_epochs', _D.local_epochs, 'Client epochs per round.')
 flags.DEFINE_integer('batch_size', _D.batch_size, 'Client batch size.')
 flags.DEFINE_enum('model', _D.model, list(models.MODELS), 'Keras model.')
-flags.DEFINE_enum('algorithm', _D.algorithm, list(simulation.ALGORITHMS), 'Federated optimisation algorithm.')
+flags.DEFINE_enum('algorithm', _D.algorithm, list(experiment.ALGORITHMS),
+                  'Federated optimisation algorithm (personalized: personalized RFA, RFA paper Algorithm 4, with '
+                  '--aggregator=rfa).')
 flags.DEFINE_float('client_lr', _D.client_lr, 'Client SGD learning rate (momentum --client_momentum).')
 flags.DEFINE_float('server_lr', _D.server_lr, 'Server learning rate (SGD, or Adam/Yogi for fedadam/fedyogi).')
 flags.DEFINE_float('client_momentum', _D.client_momentum, 'Client SGD momentum (GMA paper: 0.9).')
@@ -59,6 +61,11 @@ flags.DEFINE_integer('eval_every', _D.eval_every, 'Evaluate every this many roun
 flags.DEFINE_integer('seed', _D.seed, 'Seed of the partition, initial model, client sampling and data order.')
 flags.DEFINE_string('output_dir', _D.output_dir, 'Output directory (reused to resume).')
 flags.DEFINE_bool('audit', _D.audit, 'Write audit.md: the privacy audit of the round computation.')
+flags.DEFINE_enum('corruption', _D.corruption, list(corruption.CORRUPTIONS),
+                  'Simulated corruption of a fixed seeded set of clients: poisoned data (data_negate: x -> 1 - x; '
+                  'data_flip_labels: y -> C - 1 - y) or updates (gaussian noise; omniscient: the mean negated).')
+flags.DEFINE_float('corrupt_fraction', _D.corrupt_fraction,
+                   'rho: round(rho * num_clients) clients are corrupted (trimmed_mean and krum are told rho).')
 
 FLAGS = flags.FLAGS
 

@@ -16,14 +16,20 @@ aggregation process, TFF's apply-optimizer finalizer); client data reach the ser
 
 from tff_gma.learning.elastic import build_elastic_fed_avg
 from tff_gma.learning.fedgma import build_fedgma
+from tff_gma.learning.personalized_rfa import build_personalized_rfa
+from tff_gma.learning.personalized_rfa import PersonalizedProcess
+from tff_gma.learning.personalized_rfa import PersonalStore
 from tff_gma.learning.scaffold import build_scaffold
 from tff_gma.learning.scaffold import ControlVariateStore
 from tff_gma.learning.scaffold import ScaffoldProcess
 
 __all__ = [
     'ControlVariateStore',
+    'PersonalStore',
+    'PersonalizedProcess',
     'ScaffoldProcess',
     'build_elastic_fed_avg',
     'build_fedgma',
+    'build_personalized_rfa',
     'build_scaffold',
 ]

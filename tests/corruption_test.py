@@ -1,0 +1,280 @@
+"""Corruption models: which clients, data poisoning, Gaussian and omniscient update poisoning, and the runner flags."""
+
+import collections
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+from absl import flags
+
+from tff_gma import corruption
+from tff_gma import models
+from tff_gma import simulation
+from tff_gma.data import client_data
+from tff_gma.data import loaders
+from training import experiment
+
+_TOY = experiment.ExperimentConfig(
+    dataset='digits', partition='iid', num_clients=6, clients_per_round=4, rounds=1, model='logistic',
+    batch_size=32, client_lr=0.1, client_momentum=0.0, seed=5)
+
+
+# ------------------------------------------------------------------------------------------- which clients
+
+
+@pytest.mark.parametrize('num_clients, rho, expected', [(10, 0.0, 0), (10, 0.1, 1), (10, 0.25, 3), (10, 0.4, 4),
+                                                        (20, 0.25, 5), (3, 0.5, 2)])
+def test_number_of_corrupted_clients_is_rho_times_n_rounded(num_clients, rho, expected):
+  ids = client_data.client_ids(num_clients)
+  chosen = corruption.corrupted_clients(ids, rho, seed=0)
+  assert len(chosen) == expected == corruption.num_corrupted(num_clients, rho)
+  assert set(chosen) <= set(ids) and len(set(chosen)) == len(chosen)
+
+
+def test_corrupted_set_is_a_function_of_the_seed():
+  ids = client_data.client_ids(20)
+  assert corruption.corrupted_clients(ids, 0.25, 7) == corruption.corrupted_clients(ids, 0.25, 7)
+  draws = {tuple(corruption.corrupted_clients(ids, 0.25, s)) for s in range(6)}
+  assert len(draws) > 1
+
+
+@pytest.mark.parametrize('name, rho, match', [('noise', 0.1, 'corruption'), ('gaussian', 1.0, 'corrupt_fraction'),
+                                              ('gaussian', -0.1, 'corrupt_fraction'),
+                                              ('gaussian', True, 'corrupt_fraction')])
+def test_invalid_corruption_settings_raise(name, rho, match):
+  with pytest.raises(ValueError, match=match):
+    corruption.check_corruption(name, rho)
+  with pytest.raises(ValueError, match=match):
+    dataclasses.replace(_TOY, corruption=name, corrupt_fraction=rho).validate()
+
+
+# ---------------------------------------------------------------------------------------------- data poisoning
+
+
+def _toy_client_data():
+  rng = np.random.default_rng(0)
+  arrays = collections.OrderedDict(
+      (f'c{i}', (rng.uniform(size=(3 + i, 2, 2, 1)).astype(np.float32), rng.integers(0, 10, 3 + i).astype(np.int32)))
+      for i in range(4))
+  return arrays, client_data.from_client_arrays(arrays)
+
+
+@pytest.mark.parametrize('kind', ['data_negate', 'data_flip_labels'])
+def test_data_poisoning_changes_only_the_corrupted_clients(kind):
+  arrays, train = _toy_client_data()
+  poisoned = corruption.poison_data(train, ['c1', 'c3'], kind, num_classes=10)
+  assert poisoned.client_ids == train.client_ids
+  for cid, (x, y) in arrays.items():
+    px, py = poisoned.client_arrays(cid)
+    if cid in ('c1', 'c3') and kind == 'data_negate':
+      np.testing.assert_allclose(px, 1.0 - x)
+      np.testing.assert_array_equal(py, y)
+    elif cid in ('c1', 'c3'):
+      np.testing.assert_array_equal(px, x)
+      np.testing.assert_array_equal(py, 9 - y)
+    else:
+      np.testing.assert_array_equal(px, x)
+      np.testing.assert_array_equal(py, y)
+
+
+def test_data_poisoning_rejects_data_it_does_not_fit():
+  with pytest.raises(ValueError, match='data_negate'):
+    corruption.negate_images(np.array([0.5, 2.0], np.float32))
+  with pytest.raises(ValueError, match='data_flip_labels'):
+    corruption.flip_labels(np.zeros([2, 3], np.int32), 10)
+  _, train = _toy_client_data()
+  with pytest.raises(ValueError, match='corrupted'):
+    corruption.poison_data(train, ['nobody'], 'data_negate', 10)
+  assert corruption.poison_data(train, ['c1'], 'gaussian', 10) is train
+
+
+def test_runner_trains_on_poisoned_data_of_the_corrupted_clients_only(tmp_path):
+  config = dataclasses.replace(_TOY, corruption='data_negate', corrupt_fraction=0.34, output_dir=str(tmp_path))
+  setup = experiment.build_setup(config)
+  clean = loaders.load_federated_data('digits', 'iid', 6, 5)
+  assert setup.corrupted == tuple(corruption.corrupted_clients(clean.train.client_ids, 0.34, 5))
+  assert len(setup.corrupted) == 2
+  for cid in clean.train.client_ids:
+    x, y = setup.data.train.client_arrays(cid)
+    cx, cy = clean.train.client_arrays(cid)
+    np.testing.assert_allclose(x, 1.0 - cx if cid in setup.corrupted else cx)
+    np.testing.assert_array_equal(y, cy)
+
+
+# ---------------------------------------------------------------------------------------- Gaussian (plain TF)
+
+
+def test_gaussian_noise_has_the_variance_of_the_update_components():
+  rng = np.random.default_rng(1)
+  update = [rng.normal(0.3, 2.0, size=(100, 150)).astype(np.float32), rng.normal(-1, 0.5, 5000).astype(np.float32)]
+  flat = np.concatenate([u.ravel() for u in update])
+  noise = corruption.gaussian_noise_like([tf.constant(u) for u in update], tf.constant([3, 4], tf.int64))
+  noise = [n.numpy() for n in noise]
+  assert [n.shape for n in noise] == [u.shape for u in update]
+  flat_noise = np.concatenate([n.ravel() for n in noise])
+  assert flat_noise.std() == pytest.approx(flat.std(), rel=0.02)  # 20k samples: ~0.5% standard error.
+  assert abs(flat_noise.mean()) < 0.05 * flat.std()
+  assert abs(np.corrcoef(flat_noise, flat)[0, 1]) < 0.05  # Replaces the update; does not perturb it.
+  again = corruption.gaussian_noise_like([tf.constant(u) for u in update], tf.constant([3, 4], tf.int64))
+  np.testing.assert_array_equal(noise[0], again[0].numpy())
+  other = corruption.gaussian_noise_like([tf.constant(u) for u in update], tf.constant([3, 5], tf.int64))
+  assert not np.allclose(noise[0], other[0].numpy())
+
+
+def test_corrupt_update_selects_by_code():
+  update = [tf.constant([1.0, 2.0, 3.0])]
+  attack = [tf.constant([-7.0, 0.0, 7.0])]
+  seed = tf.constant([1, 2], tf.int64)
+  np.testing.assert_array_equal(corruption.corrupt_update(update, corruption.HONEST, seed, attack)[0], [1, 2, 3])
+  np.testing.assert_array_equal(corruption.corrupt_update(update, corruption.OMNISCIENT, seed, attack)[0],
+                                [-7, 0, 7])
+  noise = corruption.corrupt_update(update, corruption.GAUSSIAN, seed, attack)[0].numpy()
+  np.testing.assert_array_equal(noise, corruption.gaussian_noise_like(update, seed)[0].numpy())
+
+
+# --------------------------------------------------------------------------------------- omniscient (NumPy)
+
+
+@pytest.mark.parametrize('corrupted', [[True, False, False, False, True], [False, True, False, False, False],
+                                       [True] * 5])
+def test_omniscient_attack_makes_the_weighted_mean_the_negated_honest_mean(corrupted):
+  rng = np.random.default_rng(2)
+  updates = [[rng.normal(size=(3, 2)), rng.normal(size=4)] for _ in range(5)]
+  weights = [3.0, 1.0, 2.0, 5.0, 4.0]
+  result = corruption.omniscient_attack(updates, weights, corrupted)
+  honest_mean = [sum(w * u[j] for w, u in zip(weights, updates)) / sum(weights) for j in range(2)]
+  sent = [result.attack if c else u for u, c in zip(updates, corrupted)]
+  sent_mean = [sum(w * u[j] for w, u in zip(weights, sent)) / sum(weights) for j in range(2)]
+  for j in range(2):
+    np.testing.assert_allclose(result.honest_mean[j], honest_mean[j], rtol=1e-12)
+    np.testing.assert_allclose(sent_mean[j], -honest_mean[j], rtol=1e-9, atol=1e-12)
+
+
+def test_omniscient_attack_needs_corrupted_weight():
+  assert corruption.omniscient_attack([[np.ones(2)], [np.ones(2)]], [1.0, 0.0], [False, True]) is None
+  with pytest.raises(ValueError, match='one entry per client'):
+    corruption.omniscient_attack([[np.ones(2)]], [1.0, 2.0], [False, True])
+
+
+# -------------------------------------------------------------------------------------------- the client work
+
+
+@pytest.fixture(scope='module')
+def digits_clients():
+  data = loaders.load_federated_data('digits', 'iid', 4, 0)
+  build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
+  model_fn = models.model_fn(build_keras, data.input_spec)
+  datasets = [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
+              for c in data.train.client_ids]
+  tf.keras.utils.set_random_seed(0)
+  keras_model = build_keras()
+  weights = tff.learning.models.ModelWeights(trainable=[v.numpy() for v in keras_model.trainable_weights],
+                                             non_trainable=[])
+  return model_fn, datasets, weights
+
+
+def _element(code, seed, vector):
+  return tf.data.Dataset.from_tensors(collections.OrderedDict(
+      code=np.int32(code), seed=np.array(seed, np.int64), attack=tuple(tf.constant(v) for v in vector)))
+
+
+def test_client_work_sends_honest_update_noise_or_attack(digits_clients):
+  model_fn, datasets, weights = digits_clients
+  inner = tff.learning.templates.build_model_delta_client_work(
+      model_fn, tff.learning.optimizers.build_sgdm(0.1), tff.learning.ClientWeighting.NUM_EXAMPLES)
+  work = corruption.build_corrupted_client_work(inner)
+  honest = inner.next(inner.initialize(), [weights] * 3, datasets[:3])
+  zeros = [np.zeros_like(np.asarray(u)) for u in honest.result[0].update]
+  attack = [np.full_like(np.asarray(u), 0.25) for u in honest.result[0].update]
+  data = [
+      collections.OrderedDict(data=datasets[0], corruption=_element(corruption.HONEST, [0, 0], zeros)),
+      collections.OrderedDict(data=datasets[1], corruption=_element(corruption.GAUSSIAN, [4, 2], zeros)),
+      collections.OrderedDict(data=datasets[2], corruption=_element(corruption.OMNISCIENT, [0, 0], attack)),
+  ]
+  output = work.next(work.initialize(), [weights] * 3, data)
+  sent = [[np.asarray(u) for u in r.update] for r in output.result]
+  own = [[np.asarray(u) for u in r.update] for r in honest.result]
+  assert output.measurements['corrupted_clients'] == 2
+  assert output.measurements['train'] == honest.measurements['train']
+  for client in range(3):  # Weights are the honest ones (example counts) for every client.
+    assert float(output.result[client].update_weight) == float(honest.result[client].update_weight) > 0
+  np.testing.assert_allclose(sent[0][0], own[0][0], rtol=1e-6, atol=1e-7)  # Honest client: its own update.
+  flat_noise = np.concatenate([u.ravel() for u in sent[1]])
+  flat_own = np.concatenate([u.ravel() for u in own[1]])
+  assert flat_noise.std() == pytest.approx(flat_own.std(), rel=0.15)  # 650 components.
+  assert abs(np.corrcoef(flat_noise, flat_own)[0, 1]) < 0.2
+  for got, want in zip(sent[2], attack):
+    np.testing.assert_array_equal(got, want)
+  # The same seed gives the same noise (resumed runs repeat it).
+  again = work.next(work.initialize(), [weights], data[1:2])
+  np.testing.assert_array_equal(np.asarray(again.result[0].update[0]), sent[1][0])
+
+
+def _trainable(summary):
+  return [np.asarray(t, np.float64) for t in summary['_model_weights'].trainable]
+
+
+def _initial_trainable(config):
+  data = loaders.load_federated_data(config.dataset, config.partition, config.num_clients, config.seed)
+  tf.keras.utils.set_random_seed(config.seed)  # As simulation.seeded_initial_state.
+  keras_model = models.keras_builder(config.model, data.input_shape, data.num_classes)()
+  return [v.numpy().astype(np.float64) for v in keras_model.trainable_weights]
+
+
+def test_omniscient_runner_round_moves_the_model_by_the_negated_honest_mean(tmp_path):
+  # Server SGD with learning rate 1 applies the aggregate: w1 = w0 - mean(sent). Honest: w1 = w0 - m.
+  # Omniscient with the mean: the sent mean is -m, so w1 - w0 is exactly the negation of the honest step.
+  config = dataclasses.replace(_TOY, aggregator='mean', corrupt_fraction=0.34)
+  honest = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'honest')), show_progress=False)
+  attacked = experiment.run(dataclasses.replace(config, corruption='omniscient', output_dir=str(tmp_path / 'attack')),
+                            show_progress=False)
+  participants = simulation.sample_clients(client_data.client_ids(6), 4, config.seed, 1)
+  corrupted = corruption.corrupted_clients(client_data.client_ids(6), 0.34, config.seed)
+  assert set(participants) & set(corrupted) and set(participants) - set(corrupted)  # A real attack this round.
+  w0 = _initial_trainable(config)
+  for start, good, bad in zip(w0, _trainable(honest), _trainable(attacked)):
+    assert np.abs(good - start).max() > 1e-3
+    np.testing.assert_allclose(bad - start, -(good - start), rtol=1e-4, atol=2e-6)
+
+
+class _Interrupt(Exception):
+  pass
+
+
+def test_gaussian_corruption_runs_and_resumes_exactly(tmp_path):
+  config = dataclasses.replace(_TOY, corruption='gaussian', corrupt_fraction=0.34, rounds=2, eval_every=2)
+  whole = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'a')), show_progress=False)
+
+  def stop(round_num, state):
+    del state
+    if round_num == 1:
+      raise _Interrupt()
+
+  resumed_config = dataclasses.replace(config, output_dir=str(tmp_path / 'b'))
+  with pytest.raises(_Interrupt):
+    experiment.run(resumed_config, show_progress=False, on_round=stop)
+  resumed = experiment.run(resumed_config, show_progress=False)
+  for a, b in zip(_trainable(whole), _trainable(resumed)):
+    np.testing.assert_array_equal(a, b)
+  rows = experiment._read_rows(str(tmp_path / 'a' / 'metrics.csv'))
+  assert [r['corrupted_participants'] for r in rows] == [
+      float(len(set(simulation.sample_clients(client_data.client_ids(6), 4, 5, r)) &
+                set(corruption.corrupted_clients(client_data.client_ids(6), 0.34, 5)))) for r in (1, 2)]
+  assert all(r['client_work/corrupted_clients'] == r['corrupted_participants'] for r in rows)
+
+
+def test_runner_flags_map_onto_the_config():
+  from training import run  # pylint: disable=g-import-not-at-top  # Defines the runner's flags.
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['run', '--corruption=omniscient', '--corrupt_fraction=0.25', '--aggregator=krum'])
+    config = run.config_from_flags()
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert (config.corruption, config.corrupt_fraction, config.aggregator) == ('omniscient', 0.25, 'krum')
+  config.validate()
+  with pytest.raises(flags.IllegalFlagValueError):
+    flags.FLAGS(['run', '--corruption=sign_flip'])
+  flags.FLAGS.unparse_flags()

@@ -1,0 +1,61 @@
+"""The RFA robustness study: its grid and claims logic, and the script end to end at toy size."""
+
+import json
+import os
+import subprocess
+
+from training import reproduce_rfa
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cells_share_the_uncorrupted_runs():
+  cells = reproduce_rfa.cells(['logistic'], ['gaussian', 'omniscient'], [0.0, 0.1, 0.4], ['mean', 'rfa'], [0, 1])
+  assert len(cells) == 2 * 2 * (1 + 2 * 2)
+  assert ('logistic', 'none', 0.0, 'rfa', 1) in cells
+  assert not any(c[1] != 'none' and c[2] == 0 for c in cells)
+  config = reproduce_rfa.cell_config('cnn', 'omniscient', 0.25, 'krum', 3, 7, 2, '/tmp/x', local_epochs=2)
+  assert (config.model, config.num_clients, config.clients_per_round, config.aggregator, config.corruption,
+          config.corrupt_fraction, config.seed, config.rounds, config.eval_every, config.local_epochs) == (
+              'cnn', 20, 10, 'krum', 'omniscient', 0.25, 3, 7, 2, 2)
+  config.validate()
+
+
+def _results(values):
+  """values: {(corruption, rho, aggregator): accuracy} for model 'logistic', two seeds each."""
+  return [{'model': 'logistic', 'corruption': c, 'rho': rho, 'aggregator': a, 'seed': s,
+           'final_accuracy': acc + (0.01 if s else -0.01)} for (c, rho, a), acc in values.items() for s in (0, 1)]
+
+
+def test_claims_are_judged_from_the_numbers():
+  holds = _results({('none', 0.0, 'mean'): 0.80, ('none', 0.0, 'rfa'): 0.79, ('none', 0.0, 'rfa_one_step'): 0.78,
+                    ('omniscient', 0.4, 'mean'): 0.05, ('omniscient', 0.4, 'rfa'): 0.60,
+                    ('omniscient', 0.4, 'rfa_one_step'): 0.50})
+  claims = '\n'.join(reproduce_rfa.check_claims(holds, [0.0, 0.4]))
+  assert 'does not hold' not in claims and claims.count('holds') == 4, claims
+  assert '(mean - RFA = +1.0 points)' in claims and 'keeps 82% of RFA' in claims
+  fails = _results({('none', 0.0, 'mean'): 0.80, ('none', 0.0, 'rfa'): 0.70, ('none', 0.0, 'rfa_one_step'): 0.70,
+                    ('omniscient', 0.4, 'mean'): 0.45, ('omniscient', 0.4, 'rfa'): 0.50,
+                    ('omniscient', 0.4, 'rfa_one_step'): 0.45})
+  claims = '\n'.join(reproduce_rfa.check_claims(fails, [0.0, 0.4]))
+  assert claims.count('does not hold') == 4, claims
+  table = reproduce_rfa.summarize(holds, [0.0, 0.4])
+  assert '**logistic, omniscient**' in table and '| mean | 80.0 +- 1.0 | 5.0 +- 1.0 |' in table
+
+
+def test_study_script_runs_end_to_end(tmp_path):
+  out = tmp_path / 'rfa'
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  proc = subprocess.run(
+      ['bash', os.path.join(_ROOT, 'scripts', 'reproduce_rfa.sh'), '--seeds=0', '--rounds=1', '--models=logistic',
+       '--corruptions=omniscient', '--fractions=0,0.4', '--aggregators=mean,rfa', f'--output_dir={out}'],
+      cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads((out / 'results.json').read_text())
+  assert len(results) == 2 * 2  # aggregators x (uncorrupted + omniscient at 0.4)
+  assert all(0 <= r['final_accuracy'] <= 1 for r in results)
+  report = (out / 'results.md').read_text()
+  assert '**logistic, omniscient**' in report and '| rfa |' in report
+  assert report.count('hold') >= 3  # Every claim the runs allow gets a verdict (one-step RFA did not run).
+  assert (out / 'results.png').stat().st_size > 1000
+  assert len(os.listdir(out / 'runs')) == 4

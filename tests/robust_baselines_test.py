@@ -1,0 +1,155 @@
+"""Non-private robust baselines (coordinate-wise median, trimmed mean, multi-Krum) against NumPy references."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow_federated as tff
+
+from tff_gma import audit
+from tff_gma.aggregators import robust_baselines
+from training import registry
+
+_VALUE_TYPE = tff.to_type(collections.OrderedDict(
+    kernel=tff.TensorType(np.float32, [3, 2]), bias=tff.TensorType(np.float32, [4])))
+
+
+# ----------------------------------------------------------------------------------------- NumPy references
+
+
+def _np_median(points):
+  return np.median(points, axis=0)
+
+
+def _np_trimmed_mean(points, beta):
+  n = len(points)
+  k = min(int(np.floor(beta * n + 0.5)), (n - 1) // 2)
+  ordered = np.sort(points, axis=0)
+  return ordered[k:n - k].mean(axis=0)
+
+
+def _np_multi_krum(points, weights, beta, num_selected=None):
+  n = len(points)
+  f = int(np.floor(beta * n + 0.5))
+  neighbours = min(max(n - f - 2, 1), max(n - 1, 1))
+  scores = []
+  for i in range(n):
+    others = sorted(float(np.sum((points[i] - points[j]) ** 2)) for j in range(n) if j != i)
+    scores.append(sum(others[:neighbours]))
+  m = min(max(n - f, 1) if num_selected is None else num_selected, n)
+  chosen = np.argsort(scores, kind='stable')[:m]
+  w = np.asarray(weights, np.float64)[chosen]
+  return (points[chosen] * w[:, None]).sum(axis=0) / w.sum()
+
+
+def _structure(flat):
+  return collections.OrderedDict(kernel=flat[:6].reshape(3, 2).astype(np.float32), bias=flat[6:].astype(np.float32))
+
+
+def _flat(value):
+  return np.concatenate([np.asarray(value['kernel']).ravel(), np.asarray(value['bias']).ravel()])
+
+
+def _run(factory, points, weights):
+  process = factory.create(_VALUE_TYPE, tff.TensorType(np.float32))
+  output = process.next(process.initialize(), [_structure(p) for p in points], list(np.asarray(weights, np.float32)))
+  return _flat(output.result), output.measurements
+
+
+_FACTORIES = {
+    'median': (lambda: robust_baselines.CoordinateMedianFactory(), lambda p, w: _np_median(p)),
+    'trimmed_mean': (lambda: robust_baselines.TrimmedMeanFactory(0.25), lambda p, w: _np_trimmed_mean(p, 0.25)),
+    'krum': (lambda: robust_baselines.MultiKrumFactory(0.25), lambda p, w: _np_multi_krum(p, w, 0.25)),
+    'krum_single': (lambda: robust_baselines.MultiKrumFactory(0.2, num_selected=1),
+                    lambda p, w: _np_multi_krum(p, w, 0.2, 1)),
+}
+
+
+@pytest.mark.parametrize('name', list(_FACTORIES))
+@pytest.mark.parametrize('n', [1, 2, 5, 8])
+def test_matches_numpy_reference(name, n):
+  rng = np.random.default_rng(n)
+  points = rng.normal(size=(n, 10)).astype(np.float32)
+  weights = rng.uniform(1, 5, size=n).astype(np.float32)
+  build, reference = _FACTORIES[name]
+  result, measurements = _run(build(), points, weights)
+  np.testing.assert_allclose(result, reference(points.astype(np.float64), weights), rtol=1e-5, atol=1e-6)
+  assert measurements['participating_clients'] == n and measurements['dropped_clients'] == 0
+
+
+@pytest.mark.parametrize('name', list(_FACTORIES))
+def test_clients_with_zero_weight_or_non_finite_update_are_dropped(name):
+  rng = np.random.default_rng(0)
+  points = rng.normal(size=(6, 10)).astype(np.float32)
+  weights = np.array([1, 2, 0, 3, 1, 2], np.float32)
+  points[4, 3] = np.nan
+  build, reference = _FACTORIES[name]
+  result, measurements = _run(build(), points, weights)
+  keep = [0, 1, 3, 5]
+  np.testing.assert_allclose(result, reference(points[keep].astype(np.float64), weights[keep]), rtol=1e-5,
+                             atol=1e-6)
+  assert measurements['participating_clients'] == 4 and measurements['dropped_clients'] == 2
+
+
+@pytest.mark.parametrize('name', list(_FACTORIES))
+def test_no_clients_gives_zeros(name):
+  result, measurements = _run(_FACTORIES[name][0](), np.zeros([2, 10], np.float32), [0.0, 0.0])
+  np.testing.assert_array_equal(result, np.zeros(10))
+  assert measurements['participating_clients'] == 0
+
+
+@pytest.mark.parametrize('name', ['median', 'trimmed_mean', 'krum'])
+def test_robust_to_a_minority_of_outliers_where_the_mean_is_not(name):
+  rng = np.random.default_rng(3)
+  honest = rng.normal(0, 0.1, size=(6, 10)).astype(np.float32)
+  outliers = np.full((2, 10), 100.0, np.float32)
+  points, weights = np.concatenate([honest, outliers]), np.ones(8, np.float32)
+  result, _ = _run(_FACTORIES[name][0](), points, weights)
+  assert np.abs(result).max() < 0.5
+  assert np.abs(points.mean(axis=0)).min() > 20  # The mean is dragged away.
+
+
+def test_trimmed_mean_and_krum_measurements():
+  points = np.arange(50, dtype=np.float32).reshape(5, 10)
+  _, trimmed = _run(robust_baselines.TrimmedMeanFactory(0.25), points, np.ones(5))
+  assert trimmed['trimmed_per_side'] == 1  # round(1.25) = 1
+  _, krum = _run(robust_baselines.MultiKrumFactory(0.25), points, np.ones(5))
+  assert krum['selected_clients'] == 4  # n - f, f = round(1.25) = 1
+
+
+@pytest.mark.parametrize('build, match', [
+    (lambda: robust_baselines.TrimmedMeanFactory(0.5), 'trim_fraction'),
+    (lambda: robust_baselines.TrimmedMeanFactory(-0.1), 'trim_fraction'),
+    (lambda: robust_baselines.MultiKrumFactory(0.6), 'byzantine_fraction'),
+    (lambda: robust_baselines.MultiKrumFactory(0.1, num_selected=0), 'num_selected'),
+])
+def test_invalid_arguments_raise(build, match):
+  with pytest.raises(ValueError, match=match):
+    build()
+
+
+@pytest.mark.parametrize('factory', [robust_baselines.CoordinateMedianFactory(),
+                                     robust_baselines.TrimmedMeanFactory(0.1),
+                                     robust_baselines.MultiKrumFactory(0.1)], ids=type)
+def test_audit_flags_them_as_not_private(factory):
+  report = audit.audit_computation(factory, value_type=_VALUE_TYPE)
+  assert not report.ok
+  assert {v.intrinsic for v in report.violations} == {'federated_aggregate'}
+
+
+@pytest.mark.parametrize('name', registry.NON_PRIVATE)
+def test_registry_refuses_secure_for_non_private_baselines(name):
+  with pytest.raises(ValueError, match='secure'):
+    registry.build(name, registry.AggregatorParams(secure=True, secure_bound=1.0))
+  assert isinstance(registry.build(name, registry.AggregatorParams(corrupt_fraction=0.25)),
+                    tff.aggregators.WeightedAggregationFactory)
+
+
+@pytest.mark.parametrize('name', ['clip_mean', 'zeroing_mean'])
+def test_tff_norm_factories_bound_an_outlier(name):
+  # Adaptive bounds start at 1 (clipping) and 10 * 2 + 1 (zeroing): a norm-1000 outlier cannot move the mean far.
+  rng = np.random.default_rng(4)
+  points = np.concatenate([rng.normal(0, 0.05, size=(5, 10)), np.full((1, 10), 1000 / np.sqrt(10))]).astype(
+      np.float32)
+  result, _ = _run(registry.build(name), points, np.ones(6))
+  assert np.linalg.norm(result) < 1.0 < np.linalg.norm(points.mean(axis=0))

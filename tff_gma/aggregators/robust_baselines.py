@@ -1,0 +1,244 @@
+"""Robust aggregation baselines that need every client's update at the server. NOT PRIVATE.
+
+The RFA paper (Sec. 5.2) compares RFA with the coordinate-wise median and the trimmed mean (Yin et al., 2018) and
+with multi-Krum (Blanchard et al., 2017). None of them is a function of sums or means of client values, so none
+can be computed by secure aggregation: these factories collect every client's flattened update and weight at the
+server with `tff.federated_aggregate` (the accumulator is the stack of client vectors, shape [n, d]) and apply the
+rule there. The server sees each client's update in the clear. They exist as baselines for the robustness study;
+`tff_gma.audit.audit_computation` reports their `federated_aggregate` as a violation of the default policy.
+
+* `CoordinateMedianFactory`: per coordinate, the median of the client values (the mean of the two middle values
+  for an even count, as `np.median`).
+* `TrimmedMeanFactory(trim_fraction=beta)`: per coordinate, drop the k largest and k smallest values,
+  k = round(beta * n) (halves up) capped at (n - 1) // 2, and average the rest. beta is the corruption level the
+  RFA paper gives it ("knowing rho").
+* `MultiKrumFactory(byzantine_fraction=beta, num_selected=None)`: with f = round(beta * n) (halves up), each
+  client's score is the sum of squared Euclidean distances to its n - f - 2 nearest other clients (at least 1, at
+  most n - 1); the m = n - f clients of lowest score (or `num_selected`, capped at n; 1 is Krum) are averaged with
+  their weights.
+
+n is the number of clients of the round with a positive finite weight and a finite update; the others are
+dropped (they count in `dropped_clients`). The median and the trimmed mean are unweighted (as in Yin et al.):
+the weights only decide who is dropped. A round without clients returns zeros.
+
+Measurements (at SERVER): `participating_clients` (n), `dropped_clients`, and for multi-Krum `selected_clients`,
+for the trimmed mean `trimmed_per_side` (k).
+"""
+
+from __future__ import annotations
+
+import collections
+import numbers
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma.aggregators import secure_mean
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plain TF on stacked client vectors: points [n, d] (n dynamic), weights [n].
+
+
+def round_half_up(fraction: float, count: tf.Tensor) -> tf.Tensor:
+  """int32 floor(fraction * count + 0.5)."""
+  return tf.cast(tf.floor(fraction * tf.cast(count, tf.float64) + 0.5), tf.int32)
+
+
+def coordinate_median(points: tf.Tensor) -> tf.Tensor:
+  """Per-coordinate median of the rows of `points` ([n, d] -> [d]); zeros for n = 0."""
+  n = tf.shape(points)[0]
+
+  def median():
+    ordered = tf.sort(points, axis=0)
+    return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+
+  return tf.cond(n > 0, median, lambda: tf.zeros([points.shape[1]], points.dtype))
+
+
+def trim_count(trim_fraction: float, n: tf.Tensor) -> tf.Tensor:
+  """k = round(trim_fraction * n), at most (n - 1) // 2 so that at least one value remains."""
+  return tf.maximum(tf.minimum(round_half_up(trim_fraction, n), (n - 1) // 2), 0)
+
+
+def trimmed_mean(points: tf.Tensor, trim_fraction: float) -> tuple[tf.Tensor, tf.Tensor]:
+  """(per-coordinate mean after dropping the k largest and k smallest values, k); zeros for n = 0."""
+  n = tf.shape(points)[0]
+  k = trim_count(trim_fraction, n)
+  kept = tf.sort(points, axis=0)[k:n - k]
+  mean = tf.math.divide_no_nan(tf.reduce_sum(kept, axis=0), tf.cast(tf.shape(kept)[0], points.dtype))
+  return mean, k
+
+
+def krum_scores(points: tf.Tensor, num_byzantine: tf.Tensor) -> tf.Tensor:
+  """Each row's sum of squared distances to its n - f - 2 nearest other rows (clamped to [1, n - 1])."""
+  n = tf.shape(points)[0]
+  squared_norms = tf.reduce_sum(tf.square(points), axis=1)
+  distances = squared_norms[:, None] + squared_norms[None, :] - 2 * tf.matmul(points, points, transpose_b=True)
+  distances = tf.maximum(distances, 0)
+  # Exclude each row itself: it sorts last.
+  distances = tf.where(tf.eye(n, dtype=tf.bool), tf.fill([n, n], tf.constant(np.inf, points.dtype)), distances)
+  neighbours = tf.clip_by_value(n - num_byzantine - 2, 1, tf.maximum(n - 1, 1))
+  nearest = tf.sort(distances, axis=1)[:, :neighbours]
+  return tf.reduce_sum(tf.where(tf.math.is_finite(nearest), nearest, tf.zeros_like(nearest)), axis=1)
+
+
+def multi_krum(points: tf.Tensor, weights: tf.Tensor, byzantine_fraction: float,
+               num_selected: Optional[int] = None) -> tuple[tf.Tensor, tf.Tensor]:
+  """(weighted mean of the m lowest-score rows, m); m = n - f (or `num_selected`, at most n); zeros for n = 0."""
+  n = tf.shape(points)[0]
+  f = round_half_up(byzantine_fraction, n)
+  if num_selected is None:
+    m = tf.maximum(n - f, 1)
+  else:
+    m = tf.constant(num_selected, tf.int32)
+  m = tf.minimum(m, n)
+  selected = tf.argsort(krum_scores(points, f), stable=True)[:m]
+  chosen_weights = tf.cast(tf.gather(weights, selected), points.dtype)
+  mean = tf.math.divide_no_nan(
+      tf.reduce_sum(tf.gather(points, selected) * chosen_weights[:, None], axis=0), tf.reduce_sum(chosen_weights))
+  return mean, m
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Federated plumbing: collect every client's (flattened update, weight) at the server.
+
+
+def _flat_size(value_type) -> int:
+  return secure_mean.num_elements(value_type)
+
+
+def _collected_type(size: int) -> tff.StructWithPythonType:
+  return tff.StructWithPythonType(
+      [('points', tff.TensorType(np.float32, [None, size])), ('weights', tff.TensorType(np.float32, [None]))],
+      collections.OrderedDict)
+
+
+def collect_at_server(pairs, size: int):
+  """`federated_aggregate` stacking every client's (float32[size], float32 weight) pair: NOT PRIVATE.
+
+  Returns OrderedDict(points=float32[n, size], weights=float32[n]) at SERVER.
+  """
+  collected_type = _collected_type(size)
+  pair_type = tff.StructType([tff.TensorType(np.float32, [size]), tff.TensorType(np.float32)])
+
+  @tff.tensorflow.computation
+  def zero():
+    # Dynamic leading dimension: the accumulator grows by one row per client.
+    return collections.OrderedDict(
+        points=tf.compat.v1.placeholder_with_default(tf.zeros([0, size]), shape=[None, size]),
+        weights=tf.compat.v1.placeholder_with_default(tf.zeros([0]), shape=[None]))
+
+  @tff.tensorflow.computation(collected_type, pair_type)
+  def accumulate(collected, pair):
+    point, weight = pair
+    return collections.OrderedDict(points=tf.concat([collected['points'], point[None]], axis=0),
+                                   weights=tf.concat([collected['weights'], weight[None]], axis=0))
+
+  @tff.tensorflow.computation(collected_type, collected_type)
+  def merge(a, b):
+    return collections.OrderedDict(points=tf.concat([a['points'], b['points']], axis=0),
+                                   weights=tf.concat([a['weights'], b['weights']], axis=0))
+
+  @tff.tensorflow.computation(collected_type)
+  def report(collected):
+    return collected
+
+  return tff.federated_aggregate(pairs, zero(), accumulate, merge, report)
+
+
+class _CollectingFactory(tff.aggregators.WeightedAggregationFactory):
+  """Base: collects the clients' flattened updates at the server and applies `_rule` there (NOT PRIVATE)."""
+
+  def _rule(self, points: tf.Tensor, weights: tf.Tensor) -> tuple[tf.Tensor, collections.OrderedDict]:
+    """(aggregate [d], extra measurements) of the kept clients' points [n, d] and weights [n]."""
+    raise NotImplementedError
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    secure_mean.check_float_structure(value_type)
+    secure_mean.check_weight_type(weight_type)
+    size = _flat_size(value_type)
+    rule = self._rule
+
+    @tff.tensorflow.computation(value_type, weight_type)
+    def flatten(value, weight):
+      value, weight, _ = secure_mean.drop_invalid_clients(value, weight)
+      flat = tf.concat([tf.reshape(tf.cast(x, tf.float32), [-1]) for x in tf.nest.flatten(value)], axis=0)
+      return flat, tf.cast(weight, tf.float32)
+
+    @tff.tensorflow.computation(_collected_type(size))
+    def aggregate(collected):
+      keep = collected['weights'] > 0  # Invalid clients were given weight 0 at the client.
+      points = tf.boolean_mask(collected['points'], keep)
+      weights = tf.boolean_mask(collected['weights'], keep)
+      flat, extra = rule(points, weights)
+      # Unflatten in tf.nest's order, the order `flatten` used (it sorts dict keys).
+      template = tff.types.structure_from_tensor_type_tree(lambda t: t, value_type)
+      leaves, offset = [], 0
+      for leaf in tf.nest.flatten(template):
+        count = int(np.prod(leaf.shape))
+        leaves.append(tf.cast(tf.reshape(flat[offset:offset + count], leaf.shape), leaf.dtype))
+        offset += count
+      result = tf.nest.pack_sequence_as(template, leaves)
+      measurements = collections.OrderedDict(
+          participating_clients=tf.shape(points)[0],
+          dropped_clients=tf.shape(collected['points'])[0] - tf.shape(points)[0])
+      measurements.update(extra)
+      return result, measurements
+
+    @tff.federated_computation()
+    def init_fn():
+      return tff.federated_value((), tff.SERVER)
+
+    @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
+                               tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      collected = collect_at_server(tff.federated_map(flatten, (value, weight)), size)
+      result, measurements = tff.federated_map(aggregate, collected)
+      return tff.templates.MeasuredProcessOutput(state, result, measurements)
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def _check_fraction_below_half(value, name: str) -> float:
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < 0.5:
+    raise ValueError(f'{name} must be a number in [0, 0.5), got {value!r}')
+  return float(value)
+
+
+class CoordinateMedianFactory(_CollectingFactory):
+  """Coordinate-wise median of the client updates (unweighted). NOT PRIVATE: every update reaches the server."""
+
+  def _rule(self, points, weights):
+    del weights
+    return coordinate_median(points), collections.OrderedDict()
+
+
+class TrimmedMeanFactory(_CollectingFactory):
+  """Coordinate-wise trimmed mean (unweighted). NOT PRIVATE: every update reaches the server."""
+
+  def __init__(self, trim_fraction: float):
+    """Args: `trim_fraction`: beta in [0, 0.5), the fraction of clients trimmed on each side (the corruption level)."""
+    self._trim_fraction = _check_fraction_below_half(trim_fraction, 'trim_fraction')
+
+  def _rule(self, points, weights):
+    del weights
+    mean, k = trimmed_mean(points, self._trim_fraction)
+    return mean, collections.OrderedDict(trimmed_per_side=k)
+
+
+class MultiKrumFactory(_CollectingFactory):
+  """Multi-Krum: the weighted mean of the lowest-score updates. NOT PRIVATE: every update reaches the server."""
+
+  def __init__(self, byzantine_fraction: float, num_selected: Optional[int] = None):
+    """Args: `byzantine_fraction`: beta in [0, 0.5), f = round(beta * n); `num_selected`: m (default n - f)."""
+    self._byzantine_fraction = _check_fraction_below_half(byzantine_fraction, 'byzantine_fraction')
+    if num_selected is not None and (isinstance(num_selected, bool) or not isinstance(num_selected, numbers.Integral)
+                                     or num_selected < 1):
+      raise ValueError(f'num_selected must be a positive integer or None, got {num_selected!r}')
+    self._num_selected = None if num_selected is None else int(num_selected)
+
+  def _rule(self, points, weights):
+    mean, m = multi_krum(points, weights, self._byzantine_fraction, self._num_selected)
+    return mean, collections.OrderedDict(selected_clients=m)

@@ -1,0 +1,390 @@
+"""Corruption models of the RFA paper (Sec. 5.1), for simulation: data poisoning and update poisoning.
+
+A fixed set of `num_corrupted(num_clients, rho)` clients, drawn from the seed (`corrupted_clients`), is corrupted
+for the whole run. The corruptions (`CORRUPTIONS`, the runner's `--corruption`):
+
+* `data_negate`: the corrupted clients' images are negated, x -> 1 - x (images in [0, 1]; the RFA paper's
+  "negative image"), labels unchanged (`poison_data`).
+* `data_flip_labels`: the corrupted clients' labels are flipped, y -> C - 1 - y with C classes (a fixed
+  permutation without fixed points for even C), images unchanged (`poison_data`).
+* `gaussian`: a corrupted client's model update is replaced by Gaussian noise N(0, s^2 I), s^2 the variance of the
+  components of its honest update (all tensors flattened together), drawn inside the TFF client work from a
+  stateless seed that is a function of (seed, round, client) only, so a resumed run draws the same noise.
+* `omniscient`: the corrupted clients' updates are chosen so that the weighted arithmetic mean over the round's
+  selected clients is the negative of the honest weighted mean (the weighted mean of the updates all selected
+  clients would have sent honestly). THIS IS A SIMULATED ATTACKER WITH KNOWLEDGE NO REAL CLIENT HAS: it needs
+  every selected client's honest update of the round. The harness (`UpdateCorruption`) computes them with a
+  separate computation (`CorruptedLearningProcess.honest_client_results`, the round's client work without
+  aggregation), solves for the attack vector in NumPy (`omniscient_attack`) and hands it to the corrupted clients
+  as client data; their client work sends it instead of their update. The deployed round computation does
+  nothing of the sort: it only runs the client work that a client's data tells it to run.
+
+Update corruption lives in the client work (`build_corrupted_client_work`, a `ClientWorkProcess` wrapping TFF's
+model-delta client work): the process's client data are `OrderedDict(data=<batches>, corruption=<dataset of one
+element OrderedDict(code, seed, attack)>)` -- TFF's client-work template accepts only sequences as client data,
+hence the one-element dataset. A corrupted client's update is set before aggregation, so it sends the same vector
+in every pass of an iterative aggregate such as RFA's (the paper's corruption model); it keeps its honest weight.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.learning.templates import proximal_client_work  # FedProx's client work.
+
+from tff_gma import simulation
+from tff_gma.aggregators import secure_mean
+from tff_gma.data import client_data as client_data_lib
+
+NONE = 'none'
+DATA_CORRUPTIONS = ('data_negate', 'data_flip_labels')
+UPDATE_CORRUPTIONS = ('gaussian', 'omniscient')
+CORRUPTIONS = (NONE,) + DATA_CORRUPTIONS + UPDATE_CORRUPTIONS
+
+# The code in a client's corruption element.
+HONEST = 0
+GAUSSIAN = 1
+OMNISCIENT = 2
+_CODES = {'gaussian': GAUSSIAN, 'omniscient': OMNISCIENT}
+
+DATA = 'data'
+CORRUPTION = 'corruption'
+# Separate streams of the run's seed: the choice of corrupted clients and the Gaussian noise.
+_SELECTION_STREAM = 0x5246_4101
+_NOISE_STREAM = 0x5246_4102
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Which clients.
+
+
+def check_corruption(corruption: str, corrupt_fraction: float) -> float:
+  """Validates the pair; returns `corrupt_fraction` as a float. ValueError naming the argument otherwise."""
+  if corruption not in CORRUPTIONS:
+    raise ValueError(f'corruption must be one of {CORRUPTIONS}, got {corruption!r}')
+  if isinstance(corrupt_fraction, bool) or not isinstance(corrupt_fraction, (int, float, np.integer, np.floating)):
+    raise ValueError(f'corrupt_fraction must be a number in [0, 1), got {corrupt_fraction!r}')
+  fraction = float(corrupt_fraction)
+  if not 0.0 <= fraction < 1.0:
+    raise ValueError(f'corrupt_fraction must lie in [0, 1), got {corrupt_fraction!r}')
+  return fraction
+
+
+def num_corrupted(num_clients: int, corrupt_fraction: float) -> int:
+  """round(rho * num_clients), halves rounded up (Python's `round` would send 2.5 to 2)."""
+  return int(math.floor(check_corruption(NONE, corrupt_fraction) * num_clients + 0.5))
+
+
+def corrupted_clients(client_ids: Sequence[str], corrupt_fraction: float, seed: int) -> list[str]:
+  """The run's corrupted clients: `num_corrupted` of `client_ids`, drawn from `seed` only, in client order."""
+  count = num_corrupted(len(client_ids), corrupt_fraction)
+  rng = np.random.default_rng(np.random.SeedSequence([seed, _SELECTION_STREAM]))
+  chosen = set(rng.choice(len(client_ids), size=count, replace=False).tolist())
+  return [c for i, c in enumerate(client_ids) if i in chosen]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data poisoning.
+
+
+def negate_images(x: np.ndarray) -> np.ndarray:
+  """The RFA paper's negative image for pixels in [0, 1]: x -> 1 - x."""
+  x = np.asarray(x)
+  if not np.issubdtype(x.dtype, np.floating) or x.size and (x.min() < 0 or x.max() > 1):
+    raise ValueError('corruption: data_negate needs float images with values in [0, 1]')
+  return (1 - x).astype(x.dtype)
+
+
+def flip_labels(y: np.ndarray, num_classes: int) -> np.ndarray:
+  """y -> num_classes - 1 - y (class labels in [0, num_classes))."""
+  y = np.asarray(y)
+  if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+    raise ValueError(f'corruption: data_flip_labels needs integer class labels of shape [N], got {y.dtype} '
+                     f'{y.shape}')
+  if y.size and (y.min() < 0 or y.max() >= num_classes):
+    raise ValueError(f'corruption: labels must lie in [0, {num_classes}) to be flipped')
+  return (num_classes - 1 - y).astype(y.dtype)
+
+
+def poison_data(train: client_data_lib.ArrayClientData, corrupted: Sequence[str], corruption: str,
+                num_classes: int) -> client_data_lib.ArrayClientData:
+  """`train` with the data of the `corrupted` clients poisoned (`data_negate` or `data_flip_labels`).
+
+  Other corruptions return `train` itself. Client ids, order and sizes are unchanged.
+  """
+  if corruption not in DATA_CORRUPTIONS:
+    check_corruption(corruption, 0.0)
+    return train
+  corrupted = set(corrupted)
+  unknown = corrupted - set(train.client_ids)
+  if unknown:
+    raise ValueError(f'corrupted: unknown client ids {sorted(unknown)}')
+  arrays = collections.OrderedDict()
+  for cid in train.client_ids:
+    x, y = train.client_arrays(cid)
+    if cid in corrupted:
+      x, y = (negate_images(x), y) if corruption == 'data_negate' else (x, flip_labels(y, num_classes))
+    arrays[cid] = (x, y)
+  return client_data_lib.from_client_arrays(arrays)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Update poisoning: plain TF (client side) and NumPy (the simulated omniscient attacker).
+
+
+def gaussian_noise_like(update, seed: tf.Tensor):
+  """Noise of `update`'s structure: N(0, s^2) per component, s^2 the variance of all of `update`'s components.
+
+  `seed` is a stateless seed (int64/int32 shape [2]); the same seed gives the same noise.
+  """
+  leaves = tf.nest.flatten(update)
+  flat = tf.concat([tf.reshape(tf.cast(x, tf.float32), [-1]) for x in leaves], axis=0)
+  std = tf.math.reduce_std(flat)  # Population variance of the components, as the paper's sigma^2.
+  seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=len(leaves))
+  noise = [tf.cast(std, x.dtype) * tf.random.stateless_normal(tf.shape(x), seed=seeds[i], dtype=x.dtype)
+           for i, x in enumerate(leaves)]
+  return tf.nest.pack_sequence_as(update, noise)
+
+
+def corrupt_update(update, code: tf.Tensor, seed: tf.Tensor, attack):
+  """The update a client sends: its own (`HONEST`), Gaussian noise (`GAUSSIAN`) or `attack` (`OMNISCIENT`)."""
+  noise = gaussian_noise_like(update, seed)
+  return tf.nest.map_structure(
+      lambda u, n, a: tf.where(tf.equal(code, GAUSSIAN), n, tf.where(tf.equal(code, OMNISCIENT), a, u)),
+      update, noise, attack)
+
+
+@dataclasses.dataclass(frozen=True)
+class OmniscientAttack:
+  """The omniscient attacker's solution for one round (NumPy; float64 internally).
+
+  Attributes:
+    attack: the vector every corrupted participant sends, as a list of arrays of the update's shapes/dtypes.
+    honest_mean: the weighted mean of the honest updates (float64 arrays), the mean the attack negates.
+  """
+  attack: list[np.ndarray]
+  honest_mean: list[np.ndarray]
+
+
+def omniscient_attack(updates: Sequence[Sequence[np.ndarray]], weights: Sequence[float],
+                      corrupted: Sequence[bool]) -> Optional[OmniscientAttack]:
+  """The z that corrupted clients send so that the weighted mean of the round is minus the honest mean.
+
+  With weights a_i, honest updates u_i, A the total weight, A_C the corrupted clients' weight and
+  m = sum_i a_i u_i / A (all selected clients, honestly): every corrupted client sends
+  z = -(A m + sum_{i honest} a_i u_i) / A_C, so that (sum_{i honest} a_i u_i + A_C z) / A = -m.
+  Returns None when the corrupted participants have no weight (nothing to attack with).
+  """
+  weights = np.asarray(weights, np.float64)
+  corrupted = np.asarray(corrupted, bool)
+  if len(updates) != len(weights) or len(weights) != len(corrupted):
+    raise ValueError(f'updates, weights and corrupted must have one entry per client, got {len(updates)}, '
+                     f'{len(weights)} and {len(corrupted)}')
+  corrupt_weight = weights[corrupted].sum()
+  if not corrupt_weight > 0:
+    return None
+  total = weights.sum()
+  leaves = [[np.asarray(t, np.float64) for t in u] for u in updates]
+  weighted_sum = [sum(w * u[j] for w, u in zip(weights, leaves)) for j in range(len(leaves[0]))]
+  honest_sum = [sum(w * u[j] for w, u, c in zip(weights, leaves, corrupted) if not c)
+                for j in range(len(leaves[0]))]
+  honest_mean = [s / total for s in weighted_sum]
+  attack = [-(total * m + h) / corrupt_weight for m, h in zip(honest_mean, honest_sum)]
+  dtypes = [np.asarray(t).dtype for t in updates[0]]
+  return OmniscientAttack([a.astype(d) for a, d in zip(attack, dtypes)], honest_mean)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# TFF: the client work and the learning process.
+
+
+def _corruption_element_type(update_type) -> tff.StructWithPythonType:
+  # The attack is a tuple of the update's tensors: tf.data would read a Python list as one tensor to stack.
+  attack_type = tff.StructWithPythonType(list(tff.structure.flatten(update_type)), tuple)
+  return tff.StructWithPythonType(
+      [('code', tff.TensorType(np.int32)), ('seed', tff.TensorType(np.int64, [2])), ('attack', attack_type)],
+      collections.OrderedDict)
+
+
+def build_corrupted_client_work(
+    inner: tff.learning.templates.ClientWorkProcess) -> tff.learning.templates.ClientWorkProcess:
+  """`inner` whose clients may send a corrupted update instead of their own (see the module docstring).
+
+  The client data become `OrderedDict(data=<inner's client data>, corruption=<dataset of at most one
+  OrderedDict(code=int32, seed=int64[2], attack=<update>)>)`; an empty corruption dataset means honest. The state
+  is `inner`'s; the measurements are `inner`'s plus `corrupted_clients` (a secure count).
+  """
+  state_type, weights_type, inner_data_type = inner.next.type_signature.parameter
+  result_type = inner.next.type_signature.result.result.member
+  update_type = result_type.update
+  element_type = _corruption_element_type(update_type)
+  data_type = tff.StructWithPythonType(
+      [(DATA, inner_data_type.member), (CORRUPTION, tff.SequenceType(element_type))], collections.OrderedDict)
+  inner_measurement_names = [name for name, _ in tff.structure.iter_elements(
+      inner.next.type_signature.result.measurements.member)]
+
+  @tff.tensorflow.computation(result_type, tff.SequenceType(element_type))
+  def corrupt(result, corruption):
+    honest = collections.OrderedDict(
+        code=tf.constant(HONEST, tf.int32), seed=tf.zeros([2], tf.int64),
+        attack=tuple(tf.zeros_like(u) for u in tf.nest.flatten(result.update)))
+    element = corruption.reduce(honest, lambda _, e: e)
+    attack = tf.nest.pack_sequence_as(result.update, list(element['attack']))
+    update = corrupt_update(result.update, element['code'], element['seed'], attack)
+    corrupted = tf.cast(tf.not_equal(element['code'], HONEST), tf.int32)
+    return tff.learning.templates.ClientResult(update=update, update_weight=result.update_weight), corrupted
+
+  @tff.federated_computation(state_type, weights_type, tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, client_data):
+    output = inner.next(state, weights, client_data[DATA])
+    result, corrupted = tff.federated_map(corrupt, (output.result, client_data[CORRUPTION]))
+    measurements = collections.OrderedDict(
+        [(name, output.measurements[name]) for name in inner_measurement_names])
+    measurements['corrupted_clients'] = secure_mean.secure_count(corrupted)
+    return tff.templates.MeasuredProcessOutput(output.state, result, tff.federated_zip(measurements))
+
+  return tff.learning.templates.ClientWorkProcess(
+      inner.initialize, next_fn, get_hparams_fn=inner.get_hparams, set_hparams_fn=inner.set_hparams)
+
+
+class CorruptedLearningProcess(tff.learning.templates.LearningProcess):
+  """A `LearningProcess` whose client work can corrupt updates, plus the omniscient attacker's view.
+
+  Attributes:
+    honest_client_results: `(state, data) -> ClientResult at CLIENTS`: the round's honest client updates and
+      weights for the plain client data `data` (no corruption element), without aggregation. SIMULATION ONLY:
+      this is the attacker's knowledge, not part of any deployed computation.
+    update_type: the TFF type of a model update.
+  """
+
+  def __init__(self, composed: tff.learning.templates.LearningProcess, honest_client_results: tff.Computation,
+               update_type):
+    super().__init__(composed.initialize, composed.next, composed.get_model_weights, composed.set_model_weights,
+                     get_hparams_fn=composed.get_hparams, set_hparams_fn=composed.set_hparams)
+    self.honest_client_results = honest_client_results
+    self.update_type = update_type
+
+
+def build_learning_process(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    config: simulation.AlgorithmConfig,
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    metrics_aggregator=None,
+) -> CorruptedLearningProcess:
+  """The round of `simulation.build_learning_process` (FedAvg/FedProx/FedAdam/FedYogi) with corruptible clients.
+
+  Composed like TFF's `build_weighted_fed_avg` (broadcast, client work, `model_aggregator` on the updates with
+  example-count weights, the server optimizer's finalizer), with the client work wrapped by
+  `build_corrupted_client_work`.
+  """
+  if not isinstance(config, simulation.AlgorithmConfig):
+    raise ValueError(f'config must be a simulation.AlgorithmConfig, got {config!r}')
+  client_optimizer = tff.learning.optimizers.build_sgdm(config.client_lr, momentum=config.client_momentum)
+  weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
+  loop = tff.learning.LoopImplementation.DATASET_REDUCE
+  if config.name == 'fedprox':
+    inner = proximal_client_work.build_model_delta_client_work(
+        model_fn, client_optimizer, weighting, delta_l2_regularizer=config.proximal_strength,
+        metrics_aggregator=metrics_aggregator, loop_implementation=loop)
+  else:
+    inner = tff.learning.templates.build_model_delta_client_work(
+        model_fn, client_optimizer, weighting, metrics_aggregator, loop_implementation=loop)
+
+  @tff.tensorflow.computation()
+  def initial_weights_fn():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  weights_type = initial_weights_fn.type_signature.result
+  distributor = tff.learning.templates.build_broadcast_process(weights_type)
+  aggregator = (model_aggregator or tff.aggregators.MeanFactory()).create(
+      weights_type.trainable, tff.TensorType(np.float32))
+  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
+      simulation.server_optimizer(config), weights_type)
+  composed = tff.learning.templates.compose_learning_process(
+      initial_weights_fn, distributor, build_corrupted_client_work(inner), aggregator, finalizer)
+  state_type = composed.next.type_signature.parameter[0]
+
+  @tff.federated_computation(state_type, inner.next.type_signature.parameter[2])
+  def honest_client_results(state, data):
+    weights = distributor.next(state.distributor, state.global_model_weights).result
+    return inner.next(state.client_work, weights, data).result
+
+  return CorruptedLearningProcess(composed, honest_client_results, weights_type.trainable)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Simulation harness.
+
+
+def _client_seed(seed: int, round_num: int, index: int) -> np.ndarray:
+  return np.random.SeedSequence([seed, round_num, index, _NOISE_STREAM]).generate_state(2).astype(np.int64)
+
+
+class UpdateCorruption:
+  """Runs rounds of a `CorruptedLearningProcess` with a fixed set of corrupted clients (`gaussian`/`omniscient`).
+
+  `run_round(state, participants, datasets, round_num)` builds each participant's client data (its batches and
+  its corruption element), for `omniscient` first computing the round's honest updates and the attack
+  (`omniscient_attack`; the simulated attacker), and runs `process.next`. Everything is a function of (seed,
+  round, client), so a resumed run repeats a round exactly.
+  """
+
+  def __init__(self, process: CorruptedLearningProcess, corruption: str, corrupted: Sequence[str],
+               client_ids: Sequence[str], seed: int):
+    if corruption not in UPDATE_CORRUPTIONS:
+      raise ValueError(f'corruption must be one of {UPDATE_CORRUPTIONS} for UpdateCorruption, got {corruption!r}')
+    if not isinstance(process, CorruptedLearningProcess):
+      raise ValueError(f'process must be a CorruptedLearningProcess (corruption.build_learning_process), got '
+                       f'{type(process).__name__}')
+    self._process = process
+    self._code = _CODES[corruption]
+    self._corrupted = frozenset(corrupted)
+    self._index = {c: i for i, c in enumerate(client_ids)}
+    unknown = self._corrupted - set(self._index)
+    if unknown:
+      raise ValueError(f'corrupted: unknown client ids {sorted(unknown)}')
+    self._seed = seed
+    self._zeros = [np.zeros(t.shape, t.dtype) for t in tff.structure.flatten(process.update_type)]
+    self.last_attack: Optional[OmniscientAttack] = None  # The latest omniscient round's attack (for inspection).
+
+  @property
+  def corrupted(self) -> frozenset[str]:
+    return self._corrupted
+
+  def _element(self, code: int, seed: np.ndarray, attack: Sequence[np.ndarray]) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensors(collections.OrderedDict(
+        code=np.int32(code), seed=seed, attack=tuple(tf.constant(a) for a in attack)))
+
+  def client_data(self, state, participants: Sequence[str], datasets: Sequence[tf.data.Dataset],
+                  round_num: int) -> list[collections.OrderedDict]:
+    """The process's client data for the round (computes the omniscient attack where there is one)."""
+    if len(participants) != len(datasets):
+      raise ValueError(f'participants and datasets differ in length: {len(participants)} vs {len(datasets)}')
+    is_corrupted = [c in self._corrupted for c in participants]
+    attack = None
+    self.last_attack = None
+    if self._code == OMNISCIENT and any(is_corrupted):
+      honest = self._process.honest_client_results(state, list(datasets))
+      self.last_attack = omniscient_attack(
+          [list(r.update) for r in honest], [float(r.update_weight) for r in honest], is_corrupted)
+      attack = None if self.last_attack is None else self.last_attack.attack
+    out = []
+    for cid, ds, corrupted in zip(participants, datasets, is_corrupted):
+      if corrupted and (self._code == GAUSSIAN or attack is not None):
+        element = self._element(self._code, _client_seed(self._seed, round_num, self._index[cid]),
+                                attack if self._code == OMNISCIENT else self._zeros)
+      else:
+        element = self._element(HONEST, np.zeros([2], np.int64), self._zeros)
+      out.append(collections.OrderedDict([(DATA, ds), (CORRUPTION, element)]))
+    return out
+
+  def run_round(self, state, participants: Sequence[str], datasets: Sequence[tf.data.Dataset], round_num: int):
+    """One round of the process with this corruption; the `LearningProcessOutput`."""
+    return self._process.next(state, self.client_data(state, participants, datasets, round_num))

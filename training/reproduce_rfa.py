@@ -1,0 +1,284 @@
+"""The RFA robustness study on the embedded digits: accuracy against the corruption level (RFA paper, Sec. 5.2-5.3).
+
+    python -m training.reproduce_rfa [--seeds=0,1] [--rounds=10] [--models=logistic,cnn]
+        [--corruptions=data_negate,data_flip_labels,gaussian,omniscient] [--fractions=0,0.1,0.25,0.4]
+        [--aggregators=mean,rfa,rfa_one_step,gma,median,trimmed_mean,krum,clip_mean,zeroing_mean]
+        [--output_dir=outputs/reproduce_rfa]
+
+Each model's base settings come from its flagfile (`configs/rfa_digits_linear.flags` for `logistic`,
+`configs/rfa_digits_cnn.flags` for `cnn`: 20 clients, 10 per round, FedAvg); the study varies the aggregator,
+the corruption and its level rho, the seed and the number of rounds. Every cell is one run of the experiment
+runner (`training.experiment`), with its own metrics, checkpoints and summary under --output_dir, so an
+interrupted study resumes. rho = 0 is one uncorrupted run per (model, aggregator, seed), shared by every
+corruption's column. `trimmed_mean` and `krum` are told rho (as in the paper); the others are agnostic.
+
+Writes `results.md` (per model and corruption: final accuracy in %, mean +- std over seeds, rows aggregators,
+columns rho; then the paper's qualitative claims checked against the numbers), `results.json` and `results.png`.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+import dataclasses  # pylint: disable=g-import-not-at-top
+import itertools
+import json
+import time
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+
+from tff_gma import runtime
+from training import experiment
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE_CONFIGS = {
+    'logistic': os.path.join(_ROOT, 'configs', 'rfa_digits_linear.flags'),
+    'cnn': os.path.join(_ROOT, 'configs', 'rfa_digits_cnn.flags'),
+}
+AGGREGATORS = ('mean', 'rfa', 'rfa_one_step', 'gma', 'median', 'trimmed_mean', 'krum', 'clip_mean', 'zeroing_mean')
+CORRUPTIONS = ('data_negate', 'data_flip_labels', 'gaussian', 'omniscient')
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The script's flags (defined only when run as a script, so that importing this module defines none)."""
+  flags.DEFINE_list('seeds', ['0', '1'], 'Seeds (runs per cell).')
+  flags.DEFINE_integer('rounds', 10, 'Rounds per run.')
+  flags.DEFINE_integer('eval_every', 1, 'Evaluate every this many rounds (and at the last).')
+  flags.DEFINE_integer('last_evals', 3, 'Final accuracy: mean over this many last evaluated rounds.')
+  flags.DEFINE_integer('local_epochs', None, "Client epochs per round (default: the flagfile's).")
+  flags.DEFINE_list('models', list(BASE_CONFIGS), f'Models, each with its base flagfile {BASE_CONFIGS}.')
+  flags.DEFINE_list('corruptions', list(CORRUPTIONS), 'Corruptions.')
+  flags.DEFINE_list('fractions', ['0', '0.1', '0.25', '0.4'], 'Corruption levels rho.')
+  flags.DEFINE_list('aggregators', list(AGGREGATORS), 'Aggregators compared.')
+  flags.DEFINE_string('output_dir', 'outputs/reproduce_rfa', 'Where runs and results go.')
+
+
+def read_flagfile(path: str) -> experiment.ExperimentConfig:
+  """An `ExperimentConfig` from a runner flagfile (`--name=value` lines; `#` comments)."""
+  fields = {f.name: f for f in dataclasses.fields(experiment.ExperimentConfig)}
+  defaults = experiment.ExperimentConfig()
+  values: dict[str, Any] = {}
+  with open(path) as f:
+    for line in f:
+      line = line.split('#', 1)[0].strip()
+      if not line:
+        continue
+      name, _, raw = line.lstrip('-').partition('=')
+      if name not in fields:
+        raise ValueError(f'{path}: unknown setting {name!r}')
+      default = getattr(defaults, name)
+      if isinstance(default, bool):
+        values[name] = raw.lower() in ('true', '1', '')
+      elif isinstance(default, int):
+        values[name] = int(raw)
+      elif isinstance(default, float) or name == 'secure_bound':
+        values[name] = float(raw)
+      else:
+        values[name] = raw
+  return experiment.ExperimentConfig(**values)
+
+
+def cells(models, corruptions, fractions, aggregators, seeds) -> list[tuple[str, str, float, str, int]]:
+  """(model, corruption, rho, aggregator, seed) to run: rho = 0 once per (model, aggregator, seed) as 'none'.
+
+  Aggregator-major, so that a study stopped early has whole columns of the first aggregators.
+  """
+  out = []
+  for aggregator, model, seed in itertools.product(aggregators, models, seeds):
+    if any(rho == 0 for rho in fractions):
+      out.append((model, 'none', 0.0, aggregator, seed))
+    out.extend((model, c, rho, aggregator, seed) for c in corruptions for rho in fractions if rho > 0)
+  return out
+
+
+def cell_config(model: str, corruption: str, rho: float, aggregator: str, seed: int, rounds: int,
+                eval_every: int, output_dir: str, local_epochs: Optional[int] = None) -> experiment.ExperimentConfig:
+  base = read_flagfile(BASE_CONFIGS[model])
+  epochs = base.local_epochs if local_epochs is None else local_epochs
+  return dataclasses.replace(
+      base, model=model, corruption=corruption, corrupt_fraction=rho, aggregator=aggregator, seed=seed,
+      rounds=rounds, eval_every=eval_every, local_epochs=epochs,
+      output_dir=os.path.join(output_dir, 'runs',
+                              f'{model}-{corruption}-rho{rho:g}-{aggregator}-seed{seed}-e{epochs}'))
+
+
+def final_accuracy(output_dir: str, last_evals: int) -> float:
+  """Mean test accuracy over the run's last `last_evals` evaluated rounds (from its metrics.csv)."""
+  rows = experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
+  accuracy = [r['test/accuracy'] for r in rows if 'test/accuracy' in r]
+  return float(np.mean(accuracy[-last_evals:]))
+
+
+def _accuracy(results, model, corruption, rho, aggregator) -> list[float]:
+  """Final accuracies (%) of a cell over seeds; rho = 0 reads the shared uncorrupted runs."""
+  wanted = 'none' if rho == 0 else corruption
+  return [100 * r['final_accuracy'] for r in results
+          if (r['model'], r['corruption'], r['rho'], r['aggregator']) == (model, wanted, rho, aggregator)]
+
+
+def summarize(results: list[dict], fractions: list[float]) -> str:
+  """Markdown: one table per (model, corruption), rows aggregators, columns rho."""
+  lines = []
+  models = list(dict.fromkeys(r['model'] for r in results))
+  corruptions = list(dict.fromkeys(r['corruption'] for r in results if r['corruption'] != 'none')) or ['none']
+  aggregators = list(dict.fromkeys(r['aggregator'] for r in results))
+  for model, corruption in itertools.product(models, corruptions):
+    lines += [f'**{model}, {corruption}** (final test accuracy %, mean +- std over seeds)', '',
+              '| aggregator | ' + ' | '.join(f'rho={rho:g}' for rho in fractions) + ' |',
+              '|---|' + '---|' * len(fractions)]
+    for aggregator in aggregators:
+      cells_ = []
+      for rho in fractions:
+        values = _accuracy(results, model, corruption, rho, aggregator)
+        cells_.append(f'{np.mean(values):.1f} +- {np.std(values):.1f}' if values else '-')
+      lines.append(f'| {aggregator} | ' + ' | '.join(cells_) + ' |')
+    lines.append('')
+  return '\n'.join(lines)
+
+
+def _mean_or_none(values):
+  return float(np.mean(values)) if values else None
+
+
+def check_claims(results: list[dict], fractions: list[float]) -> list[str]:
+  """The RFA paper's qualitative claims, each with the numbers it rests on and whether it holds here."""
+  out = []
+  positive = [rho for rho in fractions if rho > 0]
+  for model in dict.fromkeys(r['model'] for r in results):
+    acc = lambda c, rho, a, m=model: _mean_or_none(_accuracy(results, m, c, rho, a))
+    clean_mean, clean_rfa = acc('none', 0.0, 'mean'), acc('none', 0.0, 'rfa')
+    if clean_mean is not None and clean_rfa is not None:
+      gap = clean_mean - clean_rfa
+      verdict = 'holds' if gap <= 2.0 else 'does not hold'
+      out.append(f'- {model}, no corruption: mean {clean_mean:.1f}%, RFA {clean_rfa:.1f}% (mean - RFA = {gap:+.1f} '
+                 f'points). "RFA within a point or two of the mean": {verdict}.')
+    curves = {a: [acc('omniscient', rho, a) for rho in fractions] for a in ('mean', 'rfa', 'rfa_one_step')}
+    average = {a: _mean_or_none([v for rho, v in zip(fractions, c) if rho > 0 and v is not None])
+               for a, c in curves.items()}
+    curve = lambda c: ', '.join('-' if v is None else f'{v:.1f}' for v in c)
+    levels = ', '.join(f'{r:g}' for r in fractions)
+    if positive and average['mean'] is not None and average['rfa'] is not None:
+      collapse = all(v is not None and v < 20 for rho, v in zip(fractions, curves['mean']) if rho > 0)
+      graceful = average['rfa'] >= average['mean'] + 20
+      out.append(f'- {model}, omniscient, rho = {levels}: mean [{curve(curves["mean"])}], RFA '
+                 f'[{curve(curves["rfa"])}]. "The mean collapses (< 20% at every rho > 0)": '
+                 f'{"holds" if collapse else "does not hold"}; "RFA degrades gracefully (over rho > 0, on average '
+                 f'at least 20 points above the mean; here {average["rfa"] - average["mean"]:+.1f})": '
+                 f'{"holds" if graceful else "does not hold"}.')
+    if positive and None not in average.values():
+      gain = average['rfa'] - average['mean']
+      kept = (average['rfa_one_step'] - average['mean']) / gain if gain > 1e-9 else float('nan')
+      verdict = 'holds' if kept == kept and kept >= 0.5 else 'does not hold'
+      out.append(f'- {model}, omniscient: one-step RFA [{curve(curves["rfa_one_step"])}] keeps '
+                 f'{"n/a" if kept != kept else f"{100 * kept:.0f}%"} of RFA\'s average gain over the mean '
+                 f'(rho > 0). "One-step RFA keeps most of RFA\'s robustness (>= 50%)": {verdict}.')
+  return out
+
+
+def plot(results: list[dict], fractions: list[float], path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  models = list(dict.fromkeys(r['model'] for r in results))
+  corruptions = list(dict.fromkeys(r['corruption'] for r in results if r['corruption'] != 'none')) or ['none']
+  aggregators = list(dict.fromkeys(r['aggregator'] for r in results))
+  fig, axes = plt.subplots(len(models), len(corruptions), figsize=(3.6 * len(corruptions), 3.0 * len(models)),
+                           squeeze=False, sharey=True)
+  for (i, model), (j, corruption) in itertools.product(enumerate(models), enumerate(corruptions)):
+    ax = axes[i][j]
+    for k, aggregator in enumerate(aggregators):
+      points = [(rho, np.mean(v), np.std(v)) for rho in fractions
+                if (v := _accuracy(results, model, corruption, rho, aggregator))]
+      if points:
+        rho, mean, std = map(np.array, zip(*points))
+        ax.errorbar(rho, mean, yerr=std, marker='o', ms=3, capsize=2, label=aggregator,
+                    linestyle='--' if aggregator in ('median', 'trimmed_mean', 'krum') else '-', color=f'C{k}')
+    ax.set_title(f'{model}, {corruption}', fontsize=9)
+    ax.set_xlabel('corruption level rho')
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    if j == 0:
+      ax.set_ylabel('test accuracy (%)')
+  axes[0][-1].legend(fontsize=6, loc='lower left')
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def write_results(results: list[dict], fractions: list[float], output_dir: str,
+                  header: str) -> tuple[str, list[str]]:
+  """Writes results.md (header, tables, claims) and results.json; returns the tables and the claims."""
+  os.makedirs(output_dir, exist_ok=True)
+  table = summarize(results, fractions)
+  claims = check_claims(results, fractions)
+  with open(os.path.join(output_dir, 'results.md'), 'w') as f:
+    f.write(header + '\n\n' + table + '\n')
+    f.write('## The RFA paper\'s qualitative claims here\n\n' + '\n'.join(claims) + '\n')
+  with open(os.path.join(output_dir, 'results.json'), 'w') as f:
+    json.dump(results, f, indent=2)
+  return table, claims
+
+
+def header(base: experiment.ExperimentConfig, rounds: int, seeds: list[int], last_evals: int,
+           eval_every: int) -> str:
+  return (f'Digits ({base.partition}), {base.num_clients} clients, {base.clients_per_round} per round, FedAvg '
+          f'(client lr {base.client_lr}, momentum {base.client_momentum}, batch {base.batch_size}, '
+          f'{base.local_epochs} local epoch(s)), {rounds} rounds, seeds {seeds}; RFA with {base.num_passes} passes. '
+          f'Final accuracy = mean test accuracy over the last {last_evals} evaluated rounds (every {eval_every}). '
+          f'rho = 0: no corruption. median, trimmed_mean and krum are NOT private (every update at the server); '
+          f'trimmed_mean and krum know rho.')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)
+  for name in FLAGS.models:
+    if name not in BASE_CONFIGS:
+      raise app.UsageError(f'models: unknown model {name!r}; expected some of {list(BASE_CONFIGS)}')
+  seeds = [int(s) for s in FLAGS.seeds]
+  fractions = sorted(float(f) for f in FLAGS.fractions)
+  todo = cells(FLAGS.models, FLAGS.corruptions, fractions, FLAGS.aggregators, seeds)
+  if FLAGS.last_evals < 1:
+    raise app.UsageError(f'last_evals must be a positive integer, got {FLAGS.last_evals}')
+  for model, corruption, rho, aggregator, seed in todo:  # Every setting is checked before anything runs.
+    try:
+      cell_config(model, corruption, rho, aggregator, seed, FLAGS.rounds, FLAGS.eval_every,
+                  FLAGS.output_dir, FLAGS.local_epochs).validate()
+    except ValueError as e:
+      raise app.UsageError(f'invalid study settings: {e}') from e
+  runtime.set_simulation_context()
+  text = header(cell_config(FLAGS.models[0], 'none', 0.0, 'mean', seeds[0], FLAGS.rounds, FLAGS.eval_every,
+                            FLAGS.output_dir, FLAGS.local_epochs), FLAGS.rounds, seeds, FLAGS.last_evals,
+                FLAGS.eval_every)
+  results = []
+  started = time.monotonic()
+  for i, (model, corruption, rho, aggregator, seed) in enumerate(todo, 1):
+    config = cell_config(model, corruption, rho, aggregator, seed, FLAGS.rounds, FLAGS.eval_every,
+                         FLAGS.output_dir, FLAGS.local_epochs)
+    summary = experiment.run(config, show_progress=False)
+    results.append({'model': model, 'corruption': corruption, 'rho': rho, 'aggregator': aggregator, 'seed': seed,
+                    'final_accuracy': final_accuracy(config.output_dir, FLAGS.last_evals),
+                    'best_accuracy': summary['best_accuracy']})
+    print(f'[{i}/{len(todo)}, {time.monotonic() - started:.0f}s] {model} {corruption} rho={rho:g} {aggregator} '
+          f'seed {seed}: {100 * results[-1]["final_accuracy"]:.1f}%', flush=True)
+    # After every run: a stopped study keeps its table.
+    table, claims = write_results(results, fractions, FLAGS.output_dir, text)
+    if i == len(todo) or todo[i][3] != aggregator:  # And the figure after each aggregator's runs.
+      plot(results, fractions, os.path.join(FLAGS.output_dir, 'results.png'))
+  print(table)
+  print('\n'.join(claims))
+  print(f'Results: {os.path.abspath(FLAGS.output_dir)}/results.md')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)
