@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from training import experiment
-from training import registry
+from training import methods
 
 _TOY = experiment.ExperimentConfig(
     dataset='digits', partition='label_skew', num_clients=4, clients_per_round=3, rounds=3, model='logistic',
@@ -88,6 +88,9 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     ({'smoothing': 0.0}, 'smoothing'),
     ({'client_lr': -1.0}, 'client_lr'),
     ({'model': 'char_lstm'}, 'model'),
+    ({'workers': 'localhost'}, 'workers'),
+    ({'algorithm': 'fedprox', 'aggregator': 'elastic'}, 'aggregator'),
+    ({'algorithm': 'scaffold', 'corruption': 'gaussian', 'corrupt_fraction': 0.25}, 'corruption'),
 ])
 def test_invalid_settings_fail_before_training(changes, flag, tmp_path):
   config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'never'), **changes)
@@ -98,14 +101,58 @@ def test_invalid_settings_fail_before_training(changes, flag, tmp_path):
   assert not (tmp_path / 'never').exists()
 
 
-@pytest.mark.parametrize('algorithm', ['fedavg', 'fedprox', 'fedadam', 'fedyogi'])
-@pytest.mark.parametrize('aggregator', registry.NAMES)
-def test_every_algorithm_with_every_aggregator(algorithm, aggregator, tmp_path):
+# Every value of --algorithm and of --aggregator runs (each algorithm with the mean, each aggregator with FedAvg,
+# and a few crossings), rather than the whole product: each case builds and traces a TFF process.
+_MATRIX = sorted(
+    {(a, 'mean') for a in methods.ALGORITHMS}
+    | {('fedavg', g) for g in methods.AGGREGATORS}
+    | {('fedadam', 'gma'), ('fedyogi', 'rfa'), ('fedprox', 'gma_binary'), ('fedadam', 'elastic'),
+       ('scaffold', 'gma'), ('fedgma', 'rfa_one_step')})
+
+
+@pytest.mark.parametrize('algorithm, aggregator', _MATRIX)
+def test_algorithm_with_aggregator(algorithm, aggregator, tmp_path):
   config = dataclasses.replace(
       _TOY, algorithm=algorithm, aggregator=aggregator, rounds=2, num_clients=3, clients_per_round=3,
-      partition='iid',
+      partition='iid', corrupt_fraction=0.34 if aggregator in ('trimmed_mean', 'krum') else 0.0,
       server_lr=0.1 if algorithm in ('fedadam', 'fedyogi') else 1.0, output_dir=str(tmp_path / 'run'))
   summary = experiment.run(config, show_progress=False)
   assert summary['rounds_completed'] == 2
   assert summary['best_accuracy'] > 0.3, summary  # Two rounds from a random start beat chance (0.1) clearly.
   assert all(np.all(np.isfinite(w)) for w in _weights(summary))
+
+
+def test_scaffold_run_resumes_exactly_with_client_control_variates(tmp_path):
+  base = dataclasses.replace(_TOY, algorithm='scaffold', aggregator='mean', rounds=3, partition='iid')
+  whole = experiment.run(dataclasses.replace(base, output_dir=str(tmp_path / 'a')), show_progress=False)
+
+  def stop_after_two(round_num, state):
+    del state
+    if round_num == 2:
+      raise _Interrupt()
+
+  config_b = dataclasses.replace(base, output_dir=str(tmp_path / 'b'))
+  with pytest.raises(_Interrupt):
+    experiment.run(config_b, show_progress=False, on_round=stop_after_two)
+  resumed = experiment.run(config_b, show_progress=False)
+  for a, b in zip(_weights(whole), _weights(resumed)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_runner_on_two_workers_matches_one(tmp_path):
+  from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+  workers = runtime.start_local_workers(2)
+  try:
+    base = dataclasses.replace(_TOY, aggregator='gma', rounds=2)
+    one = experiment.run(dataclasses.replace(base, output_dir=str(tmp_path / 'one')), show_progress=False)
+    two = experiment.run(dataclasses.replace(base, output_dir=str(tmp_path / 'two'),
+                                             workers=','.join(w.target for w in workers)), show_progress=False)
+  finally:
+    runtime.set_simulation_context()
+    for w in workers:
+      w.stop()
+  for a, b in zip(_weights(one), _weights(two)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  with pytest.raises(ValueError, match='sequential'):
+    experiment.run(dataclasses.replace(base, aggregator='rfa', output_dir=str(tmp_path / 'rfa'),
+                                       workers='127.0.0.1:1'), show_progress=False)

@@ -45,11 +45,13 @@ from tff_gma import models
 from tff_gma import simulation
 from tff_gma.data import loaders
 from tff_gma.learning import personalized_rfa
+from training import methods
 from training import progress
 from training import registry
 
 LAST_EVALS_FOR_FINAL = 10  # "Final" figure: mean over the last 10 evaluated rounds (GMA paper).
-ALGORITHMS = simulation.ALGORITHMS + (personalized_rfa.ALGORITHM,)
+ALGORITHMS = methods.ALGORITHMS + (personalized_rfa.ALGORITHM,)
+AGGREGATORS = methods.AGGREGATORS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +88,13 @@ class ExperimentConfig:
   audit: bool = False
   corruption: str = corruption_lib.NONE
   corrupt_fraction: float = 0.0
+  workers: Optional[str] = None  # 'host:port,host:port': split clients over these TFF workers.
 
   def algorithm_config(self) -> simulation.AlgorithmConfig:
     # Personalized RFA uses FedAvg's client and server optimizers.
     return simulation.AlgorithmConfig(
-        name='fedavg' if self.algorithm == personalized_rfa.ALGORITHM else self.algorithm, client_lr=self.client_lr, server_lr=self.server_lr,
+        name=self.algorithm if self.algorithm in simulation.ALGORITHMS else 'fedavg',
+        client_lr=self.client_lr, server_lr=self.server_lr,
         client_momentum=self.client_momentum, proximal_strength=self.proximal_strength,
         adaptive_epsilon=self.adaptive_epsilon)
 
@@ -109,10 +113,19 @@ class ExperimentConfig:
     loaders.check_config(self.dataset, self.partition)
     if self.model not in models.MODELS:
       raise ValueError(f'model: unknown model {self.model!r}; expected one of {models.MODELS}')
-    if self.algorithm != personalized_rfa.ALGORITHM and self.algorithm not in simulation.ALGORITHMS:
+    if self.algorithm not in ALGORITHMS:
       raise ValueError(f'algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}')
-    if self.aggregator not in registry.NAMES:
-      raise ValueError(f'aggregator: unknown aggregator {self.aggregator!r}; expected one of {registry.NAMES}')
+    if self.aggregator not in AGGREGATORS:
+      raise ValueError(f'aggregator: unknown aggregator {self.aggregator!r}; expected one of {AGGREGATORS}')
+    if self.algorithm != personalized_rfa.ALGORITHM:
+      methods.check(self.algorithm, self.aggregator)
+    if self._composed() and self.corruption in corruption_lib.UPDATE_CORRUPTIONS:
+      raise ValueError(f'corruption: {self.corruption} is not implemented for algorithm={self.algorithm}, '
+                       f'aggregator={self.aggregator}')
+    if self.workers is not None:
+      targets = [t for t in self.workers.split(',') if t]
+      if not targets or any(not t.rpartition(':')[0] or not t.rpartition(':')[2].isdigit() for t in targets):
+        raise ValueError(f'workers must be host:port[,host:port...], got {self.workers!r}')
     self.algorithm_config()  # Raises on bad algorithm/learning-rate settings.
     positive_ints = ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size', 'eval_every',
                      'num_passes', 'classes_per_client')
@@ -140,11 +153,16 @@ class ExperimentConfig:
       raise ValueError(f'corruption: {self.corruption} applies to image classification, not {self.dataset}')
     if self.algorithm == personalized_rfa.ALGORITHM and self.corruption in corruption_lib.UPDATE_CORRUPTIONS:
       raise ValueError(f'corruption: {self.corruption} is not implemented for algorithm={self.algorithm}')
-    registry.build(self.aggregator, self.aggregator_params())  # Raises on settings the aggregator refuses.
+    if self.aggregator in registry.NAMES:
+      registry.build(self.aggregator, self.aggregator_params())  # Raises on settings the aggregator refuses.
+
+  def _composed(self) -> bool:
+    """FedGMA, SCAFFOLD and Elastic: the composed processes of `tff_gma.learning` (`training.methods`)."""
+    return self.algorithm in methods.COMPOSED_ALGORITHMS or self.aggregator in methods.PROCESS_AGGREGATORS
 
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
-_RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir')
+_RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir', 'workers')
 
 
 def check_resumable(config: ExperimentConfig) -> None:
@@ -183,6 +201,7 @@ class _Setup:
   run_round: RoundFn
   corrupted: tuple[str, ...] = ()
   personal: Optional[personalized_rfa.PersonalStore] = None  # Personalized RFA's client-held parameters.
+  method: Optional[methods.Method] = None  # The composed methods (SCAFFOLD keeps client control variates).
 
 
 # Built processes by everything that defines them: a driver running many experiments in one Python process (a
@@ -212,8 +231,15 @@ def build_setup(config: ExperimentConfig) -> _Setup:
   build_keras = models.keras_builder(config.model, data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec, pad_id=data.pad_id)
   metrics_aggregator = tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None
-  aggregator = registry.build(config.aggregator, config.aggregator_params())
   algorithm = config.algorithm_config()
+  if config._composed():  # pylint: disable=protected-access
+    method = methods.build(model_fn, config.algorithm, config.aggregator, algorithm_config=algorithm,
+                           aggregator_params=config.aggregator_params(), num_clients=config.num_clients,
+                           metrics_aggregator=metrics_aggregator)
+    evaluator = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y, pad_id=data.pad_id)
+    return _Setup(data, build_keras, method.process, evaluator,
+                  lambda state, ids, datasets, _: method.run_round(state, ids, datasets), corrupted, method=method)
+  aggregator = registry.build(config.aggregator, config.aggregator_params())
   kind = ('personalized' if config.algorithm == personalized_rfa.ALGORITHM else
           'corrupted' if config.corruption in corruption_lib.UPDATE_CORRUPTIONS else 'plain')
   key = (kind, config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id, algorithm,
@@ -308,6 +334,10 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
   os.makedirs(config.output_dir, exist_ok=True)
   check_resumable(config)
   setup = build_setup(config)
+  if config.workers is not None:
+    from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+    runtime.check_single_aggregation_stage(setup.process)
+    runtime.set_multi_worker_context([t for t in config.workers.split(',') if t])
   if config.audit:
     from tff_gma import audit  # pylint: disable=g-import-not-at-top
     report = audit.audit_computation(setup.process)
@@ -326,6 +356,9 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
     _run_async(state_manager.save(state, 0))
   if setup.personal is not None:
     setup.personal.restore(config.output_dir, start_round)
+  client_state_dir = os.path.join(config.output_dir, 'client_state')
+  if setup.method is not None:
+    setup.method.load_client_state(client_state_dir, start_round)
 
   client_ids = setup.data.train.client_ids
   bar = progress.RoundProgress(config.rounds, label=f'{config.algorithm}/{config.aggregator}') \
@@ -350,6 +383,8 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
     _run_async(tb_release.release(row, round_num))
     if setup.personal is not None:  # Before the state: every saved state then has its clients' parameters.
       setup.personal.checkpoint(config.output_dir, round_num)
+    if setup.method is not None:  # Likewise SCAFFOLD's client control variates.
+      setup.method.save_client_state(client_state_dir, round_num)
     _run_async(state_manager.save(state, round_num))
     if bar is not None:
       bar.update(round_num, **({'acc': row['test/accuracy']} if 'test/accuracy' in row else {}))

@@ -50,7 +50,7 @@ flags.DEFINE_float('server_lr', _D.server_lr, 'Server learning rate (SGD, or Ada
 flags.DEFINE_float('client_momentum', _D.client_momentum, 'Client SGD momentum (GMA paper: 0.9).')
 flags.DEFINE_float('proximal_strength', _D.proximal_strength, 'fedprox: proximal term mu.')
 flags.DEFINE_float('adaptive_epsilon', _D.adaptive_epsilon, 'fedadam/fedyogi: epsilon (adaptivity tau).')
-flags.DEFINE_enum('aggregator', _D.aggregator, list(registry.NAMES), 'How client updates are aggregated.')
+flags.DEFINE_enum('aggregator', _D.aggregator, list(experiment.AGGREGATORS), 'How client updates are aggregated.')
 flags.DEFINE_float('tau', _D.tau, 'gma/gma_binary: agreement threshold in [0, 1] (paper: 0.4).')
 flags.DEFINE_integer('num_passes', _D.num_passes, 'rfa: secure averages per round (paper: 3).')
 flags.DEFINE_float('smoothing', _D.smoothing, 'rfa/rfa_one_step: Weiszfeld smoothing nu.')
@@ -60,6 +60,7 @@ flags.DEFINE_bool('secure_metrics', _D.secure_metrics, 'Aggregate training metri
 flags.DEFINE_integer('eval_every', _D.eval_every, 'Evaluate every this many rounds (and at the last).')
 flags.DEFINE_integer('seed', _D.seed, 'Seed of the partition, initial model, client sampling and data order.')
 flags.DEFINE_string('output_dir', _D.output_dir, 'Output directory (reused to resume).')
+flags.DEFINE_string('workers', _D.workers, 'host:port,... of TFF workers to split clients over (python -m tff_gma.worker).')
 flags.DEFINE_bool('audit', _D.audit, 'Write audit.md: the privacy audit of the round computation.')
 flags.DEFINE_enum('corruption', _D.corruption, list(corruption.CORRUPTIONS),
                   'Simulated corruption of a fixed seeded set of clients: poisoned data (data_negate: x -> 1 - x; '
@@ -85,7 +86,8 @@ def main(argv):
     experiment.check_resumable(config)
   except ValueError as e:
     raise app.UsageError(f'invalid flags: {e}') from e
-  runtime.set_simulation_context()
+  if config.workers is None:
+    runtime.set_simulation_context()
   summary = experiment.run(config)
   summary.pop('_model_weights', None)
   print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
