@@ -156,3 +156,26 @@ def test_runner_on_two_workers_matches_one(tmp_path):
   with pytest.raises(ValueError, match='sequential'):
     experiment.run(dataclasses.replace(base, aggregator='rfa', output_dir=str(tmp_path / 'rfa'),
                                        workers='127.0.0.1:1'), show_progress=False)
+
+
+def test_rfa_weight_audit_is_logged_per_round(tmp_path):
+  config = dataclasses.replace(_TOY, aggregator='rfa', rounds=2, rfa_weight_bound=0.9,
+                               output_dir=str(tmp_path / 'run'))
+  experiment.run(config, show_progress=False)
+  rows = experiment._read_rows(str(tmp_path / 'run' / 'metrics.csv'))
+  for row in rows:
+    # 3 participants per round: the largest normalized weight lies between an equal share and 1.
+    assert 1 / 3 - 1e-6 <= row['rfa_audit/max_normalized_weight'] <= 1.0
+    assert row['rfa_audit/dominated'] in (0.0, 1.0)
+  with pytest.raises(ValueError, match='rfa_weight_bound'):
+    dataclasses.replace(config, aggregator='gma').validate()
+
+
+def test_membership_inference_option_writes_the_attack(tmp_path):
+  config = dataclasses.replace(_TOY, rounds=1, membership_inference=True, output_dir=str(tmp_path / 'run'))
+  summary = experiment.run(config, show_progress=False)
+  attack = json.loads((tmp_path / 'run' / 'membership.json').read_text())
+  assert 0.0 <= attack['attack_accuracy'] <= 1.0
+  assert summary['membership_attack_accuracy'] == pytest.approx(attack['attack_accuracy'])
+  saved = json.loads((tmp_path / 'run' / 'summary.json').read_text())
+  assert saved['membership_attack_accuracy'] == pytest.approx(attack['attack_accuracy'])

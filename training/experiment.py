@@ -41,6 +41,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import corruption as corruption_lib
+from tff_gma.audit import membership
+from tff_gma.audit import rfa_weights
 from tff_gma import models
 from tff_gma import simulation
 from tff_gma.data import loaders
@@ -89,6 +91,8 @@ class ExperimentConfig:
   corruption: str = corruption_lib.NONE
   corrupt_fraction: float = 0.0
   workers: Optional[str] = None  # 'host:port,host:port': split clients over these TFF workers.
+  rfa_weight_bound: Optional[float] = None  # Simulation-only audit: warn when b_i / sum b exceeds this.
+  membership_inference: bool = False  # Attack the final model (GMA paper App. F); writes membership.json.
 
   def algorithm_config(self) -> simulation.AlgorithmConfig:
     # Personalized RFA uses FedAvg's client and server optimizers.
@@ -155,6 +159,13 @@ class ExperimentConfig:
       raise ValueError(f'corruption: {self.corruption} is not implemented for algorithm={self.algorithm}')
     if self.aggregator in registry.NAMES:
       registry.build(self.aggregator, self.aggregator_params())  # Raises on settings the aggregator refuses.
+    if self.rfa_weight_bound is not None:
+      rfa_weights.check_bound(self.rfa_weight_bound)
+      if self.aggregator not in ('rfa', 'rfa_one_step') or self.algorithm not in simulation.ALGORITHMS:
+        raise ValueError('rfa_weight_bound: the RFA weight audit replays rfa/rfa_one_step under fedavg, fedprox, '
+                         f'fedadam or fedyogi, not aggregator={self.aggregator!r}, algorithm={self.algorithm!r}')
+      if self.corruption in corruption_lib.UPDATE_CORRUPTIONS:
+        raise ValueError(f'rfa_weight_bound: the replay sees honest updates only, not corruption={self.corruption}')
 
   def _composed(self) -> bool:
     """FedGMA, SCAFFOLD and Elastic: the composed processes of `tff_gma.learning` (`training.methods`)."""
@@ -162,7 +173,8 @@ class ExperimentConfig:
 
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
-_RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir', 'workers')
+_RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir', 'workers', 'rfa_weight_bound',
+                      'membership_inference')
 
 
 def check_resumable(config: ExperimentConfig) -> None:
@@ -360,6 +372,15 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
   if setup.method is not None:
     setup.method.load_client_state(client_state_dir, start_round)
 
+  monitor = None
+  if config.rfa_weight_bound is not None:  # Simulation harness only: it replays RFA on the round's updates.
+    one_step = config.aggregator == 'rfa_one_step'
+    monitor = rfa_weights.RfaWeightMonitor(
+        models.model_fn(setup.build_keras, setup.data.input_spec, pad_id=setup.data.pad_id),
+        config.algorithm_config(), config.rfa_weight_bound,
+        rfa_weights.RfaSettings(num_passes=1 if one_step else config.num_passes, smoothing=config.smoothing,
+                                one_step=one_step, secure=config.secure, value_bound=config.secure_bound))
+
   client_ids = setup.data.train.client_ids
   bar = progress.RoundProgress(config.rounds, label=f'{config.algorithm}/{config.aggregator}') \
       if show_progress else None
@@ -371,8 +392,11 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
                                   batch_size=config.batch_size, seed=config.seed, round_num=round_num)
         for c in participants
     ]
+    audit_row = rfa_weights.report_metrics(
+        monitor(setup.process.get_model_weights(state), datasets, participants)) if monitor else {}
     state, metrics = setup.run_round(state, participants, datasets, round_num)
     row = simulation.flatten_metrics(metrics)
+    row.update(audit_row)
     if config.corruption != corruption_lib.NONE:
       row['corrupted_participants'] = float(sum(c in setup.corrupted for c in participants))
     if round_num % config.eval_every == 0 or round_num == config.rounds:
@@ -409,6 +433,16 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
     values = [r[key] for r in evaluated if key in r]
     if values:
       summary[f'final_{key.replace("/", "_")}'] = float(np.mean(values[-LAST_EVALS_FOR_FINAL:]))
+  if config.membership_inference:
+    weights_now = setup.process.get_model_weights(state)
+    # Members: every example the training clients hold; non-members: the central test split (balanced inside).
+    xs, ys = zip(*(setup.data.train.client_arrays(c) for c in setup.data.train.client_ids))
+    attack = membership.membership_attack(
+        setup.evaluator.logits(weights_now, np.concatenate(xs)), np.concatenate(ys),
+        setup.evaluator.logits(weights_now, setup.data.test_x), setup.data.test_y, seed=config.seed)
+    summary['membership_attack_accuracy'] = float(attack['attack_accuracy'])
+    with open(os.path.join(config.output_dir, 'membership.json'), 'w') as f:
+      json.dump(attack, f, indent=2, default=float)
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f, indent=2)
   if evaluated:

@@ -61,6 +61,11 @@ flags.DEFINE_integer('eval_every', _D.eval_every, 'Evaluate every this many roun
 flags.DEFINE_integer('seed', _D.seed, 'Seed of the partition, initial model, client sampling and data order.')
 flags.DEFINE_string('output_dir', _D.output_dir, 'Output directory (reused to resume).')
 flags.DEFINE_string('workers', _D.workers, 'host:port,... of TFF workers to split clients over (python -m tff_gma.worker).')
+flags.DEFINE_float('rfa_weight_bound', _D.rfa_weight_bound,
+                   'rfa: warn when one client\'s normalized RFA weight exceeds this (simulation-only audit; logs '
+                   'rfa_audit/* per round; trains the round\'s clients twice).')
+flags.DEFINE_bool('membership_inference', _D.membership_inference,
+                  'Attack the final model with a membership-inference attacker; writes membership.json.')
 flags.DEFINE_bool('audit', _D.audit, 'Write audit.md: the privacy audit of the round computation.')
 flags.DEFINE_enum('corruption', _D.corruption, list(corruption.CORRUPTIONS),
                   'Simulated corruption of a fixed seeded set of clients: poisoned data (data_negate: x -> 1 - x; '
