@@ -57,8 +57,10 @@ def test_interleaved_times_measures_wall_and_cpu():
   assert summary['short']['seconds'] >= 0.02 and summary['long']['seconds'] >= 0.12
   assert 0.015 <= summary['short']['python_cpu_seconds'] < summary['long']['python_cpu_seconds']
   assert summary['long']['python_cpu_seconds'] >= 0.1
-  # Sleeping costs wall time but (almost) no CPU time.
-  assert summary['sleep']['python_cpu_seconds'] < 0.05 <= summary['sleep']['seconds']
+  # Sleeping costs wall time but less CPU time than spinning (not zero: in a long test session other threads of
+  # this process, TF's and gRPC's, use some CPU meanwhile, and process CPU time counts every thread).
+  assert summary['sleep']['python_cpu_seconds'] < summary['long']['python_cpu_seconds'] - 0.05
+  assert summary['sleep']['seconds'] >= 0.1
   assert summary['long']['repetitions'] == 3
 
 
