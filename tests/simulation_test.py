@@ -12,9 +12,10 @@ from tff_gma.data import digits
 
 def _train(algorithm: str, rounds: int, seed: int = 0, aggregator=None):
   split = digits.load_split()
-  train = digits.federated_train_data('iid', num_clients=4, seed=seed)
-  build_keras = models.keras_builder('logistic', digits.IMAGE_SHAPE, digits.NUM_CLASSES)
-  model_fn = models.model_fn(build_keras, simulation.batched_input_spec(train))
+  data = digits.federated_data('iid', num_clients=4, seed=seed)
+  train = data.train
+  build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
+  model_fn = models.model_fn(build_keras, data.input_spec)
   config = simulation.AlgorithmConfig(
       name=algorithm, client_lr=0.05, server_lr=0.05 if algorithm in ('fedadam', 'fedyogi') else 1.0)
   process = simulation.build_learning_process(model_fn, config, aggregator)

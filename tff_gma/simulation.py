@@ -164,12 +164,6 @@ def flatten_metrics(metrics, prefix: str = '') -> dict[str, float]:
   return out
 
 
-def batched_input_spec(client_data: tff.simulation.datasets.ClientData):
-  """The element spec of a client's batched dataset: what `tff.learning.models` need as `input_spec`."""
-  return tf.data.Dataset.from_tensors(0).flat_map(
-      lambda _: client_data.create_tf_dataset_for_client(client_data.client_ids[0])).batch(1).element_spec
-
-
 def seeded_initial_state(process: tff.learning.templates.LearningProcess,
                          build_keras: Callable[[], tf.keras.Model], seed: int):
   """`process.initialize()` with the model weights replaced by a Keras initialisation seeded by `seed`.
