@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import glob
-import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,7 @@ import tensorflow_federated as tff
 from tff_gma.aggregators import geometric_median
 from tff_gma.data import client_data as client_data_lib
 from tff_gma.learning import client_lib
+from tff_gma.learning import client_store
 
 ALGORITHM = 'personalized'  # The runner's --algorithm name (personalized RFA with --aggregator=rfa).
 BATCHES = 'batches'
@@ -240,7 +240,7 @@ def hold_out(train: client_data_lib.ArrayClientData, fraction: float, seed: int
   return client_data_lib.from_client_arrays(kept), held
 
 
-class PersonalStore:
+class PersonalStore(client_store.ClientArrayStore):
   """The clients' personal parameters v_k in simulation, by client id (zeros for a client not seen yet).
 
   Usage::
@@ -252,45 +252,23 @@ class PersonalStore:
       store.restore(output_dir, round_num)          # on resume: the personal parameters after that round
   """
 
+  what = 'personal parameters'
+
   def __init__(self, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any],
                held_out: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None, keep_total: int = 3):
-    self._shapes = [tuple(int(d) for d in s) for s in shapes]
-    self._dtypes = [np.dtype(d) for d in dtypes]
-    if len(self._shapes) != len(self._dtypes) or not self._shapes:
-      raise ValueError(f'shapes and dtypes must be non-empty and of equal length, got {shapes} and {dtypes}')
+    super().__init__(shapes, dtypes)
     if isinstance(keep_total, bool) or not isinstance(keep_total, int) or keep_total < 1:
       raise ValueError(f'keep_total must be a positive integer, got {keep_total!r}')
-    self._personal: dict[str, tuple[np.ndarray, ...]] = {}
     self._held_out = dict(held_out or {})
     self._keep_total = keep_total
 
   @classmethod
   def for_process(cls, process: PersonalizedProcess, **kwargs) -> 'PersonalStore':
-    leaves = tff.structure.flatten(process.personal_type)
-    return cls([t.shape for t in leaves], [t.dtype for t in leaves], **kwargs)
-
-  def __len__(self) -> int:
-    return len(self._personal)
-
-  def __contains__(self, client_id: str) -> bool:
-    return client_id in self._personal
-
-  def get(self, client_id: str) -> tuple[np.ndarray, ...]:
-    if client_id in self._personal:
-      return self._personal[client_id]
-    return tuple(np.zeros(s, d) for s, d in zip(self._shapes, self._dtypes))
-
-  def set(self, client_id: str, personal: Sequence[Any]) -> None:
-    arrays = tuple(np.asarray(p) for p in personal)
-    if [a.shape for a in arrays] != self._shapes:
-      raise ValueError(f'personal parameters of client {client_id!r} have shapes {[a.shape for a in arrays]}, '
-                       f'expected {self._shapes}')
-    self._personal[client_id] = tuple(a.astype(d, copy=False) for a, d in zip(arrays, self._dtypes))
+    return cls(*cls.shapes_and_dtypes(process.personal_type), **kwargs)
 
   def client_data(self, client_id: str, batches: tf.data.Dataset) -> collections.OrderedDict:
     """The process's client data: the batches and a one-element dataset holding the client's v_k."""
-    personal = tf.data.Dataset.from_tensors(tuple(tf.constant(p) for p in self.get(client_id)))
-    return collections.OrderedDict([(BATCHES, batches), (PERSONAL, personal)])
+    return collections.OrderedDict([(BATCHES, batches), (PERSONAL, self.as_dataset(client_id))])
 
   def run_round(self, process: PersonalizedProcess, state, client_ids: Sequence[str],
                 datasets: Sequence[tf.data.Dataset]):
@@ -306,23 +284,9 @@ class PersonalStore:
 
   # Persistence.
 
-  def save(self, path: str) -> None:
-    """Writes every stored v_k to one .npz, atomically (client ids kept as JSON, so any string is a valid id)."""
-    ids = sorted(self._personal)
-    arrays = {f'p{i}_{j}': a for i, cid in enumerate(ids) for j, a in enumerate(self._personal[cid])}
-    arrays['client_ids'] = np.asarray(json.dumps(ids))
-    tmp = path + '.tmp.npz'
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-
   def load(self, path: str) -> None:
     """Replaces the stored v_k by those of a `save`d file."""
-    with np.load(path) as f:
-      ids = json.loads(str(f['client_ids']))
-      personal = {cid: tuple(f[f'p{i}_{j}'] for j in range(len(self._shapes))) for i, cid in enumerate(ids)}
-    self._personal = {}
-    for cid, arrays in personal.items():
-      self.set(cid, arrays)
+    self.load_from(path)
 
   @staticmethod
   def _round_path(directory: str, round_num: int) -> str:
@@ -344,7 +308,7 @@ class PersonalStore:
   def restore(self, output_dir: str, round_num: int) -> None:
     """Loads the store as of `round_num` (round 0: empty, every v_k = 0). FileNotFoundError if it was not saved."""
     if round_num == 0:
-      self._personal = {}
+      self.clear()
       return
     path = self._round_path(output_dir, round_num)
     if not os.path.exists(path):

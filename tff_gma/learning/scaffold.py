@@ -31,7 +31,6 @@ Where the state lives.
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Optional
 
@@ -41,6 +40,7 @@ import tensorflow_federated as tff
 
 from tff_gma.aggregators import secure_mean
 from tff_gma.learning import client_lib
+from tff_gma.learning import client_store
 
 BATCHES = 'batches'
 CONTROL_VARIATE = 'control_variate'
@@ -287,7 +287,7 @@ def build_scaffold(
 # Simulation: the clients' control variates.
 
 
-class ControlVariateStore:
+class ControlVariateStore(client_store.ClientArrayStore):
   """The clients' SCAFFOLD control variates c_i in simulation, by client id (zeros for a client not seen yet).
 
   Usage::
@@ -299,40 +299,15 @@ class ControlVariateStore:
       store.save(path)      # with the server state's checkpoint; ControlVariateStore.load(path) restores it
   """
 
-  def __init__(self, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any]):
-    self._shapes = [tuple(int(d) for d in s) for s in shapes]
-    self._dtypes = [np.dtype(d) for d in dtypes]
-    if len(self._shapes) != len(self._dtypes) or not self._shapes:
-      raise ValueError(f'shapes and dtypes must be non-empty and of equal length, got {shapes} and {dtypes}')
-    self._controls: dict[str, tuple[np.ndarray, ...]] = {}
+  what = 'control variate'
 
   @classmethod
   def for_process(cls, process: ScaffoldProcess) -> 'ControlVariateStore':
-    leaves = tff.structure.flatten(process.control_variate_type)
-    return cls([t.shape for t in leaves], [t.dtype for t in leaves])
-
-  def __len__(self) -> int:
-    return len(self._controls)
-
-  def __contains__(self, client_id: str) -> bool:
-    return client_id in self._controls
-
-  def get(self, client_id: str) -> tuple[np.ndarray, ...]:
-    if client_id in self._controls:
-      return self._controls[client_id]
-    return tuple(np.zeros(s, d) for s, d in zip(self._shapes, self._dtypes))
-
-  def set(self, client_id: str, control_variate: Sequence[Any]) -> None:
-    arrays = tuple(np.asarray(c) for c in control_variate)
-    if [a.shape for a in arrays] != self._shapes:
-      raise ValueError(f'control variate of client {client_id!r} has shapes {[a.shape for a in arrays]}, '
-                       f'expected {self._shapes}')
-    self._controls[client_id] = tuple(a.astype(d, copy=False) for a, d in zip(arrays, self._dtypes))
+    return cls(*cls.shapes_and_dtypes(process.control_variate_type))
 
   def client_data(self, client_id: str, batches: tf.data.Dataset) -> collections.OrderedDict:
     """The process's client data: the batches and a one-element dataset holding the client's c_i."""
-    control = tf.data.Dataset.from_tensors(tuple(tf.constant(c) for c in self.get(client_id)))
-    return collections.OrderedDict([(BATCHES, batches), (CONTROL_VARIATE, control)])
+    return collections.OrderedDict([(BATCHES, batches), (CONTROL_VARIATE, self.as_dataset(client_id))])
 
   def run_round(self, process: ScaffoldProcess, state, client_ids: Sequence[str],
                 datasets: Sequence[tf.data.Dataset]):
@@ -346,22 +321,9 @@ class ControlVariateStore:
       self.set(client_id, control)
     return output.state, output.metrics
 
-  def save(self, path: str) -> None:
-    """Writes every stored c_i to one .npz (client ids kept as JSON, so any string is a valid id)."""
-    client_ids = sorted(self._controls)
-    arrays = {'client_ids': np.array(json.dumps(client_ids))}
-    for i, client_id in enumerate(client_ids):
-      for j, value in enumerate(self._controls[client_id]):
-        arrays[f'c{i}_{j}'] = value
-    with open(path, 'wb') as f:
-      np.savez(f, **arrays)
-
   @classmethod
   def load(cls, path: str, like: 'ControlVariateStore') -> 'ControlVariateStore':
     """A store with `like`'s shapes and dtypes, filled from `save`'s file."""
     store = cls(like._shapes, like._dtypes)  # pylint: disable=protected-access
-    with np.load(path) as data:
-      client_ids = json.loads(str(data['client_ids']))
-      for i, client_id in enumerate(client_ids):
-        store.set(client_id, [data[f'c{i}_{j}'] for j in range(len(store._shapes))])  # pylint: disable=protected-access
+    store.load_from(path)
     return store
