@@ -29,7 +29,7 @@ _CHILD = textwrap.dedent('''
       return tff.federated_secure_sum_bitwidth(x, 8)
 
     assert secure_total([1, 2, 3]) == 6
-    print('WORKER', worker.pid, flush=True)
+    print('WORKER', worker.pid, worker.log_path, flush=True)
     mode = {mode!r}
     if mode == 'exception':
       raise RuntimeError('deliberate failure after a computation')
@@ -76,8 +76,9 @@ def test_worker_stops_when_python_ends(mode, expected_rc, tmp_path):
   # Times out (and fails) if the worker kept the pipes open after Python ended.
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == expected_rc, err
-  pid = int(next(l for l in out.splitlines() if l.startswith('WORKER')).split()[1])
-  assert _wait_gone(pid), f'worker {pid} outlived its Python process ({mode})'
+  _, pid, log = next(l for l in out.splitlines() if l.startswith('WORKER')).split()
+  assert _wait_gone(int(pid)), f'worker {pid} outlived its Python process ({mode})'
+  assert not os.path.exists(log), 'the default per-process worker log was left behind'
 
 
 @pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])

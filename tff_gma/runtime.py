@@ -85,6 +85,7 @@ class WorkerProcess:
   log_path: Optional[str] = None
   port: Optional[int] = None
   max_concurrent_computation_calls: int = -1
+  remove_log_on_stop: bool = False  # For the default per-process log: do not leave one file per run behind.
   _process: Optional[subprocess.Popen] = dataclasses.field(default=None, init=False, repr=False)
   _log_file: Optional[IO[bytes]] = dataclasses.field(default=None, init=False, repr=False)
 
@@ -158,6 +159,8 @@ class WorkerProcess:
     if self._log_file is not None:
       self._log_file.close()
       self._log_file = None
+      if self.remove_log_on_stop and self.log_path and os.path.exists(self.log_path):
+        os.remove(self.log_path)
     _live_workers.discard(self)
 
   def __hash__(self) -> int:
@@ -267,13 +270,16 @@ def set_simulation_context(
 
   Args:
     log_path: file that receives the worker's log. Default: `$TFF_GMA_WORKER_LOG` if set ('none' discards,
-      'stderr' shows it), else `<tmpdir>/tff_gma_worker_<pid>.log`.
+      'stderr' shows it), else `<tmpdir>/tff_gma_worker_<pid>.log`, removed when the worker is stopped (at exit);
+      a process killed without running its exit hooks leaves it behind for inspection.
     default_num_clients: the CLIENTS cardinality for computations whose arguments do not fix it.
   """
   global _current_worker, _current_context
   with _lock:
     if _current_worker is None or not _current_worker.running():
-      _current_worker = WorkerProcess(log_path=log_path or _default_log_path()).start()
+      default_log = log_path is None and os.environ.get('TFF_GMA_WORKER_LOG') is None
+      _current_worker = WorkerProcess(log_path=log_path or _default_log_path(),
+                                      remove_log_on_stop=default_log).start()
       _install_sigterm_handler()
       _current_context = create_simulation_context(_current_worker, default_num_clients)
     # (Re)install it: another context (e.g. the multi-worker one) may have replaced it since.
