@@ -1,5 +1,6 @@
 """The RFA robustness study: its grid and claims logic, and the script end to end at toy size."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -59,3 +60,20 @@ def test_study_script_runs_end_to_end(tmp_path):
   assert report.count('hold') >= 3  # Every claim the runs allow gets a verdict (one-step RFA did not run).
   assert (out / 'results.png').stat().st_size > 1000
   assert len(os.listdir(out / 'runs')) == 4
+
+
+def test_finished_cells_are_read_back_not_rerun(tmp_path):
+  config = reproduce_rfa.cell_config('logistic', 'gaussian', 0.1, 'mean', 0, 4, 1, str(tmp_path))
+  assert reproduce_rfa.finished_summary(config) is None  # Nothing there yet.
+  os.makedirs(config.output_dir)
+  summary = {'final_accuracy': 0.5, 'best_accuracy': 0.6, 'rounds_completed': 4,
+             'config': dataclasses.asdict(config)}
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(summary, f)
+  assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
+  # Another setting of the same cell directory, or a run stopped before its last round, must run (again).
+  assert reproduce_rfa.finished_summary(dataclasses.replace(config, client_lr=0.1)) is None
+  summary['rounds_completed'] = 3
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(summary, f)
+  assert reproduce_rfa.finished_summary(config) is None

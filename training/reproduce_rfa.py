@@ -9,8 +9,9 @@ Each model's base settings come from its flagfile (`configs/rfa_digits_linear.fl
 `configs/rfa_digits_cnn.flags` for `cnn`: 20 clients, 10 per round, FedAvg); the study varies the aggregator,
 the corruption and its level rho, the seed and the number of rounds. Every cell is one run of the experiment
 runner (`training.experiment`), with its own metrics, checkpoints and summary under --output_dir, so an
-interrupted study resumes. rho = 0 is one uncorrupted run per (model, aggregator, seed), shared by every
-corruption's column. `trimmed_mean` and `krum` are told rho (as in the paper); the others are agnostic.
+interrupted study resumes (finished cells are read back from their summary.json, so several processes may run
+parts of the grid into one --output_dir and a last call over the whole grid collects them). rho = 0 is one
+uncorrupted run per (model, aggregator, seed), shared by every corruption's column. `trimmed_mean` and `krum` are told rho (as in the paper); the others are agnostic.
 
 Writes `results.md` (per model and corruption: final accuracy in %, mean +- std over seeds, rows aggregators,
 columns rho; then the paper's qualitative claims checked against the numbers), `results.json` and `results.png`.
@@ -108,6 +109,23 @@ def cell_config(model: str, corruption: str, rho: float, aggregator: str, seed: 
       rounds=rounds, eval_every=eval_every, local_epochs=epochs,
       output_dir=os.path.join(output_dir, 'runs',
                               f'{model}-{corruption}-rho{rho:g}-{aggregator}-seed{seed}-e{epochs}'))
+
+
+def finished_summary(config: experiment.ExperimentConfig) -> Optional[dict[str, Any]]:
+  """The summary of a run already completed with exactly `config`, else None.
+
+  Lets a rerun of the study (e.g. after its cells were run by several processes into one --output_dir) collect
+  the finished cells from their summary.json in milliseconds instead of rebuilding each run's process (~2 s each).
+  """
+  path = os.path.join(config.output_dir, 'summary.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    summary = json.load(f)
+  same_config = summary.get('config') == json.loads(json.dumps(dataclasses.asdict(config)))
+  if same_config and summary.get('rounds_completed') == config.rounds:
+    return summary
+  return None
 
 
 def final_accuracy(output_dir: str, last_evals: int) -> float:
@@ -264,7 +282,7 @@ def main(argv):
   for i, (model, corruption, rho, aggregator, seed) in enumerate(todo, 1):
     config = cell_config(model, corruption, rho, aggregator, seed, FLAGS.rounds, FLAGS.eval_every,
                          FLAGS.output_dir, FLAGS.local_epochs)
-    summary = experiment.run(config, show_progress=False)
+    summary = finished_summary(config) or experiment.run(config, show_progress=False)
     results.append({'model': model, 'corruption': corruption, 'rho': rho, 'aggregator': aggregator, 'seed': seed,
                     'final_accuracy': final_accuracy(config.output_dir, FLAGS.last_evals),
                     'best_accuracy': summary['best_accuracy']})
