@@ -11,11 +11,13 @@ inside the `tf.function`s of the client works). Conventions follow TFF's `model_
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.types import computation_types  # tensorflow_to_type: no public alias
@@ -85,6 +87,117 @@ def apply_optimizer_finalizer(
     server_optimizer: tff.learning.optimizers.Optimizer, types: ModelTypes,
 ) -> tff.learning.templates.FinalizerProcess:
   return tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, types.weights_type)
+
+
+def optimizer_client_work(
+    types: ModelTypes, client_optimizer: tff.learning.optimizers.Optimizer,
+    build_client_update: Callable[[], Callable[..., Any]],
+) -> tff.learning.templates.ClientWorkProcess:
+  """A `ClientWorkProcess` whose state is the client optimizer's hyperparameters (as TFF's model-delta work).
+
+  The state is broadcast each round and handed to the client update, so `get_hparams` / `set_hparams` of the
+  learning process reach the client optimizer (e.g. a learning-rate schedule set between rounds).
+
+  Args:
+    types: the model's types (`model_types`); the client data is a sequence of `types.batch_type`.
+    client_optimizer: the client optimizer.
+    build_client_update: builds (inside the client's TF graph) a function
+      `(optimizer, hparams, initial_weights, batches) -> (ClientResult, unfinalized metrics)`.
+
+  Returns:
+    The client work; measurements: `train`, the aggregated training metrics.
+  """
+  data_type = tff.SequenceType(types.batch_type)
+  initial_hparams = optimizer_hparams(client_optimizer)
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_value(initial_hparams, tff.SERVER)
+
+  state_type = init_fn.type_signature.result.member
+
+  @tff.tensorflow.computation(state_type, types.weights_type, data_type)
+  def client_update_computation(hparams, initial_weights, data):
+    return build_client_update()(client_optimizer, hparams, initial_weights, data)
+
+  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(types.weights_type, tff.CLIENTS),
+                             tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, client_data):
+    client_result, local_metrics = tff.federated_map(
+        client_update_computation, (tff.federated_broadcast(state), weights, client_data))
+    measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(local_metrics)))
+    return tff.templates.MeasuredProcessOutput(state, client_result, measurements)
+
+  @tff.tensorflow.computation(state_type)
+  def get_hparams_fn(state):
+    return state
+
+  @tff.tensorflow.computation(state_type, state_type)
+  def set_hparams_fn(state, hparams):
+    del state
+    return hparams
+
+  return tff.learning.templates.ClientWorkProcess(
+      init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
+
+
+def compose_keeping_client_values(
+    types: ModelTypes, client_init_fn: tff.Computation, client_round: tff.Computation,
+    model_aggregator: tff.aggregators.WeightedAggregationFactory,
+    server_optimizer: tff.learning.optimizers.Optimizer, output_container: Callable[..., Any],
+) -> tuple[tff.learning.templates.LearningProcess, tff.Computation]:
+  """`compose_learning_process` for a client round that also produces values the clients keep.
+
+  TFF's learning processes cannot output CLIENTS-placed values (a `ClientWorkProcess` returns state, result and
+  measurements only), yet SCAFFOLD's control variates and personalized RFA's personal parameters must go back to
+  the clients that own them. So the stock composition (broadcast, client work, `model_aggregator`, apply-optimizer
+  finalizer) is built as usual, and beside it a `next` computing the very same round that also returns the values.
+
+  Args:
+    types: the model's types (`model_types`).
+    client_init_fn: the client work's `initialize` (no-argument federated computation).
+    client_round: federated `(state, weights, client_data) -> (state, ClientResult, measurements, client_values)`.
+    model_aggregator: aggregates the model updates, weighted by the client weights.
+    server_optimizer: applies the aggregated update to the global model.
+    output_container: builds the second computation's result from `(state, metrics, client_values)`.
+
+  Returns:
+    `(composed, next_keeping_client_values)`: the stock `LearningProcess`, and `(state, client_data) ->
+    output_container(state, metrics, client_values)` with the state and metrics `composed.next` gives.
+  """
+
+  @tff.federated_computation(*client_round.type_signature.parameter)
+  def client_work_next(state, weights, client_data):
+    new_state, client_result, measurements, _ = client_round(state, weights, client_data)
+    return tff.templates.MeasuredProcessOutput(new_state, client_result, measurements)
+
+  client_work = tff.learning.templates.ClientWorkProcess(client_init_fn, client_work_next)
+  distributor = broadcast_process(types)
+  aggregator = model_aggregator.create(types.trainable_type, tff.TensorType(np.float32))
+  finalizer = apply_optimizer_finalizer(server_optimizer, types)
+  composed = tff.learning.templates.compose_learning_process(
+      types.initial_weights_fn, distributor, client_work, aggregator, finalizer)
+  state_type, client_data_type = composed.next.type_signature.parameter
+
+  @tff.federated_computation(state_type, client_data_type)
+  def next_keeping_client_values(state, client_data):
+    # `compose_learning_process`'s `next`, step for step, plus the client round's kept values.
+    distributor_output = distributor.next(state.distributor, state.global_model_weights)
+    client_state, client_result, client_measurements, client_values = client_round(
+        state.client_work, distributor_output.result, client_data)
+    aggregator_output = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
+    finalizer_output = finalizer.next(state.finalizer, state.global_model_weights, aggregator_output.result)
+    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+        finalizer_output.result, distributor_output.state, client_state, aggregator_output.state,
+        finalizer_output.state))
+    metrics = tff.federated_zip(collections.OrderedDict(
+        distributor=distributor_output.measurements,
+        client_work=client_measurements,
+        aggregator=aggregator_output.measurements,
+        finalizer=finalizer_output.measurements))
+    return output_container(new_state, metrics, client_values)
+
+  return composed, next_keeping_client_values
 
 
 def optimizer_hparams(optimizer: tff.learning.optimizers.Optimizer):

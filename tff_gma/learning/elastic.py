@@ -127,39 +127,8 @@ def build_elastic_client_work(
   mu = client_lib.check_fraction(mu, 'mu', high_open=True)
   sensitivity_fraction = client_lib.check_fraction(sensitivity_fraction, 'sensitivity_fraction', high_open=True)
   types = client_lib.model_types(model_fn, metrics_aggregator)
-  data_type = tff.SequenceType(types.batch_type)
-  initial_hparams = client_lib.optimizer_hparams(client_optimizer)
-
-  @tff.federated_computation()
-  def init_fn():
-    return tff.federated_value(initial_hparams, tff.SERVER)
-
-  state_type = init_fn.type_signature.result.member
-
-  @tff.tensorflow.computation(state_type, types.weights_type, data_type)
-  def client_update_computation(hparams, initial_weights, data):
-    client_update = build_elastic_client_update(model_fn, mu, sensitivity_fraction)
-    return client_update(client_optimizer, hparams, initial_weights, data)
-
-  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(types.weights_type, tff.CLIENTS),
-                             tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, client_data):
-    client_result, local_metrics = tff.federated_map(
-        client_update_computation, (tff.federated_broadcast(state), weights, client_data))
-    measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(local_metrics)))
-    return tff.templates.MeasuredProcessOutput(state, client_result, measurements)
-
-  @tff.tensorflow.computation(state_type)
-  def get_hparams_fn(state):
-    return state
-
-  @tff.tensorflow.computation(state_type, state_type)
-  def set_hparams_fn(state, hparams):
-    del state
-    return hparams
-
-  return tff.learning.templates.ClientWorkProcess(
-      init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
+  return client_lib.optimizer_client_work(
+      types, client_optimizer, lambda: build_elastic_client_update(model_fn, mu, sensitivity_fraction))
 
 
 def build_elastic_fed_avg(

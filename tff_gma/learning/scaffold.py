@@ -246,40 +246,8 @@ def build_scaffold(
   types = client_lib.model_types(model_fn, metrics_aggregator)
   init_fn, client_round, control_type, _ = _build_client_round(
       model_fn, types, client_lr, client_weighting, None if num_clients is None else int(num_clients))
-  client_round_type = client_round.type_signature
-
-  @tff.federated_computation(*client_round_type.parameter)
-  def client_work_next(state, weights, client_data):
-    new_state, client_result, measurements, _ = client_round(state, weights, client_data)
-    return tff.templates.MeasuredProcessOutput(new_state, client_result, measurements)
-
-  client_work = tff.learning.templates.ClientWorkProcess(init_fn, client_work_next)
-  distributor = client_lib.broadcast_process(types)
-  aggregator = model_aggregator.create(types.trainable_type, tff.TensorType(np.float32))
-  finalizer = client_lib.apply_optimizer_finalizer(server_optimizer_fn, types)
-  composed = tff.learning.templates.compose_learning_process(
-      types.initial_weights_fn, distributor, client_work, aggregator, finalizer)
-
-  state_type, data_type = composed.next.type_signature.parameter
-
-  @tff.federated_computation(state_type, data_type)
-  def next_with_client_controls(state, client_data):
-    # The composition of `compose_learning_process`'s `next`, keeping the clients' new control variates.
-    distributor_output = distributor.next(state.distributor, state.global_model_weights)
-    client_state, client_result, client_measurements, new_client_controls = client_round(
-        state.client_work, distributor_output.result, client_data)
-    aggregator_output = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
-    finalizer_output = finalizer.next(state.finalizer, state.global_model_weights, aggregator_output.result)
-    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-        finalizer_output.result, distributor_output.state, client_state, aggregator_output.state,
-        finalizer_output.state))
-    metrics = tff.federated_zip(collections.OrderedDict(
-        distributor=distributor_output.measurements,
-        client_work=client_measurements,
-        aggregator=aggregator_output.measurements,
-        finalizer=finalizer_output.measurements))
-    return ScaffoldOutput(new_state, metrics, new_client_controls)
-
+  composed, next_with_client_controls = client_lib.compose_keeping_client_values(
+      types, init_fn, client_round, model_aggregator, server_optimizer_fn, ScaffoldOutput)
   return ScaffoldProcess(composed, next_with_client_controls, control_type)
 
 
