@@ -4,9 +4,4 @@
 # Extra arguments go to `python -m training.membership_inference` (e.g. --seeds=0,1 --rounds=20 --model=logistic).
 # The defaults (3 seeds, 30 rounds, CNN, label skew: 6 runs) take about 5-10 minutes on 2 cores.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-bash scripts/setup.sh
-export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"
-export PYTHONUNBUFFERED=1
-exec "$root/.venv/bin/python" -m training.membership_inference "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/run_module.sh" training.membership_inference "$@"

@@ -3,9 +3,4 @@
 # writes outputs/reproduce_gma/results.{md,json,png}. Extra arguments go to `python -m training.reproduce_gma`
 # (e.g. --seeds=0,1 --rounds=20). About 25 s per run on 2 cores: the default 48 runs take about 20-25 minutes.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-bash scripts/setup.sh
-export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"
-export PYTHONUNBUFFERED=1
-exec "$root/.venv/bin/python" -m training.reproduce_gma "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/run_module.sh" training.reproduce_gma "$@"

@@ -6,9 +6,4 @@
 # (e.g. --seeds=0 --rounds=8 --models=logistic --aggregators=mean,rfa). The full default grid is 468 runs; see
 # README.md for the settings that fit in about 30 minutes on 2 cores.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-bash scripts/setup.sh
-export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"
-export PYTHONUNBUFFERED=1
-exec "$root/.venv/bin/python" -m training.reproduce_rfa "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/run_module.sh" training.reproduce_rfa "$@"
