@@ -61,6 +61,17 @@ def test_evaluator_matches_numpy_logistic_regression():
   assert metrics['loss'] == pytest.approx(expected_loss, rel=1e-5)
 
 
+def test_evaluator_reports_a_diverged_model_without_warnings():
+  split = digits.load_split()
+  build_keras = models.keras_builder('logistic', digits.IMAGE_SHAPE, digits.NUM_CLASSES)
+  kernel = np.full((64, 10), np.nan, np.float32)
+  weights = tff.learning.models.ModelWeights(trainable=[kernel, np.zeros(10, np.float32)], non_trainable=[])
+  with np.errstate(all='raise'):  # A numpy warning would raise here.
+    metrics = simulation.CentralEvaluator(build_keras, split.x_test, split.y_test)(weights)
+  assert np.isnan(metrics['loss'])
+  assert metrics['accuracy'] == pytest.approx(np.mean(split.y_test == 0))  # argmax of a NaN row is 0.
+
+
 def test_sample_clients_is_a_function_of_seed_and_round():
   ids = [f'c{i}' for i in range(20)]
   a = simulation.sample_clients(ids, 5, seed=3, round_num=7)

@@ -128,8 +128,11 @@ class CentralEvaluator:
   def evaluate_arrays(self, model_weights: tff.learning.models.ModelWeights, x: np.ndarray,
                       y: np.ndarray) -> dict[str, float]:
     logits = self.logits(model_weights, x).astype(np.float64)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    # A diverged model (e.g. plain averaging under the omniscient attack) has non-finite logits: its loss is
+    # reported as NaN and its accuracy is what argmax picks (index 0 for a NaN row), without numpy warnings.
+    with np.errstate(invalid='ignore', over='ignore'):
+      shifted = logits - logits.max(axis=-1, keepdims=True)
+      log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
     nll = -np.take_along_axis(log_probs, np.asarray(y)[..., None].astype(np.int64), axis=-1)[..., 0]
     correct = np.argmax(logits, axis=-1) == y
     mask = np.ones_like(correct) if self.pad_id is None else (np.asarray(y) != self.pad_id)
