@@ -42,6 +42,8 @@ def test_claims_are_judged_from_the_numbers():
   assert claims.count('does not hold') == 4, claims
   table = reproduce_rfa.summarize(holds, [0.0, 0.4])
   assert '**logistic, omniscient**' in table and '| mean | 80.0 +- 1.0 | 5.0 +- 1.0 |' in table
+  side_by_side = reproduce_rfa.summarize_at(holds, 0.4)
+  assert '| aggregator | logistic, omniscient |' in side_by_side and '| rfa | 60.0 |' in side_by_side
 
 
 def test_study_script_runs_end_to_end(tmp_path):

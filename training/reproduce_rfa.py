@@ -162,6 +162,21 @@ def summarize(results: list[dict], fractions: list[float]) -> str:
   return '\n'.join(lines)
 
 
+def summarize_at(results: list[dict], rho: float) -> str:
+  """Markdown: every corruption at one level rho side by side, rows aggregators, columns (model, corruption)."""
+  models = list(dict.fromkeys(r['model'] for r in results))
+  corruptions = list(dict.fromkeys(r['corruption'] for r in results if r['corruption'] != 'none'))
+  aggregators = list(dict.fromkeys(r['aggregator'] for r in results))
+  columns = list(itertools.product(models, corruptions))
+  lines = [f'**All corruptions at rho={rho:g}** (final test accuracy %, mean over seeds)', '',
+           '| aggregator | ' + ' | '.join(f'{m}, {c}' for m, c in columns) + ' |',
+           '|---|' + '---|' * len(columns)]
+  for aggregator in aggregators:
+    values = [_accuracy(results, m, c, rho, aggregator) for m, c in columns]
+    lines.append(f'| {aggregator} | ' + ' | '.join(f'{np.mean(v):.1f}' if v else '-' for v in values) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
 def _mean_or_none(values):
   return float(np.mean(values)) if values else None
 
@@ -236,6 +251,8 @@ def write_results(results: list[dict], fractions: list[float], output_dir: str,
   """Writes results.md (header, tables, claims) and results.json; returns the tables and the claims."""
   os.makedirs(output_dir, exist_ok=True)
   table = summarize(results, fractions)
+  if max(fractions) > 0:
+    table = summarize_at(results, max(fractions)) + '\n' + table
   claims = check_claims(results, fractions)
   with open(os.path.join(output_dir, 'results.md'), 'w') as f:
     f.write(header + '\n\n' + table + '\n')
