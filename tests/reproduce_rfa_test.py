@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from training import reproduce_rfa
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,14 +48,29 @@ def test_claims_are_judged_from_the_numbers():
   assert '| aggregator | logistic, omniscient |' in side_by_side and '| rfa | 60.0 |' in side_by_side
 
 
+def test_shard_parsing():
+  assert reproduce_rfa.parse_shard('0/1') == (0, 1) and reproduce_rfa.parse_shard('2/3') == (2, 3)
+  for bad in ('1/1', '-1/2', '1', 'a/b', '0/0'):
+    with pytest.raises(ValueError, match='shard'):
+      reproduce_rfa.parse_shard(bad)
+
+
 def test_study_script_runs_end_to_end(tmp_path):
   out = tmp_path / 'rfa'
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.run(
-      ['bash', os.path.join(_ROOT, 'scripts', 'reproduce_rfa.sh'), '--seeds=0', '--rounds=1', '--models=logistic',
-       '--corruptions=omniscient', '--fractions=0,0.4', '--aggregators=mean,rfa', f'--output_dir={out}'],
+  study = lambda *extra: subprocess.run(
+      ['bash', os.path.join(_ROOT, 'scripts', 'reproduce_rfa.sh'), '--seeds=0', '--rounds=1', '--local_epochs=1',
+       '--models=logistic', '--corruptions=omniscient', '--fractions=0,0.4', '--aggregators=mean,rfa',
+       f'--output_dir={out}', *extra],
       cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+  proc = study('--shard=1/2')  # Half of the grid first, as one of two processes would.
   assert proc.returncode == 0, proc.stderr[-3000:]
+  shard_runs = sorted(os.listdir(out / 'runs'))
+  assert len(shard_runs) == 2 and len(json.loads((out / 'results.json').read_text())) == 2
+  shard_summaries = {r: (out / 'runs' / r / 'summary.json').stat().st_mtime_ns for r in shard_runs}
+  proc = study()  # Then the whole grid: the shard's cells are read back, not run again.
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert {r: (out / 'runs' / r / 'summary.json').stat().st_mtime_ns for r in shard_runs} == shard_summaries
   results = json.loads((out / 'results.json').read_text())
   assert len(results) == 2 * 2  # aggregators x (uncorrupted + omniscient at 0.4)
   assert all(0 <= r['final_accuracy'] <= 1 for r in results)
