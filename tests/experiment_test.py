@@ -76,6 +76,16 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     experiment.run(dataclasses.replace(config, aggregator='gma'), show_progress=False)
 
 
+def test_check_resumable_creates_a_new_output_dir(tmp_path):
+  # `training.run` checks before anything else: a fresh nested --output_dir must work.
+  config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'new' / 'run'))
+  experiment.check_resumable(config)
+  assert json.loads((tmp_path / 'new' / 'run' / 'config.json').read_text())['seed'] == 3
+  experiment.check_resumable(config)  # The same settings again: resumable.
+  with pytest.raises(ValueError, match='seed'):
+    experiment.check_resumable(dataclasses.replace(config, seed=4))
+
+
 @pytest.mark.parametrize('changes, flag', [
     ({'clients_per_round': 5}, 'clients_per_round'),
     ({'tau': 1.5}, 'tau'),

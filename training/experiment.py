@@ -192,6 +192,8 @@ def check_resumable(config: ExperimentConfig) -> None:
       raise ValueError(
           f'{config.output_dir} holds a run with other settings ({details}); use another --output_dir '
           f'or the same flags to resume it')
+  # The runner checks before it trains, when a new --output_dir (and its parents) may not exist yet.
+  os.makedirs(config.output_dir, exist_ok=True)
   with open(path, 'w') as f:
     json.dump(current, f, indent=2)
 
