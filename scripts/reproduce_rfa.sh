@@ -3,8 +3,8 @@
 # for data_negate, data_flip_labels, gaussian and omniscient corruption; mean, rfa (3 passes), rfa_one_step, gma
 # and the (non-private) median, trimmed_mean, krum, clip_mean, zeroing_mean; linear model and CNN; several seeds.
 # Writes outputs/reproduce_rfa/results.{md,json,png}. Extra arguments go to `python -m training.reproduce_rfa`
-# (e.g. --seeds=0 --rounds=8 --models=logistic --aggregators=mean,rfa). The default grid is 702 runs (about
-# 110 minutes on 2 cores as two processes, measured): run `--shard=0/2` and `--shard=1/2` side by side, then once with no
-# --shard to collect the finished cells into one report (README.md, "Results measured here").
+# (e.g. --seeds=0 --rounds=8 --models=logistic --aggregators=mean,rfa). The default grid is 702 runs (measured:
+# 108 minutes on 2 cores as two processes): run `--shard=0/2` and `--shard=1/2` side by side, then once with
+# no --shard to collect the finished cells into one report (README.md, "Results measured here").
 set -euo pipefail
 exec bash "$(dirname "${BASH_SOURCE[0]}")/run_module.sh" training.reproduce_rfa "$@"
