@@ -59,11 +59,13 @@ class Reference(collections.namedtuple(
   (in secure mode: clipped) clients."""
 
 
-def rfa_reference(values, weights, num_passes, one_step=False, secure=False, final_objective=False) -> Reference:
+def rfa_reference(values, weights, num_passes, one_step=False, secure=False, final_objective=False,
+                  init='mean') -> Reference:
   """RFA in NumPy (float64), as the RFA paper's Algorithms 2 and 3 with the secure smoothing rule documented.
 
   Weiszfeld: v_1 = weighted mean; v_{k+1} = sum b_i w_i / sum b_i with b_i = a_i / max(c, ||v_k - w_i||).
-  One-step: a single pass from v_0 = 0, b_i = a_i / max(c, ||w_i||). c = nu; in secure mode the smoothing is
+  One-step: a single pass from v_0 = 0, b_i = a_i / max(c, ||w_i||). `init='zero'`: Weiszfeld whose first pass is
+  that reweighting from v_0 = 0 instead of the weighted mean (one-step RFA = init 'zero' with one pass). c = nu; in secure mode the smoothing is
   known before its round: c = max(nu, D(v_{k-1}) / K) for the pass broadcasting v_k (the objective measured one
   round earlier; D(v_0) with v_0 = 0 for pass 2), and c = max(nu, B sqrt(n) / K) for one-step RFA; values and
   weights are clipped to their bounds first. Objectives: D(v) = sum a_i ||v - w_i|| / sum a_i at v_0 = 0 and at
@@ -91,27 +93,27 @@ def rfa_reference(values, weights, num_passes, one_step=False, secure=False, fin
 
   zero = np.zeros(DIM)
   objectives, smoothings, pass_weights = [objective(zero)], [], []
-  if one_step:
+  if one_step or init == 'zero':
     estimate = reweight(zero, max(NU, VALUE_BOUND * np.sqrt(DIM) / RATIO) if secure else NU)
   else:
     pass_weights.append(a)
     estimate = weighted_mean(points, a)
-    for _ in range(num_passes - 1):
-      c = max(NU, objectives[-1] / RATIO) if secure else NU
-      objectives.append(objective(estimate))
-      estimate = reweight(estimate, c)
+  for _ in range(num_passes - 1):
+    c = max(NU, objectives[-1] / RATIO) if secure else NU
+    objectives.append(objective(estimate))
+    estimate = reweight(estimate, c)
   if final_objective:
     objectives.append(objective(estimate))
   return Reference(estimate, objectives, smoothings, pass_weights, a)
 
 
-def secure_tolerances(values, weights, num_passes, one_step):
+def secure_tolerances(values, weights, num_passes, one_step, init='mean'):
   """(estimate, objective) absolute tolerances in secure mode from the documented discretization bounds.
 
   The estimate: the per-average bound of each pass (its total weight sum b'_i), summed over the passes; the
   objective: the bound of one mean of distances (bound 2 B sqrt(n)). A safety factor of 10 for propagation.
   """
-  reference = rfa_reference(values, weights, num_passes, one_step, secure=True)
+  reference = rfa_reference(values, weights, num_passes, one_step, secure=True, init=init)
   num_clients = len(values)
   estimate_bound = sum(
       secure_mean.discretization_error_bound(num_clients, b.sum(), VALUE_BOUND, WEIGHT_BOUND, VALUE_BOUND)
@@ -126,17 +128,17 @@ def secure_tolerances(values, weights, num_passes, one_step):
 # Processes, built once per configuration.
 
 
-def process(num_passes=3, one_step=False, secure=False, final_objective=False):
+def process(num_passes=3, one_step=False, secure=False, final_objective=False, init=None):
   # One cache key per configuration, however it is spelled.
-  return _process(num_passes, one_step, secure, final_objective)
+  return _process(num_passes, one_step, secure, final_objective, init)
 
 
 @functools.lru_cache(maxsize=None)
-def _process(num_passes, one_step, secure, final_objective):
+def _process(num_passes, one_step, secure, final_objective, init):
   factory = aggregators.GeometricMedianFactory(
       num_passes=num_passes, smoothing=NU, one_step=one_step, secure=secure,
       value_bound=VALUE_BOUND if secure else None, weight_bound=WEIGHT_BOUND, max_weight_ratio=RATIO,
-      report_final_objective=final_objective)
+      report_final_objective=final_objective, init=init)
   return factory.create(VALUE_TYPE, WEIGHT_TYPE)
 
 
@@ -145,10 +147,12 @@ def run(proc, values, weights):
   return output.result, output.measurements
 
 
-def check_against_reference(proc, values, weights, num_passes, one_step, secure, final_objective=False):
+def check_against_reference(proc, values, weights, num_passes, one_step, secure, final_objective=False,
+                            init='mean'):
   result, measurements = run(proc, values, weights)
-  reference = rfa_reference(values, weights, num_passes, one_step, secure, final_objective)
-  atol, objective_atol = secure_tolerances(values, weights, num_passes, one_step) if secure else (2e-6, 2e-6)
+  reference = rfa_reference(values, weights, num_passes, one_step, secure, final_objective, init)
+  atol, objective_atol = (secure_tolerances(values, weights, num_passes, one_step, init) if secure
+                          else (2e-6, 2e-6))
   assert isinstance(result, collections.OrderedDict) and list(result) == ['a', 'b']
   for got, want in zip(tf.nest.flatten(result), unflatten(reference.estimate)):
     assert np.shape(got) == want.shape
@@ -175,6 +179,34 @@ def test_matches_numpy_reference(secure, one_step):
     # One round per pass; the objectives are those of v_0 = 0, ..., v_{R-1}, measured along the way.
     assert measurements['aggregation_calls'] == num_passes
     assert len(measurements['objective']) == num_passes
+
+
+@pytest.mark.parametrize('secure,num_passes', [(False, 2), (False, 3), (False, 5), (True, 2), (True, 3)])
+def test_zero_start_matches_numpy_reference(secure, num_passes):
+  """init='zero': pass 1 reweights from v_0 = 0 (one-step RFA), then Weiszfeld from there; R rounds for R passes."""
+  proc = process(num_passes, False, secure, init='zero')
+  rng = np.random.default_rng(83 + num_passes + 10 * secure)
+  for num_clients in (1, 4, 7):
+    values, weights = random_values(rng, num_clients, center=0.5), random_weights(rng, num_clients)
+    if num_clients == 7:
+      values[6] = random_values(rng, 1, scale=6.0)[0]
+    _, measurements = check_against_reference(proc, values, weights, num_passes, False, secure, init='zero')
+    assert measurements['aggregation_calls'] == num_passes
+    assert len(measurements['objective']) == num_passes and len(measurements['smoothing']) == num_passes
+    assert measurements['participating_clients'] == num_clients
+
+
+@pytest.mark.parametrize('secure', [False, True])
+def test_zero_start_with_one_pass_is_one_step_rfa(secure):
+  rng = np.random.default_rng(89 + secure)
+  values, weights = random_values(rng, 6, center=0.5), random_weights(rng, 6)
+  result, measurements = run(process(1, False, secure, init='zero'), values, weights)
+  one_step_result, one_step_measurements = run(process(1, True, secure), values, weights)
+  for got, want in zip(tf.nest.flatten(result), tf.nest.flatten(one_step_result)):
+    np.testing.assert_array_equal(got, want)
+  for key in ('objective', 'smoothing', 'aggregation_calls', 'participating_clients'):
+    np.testing.assert_array_equal(measurements[key], one_step_measurements[key])
+  assert aggregators.GeometricMedianFactory(one_step=True).init == 'zero'
 
 
 @pytest.mark.parametrize('secure', [False, True])
@@ -220,6 +252,28 @@ def test_weiszfeld_decreases_the_objective_and_differs_from_the_mean():
   assert np.all(np.diff(objective) <= 1e-6) and objective[-1] < objective[0]
   mean = np.asarray(weights, np.float64) @ np.stack([to_flat(v) for v in values]) / np.sum(weights)
   assert np.linalg.norm(to_flat(result) - mean) > 0.5
+
+
+def test_breakdown_forty_percent_far_outliers_zero_start():
+  """The same 40% far outliers: from the zero update, the default 3 passes already land inside the honest cluster.
+
+  From the mean (the test above) 3 passes leave the estimate 14.6 from the honest mean (it starts 193 away); from
+  v_0 = 0 the outliers, far from it, get weights ~1/1000 from pass 1 on.
+  """
+  rng = np.random.default_rng(43)
+  honest = random_values(rng, 6, scale=0.1, center=1.0)
+  outliers = random_values(rng, 4, scale=1e3 / np.sqrt(DIM))
+  values, weights = honest + outliers, [np.float32(1.0)] * 10
+  honest_mean = np.mean([to_flat(v) for v in honest], axis=0)
+  honest_spread = np.mean([np.linalg.norm(to_flat(v) - honest_mean) for v in honest])
+  errors = {}
+  for init in ('mean', 'zero'):
+    result, _ = check_against_reference(process(3, init=init), values, weights, 3, False, False, init=init)
+    errors[init] = np.linalg.norm(to_flat(result) - honest_mean)
+  assert errors['zero'] < honest_spread < errors['mean']
+  secure_result, _ = check_against_reference(process(3, secure=True, init='zero'), values, weights, 3, False, True,
+                                             init='zero')
+  assert np.linalg.norm(to_flat(secure_result) - honest_mean) < honest_spread  # Outliers clipped at 10 there.
 
 
 def test_breakdown_forty_percent_far_outliers():
@@ -336,6 +390,7 @@ def test_secure_bounds_clip_and_count():
     (dict(secure=True), 'value_bound'), (dict(value_bound=0.0), 'value_bound'),
     (dict(weight_bound=-1.0), 'weight_bound'), (dict(max_weight_ratio=1.0), 'max_weight_ratio'),
     (dict(mean_factory='mean'), 'mean_factory'), (dict(report_final_objective=1), 'report_final_objective'),
+    (dict(init='median'), 'init'), (dict(one_step=True, init='mean'), 'init'),
 ])
 def test_invalid_arguments_raise_value_error_naming_them(kwargs, name):
   with pytest.raises(ValueError, match=name):

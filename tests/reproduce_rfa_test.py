@@ -15,13 +15,47 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_cells_share_the_uncorrupted_runs():
   cells = reproduce_rfa.cells(['logistic'], ['gaussian', 'omniscient'], [0.0, 0.1, 0.4], ['mean', 'rfa'], [0, 1])
   assert len(cells) == 2 * 2 * (1 + 2 * 2)
-  assert ('logistic', 'none', 0.0, 'rfa', 1) in cells
-  assert not any(c[1] != 'none' and c[2] == 0 for c in cells)
-  config = reproduce_rfa.cell_config('cnn', 'omniscient', 0.25, 'krum', 3, 7, 2, '/tmp/x', local_epochs=2)
+  assert ('logistic', 'none', 0.0, 'rfa', 1, None) in cells
+  assert not any(c.corruption != 'none' and c.rho == 0 for c in cells)
+  config = reproduce_rfa.cell_config(reproduce_rfa.Cell('cnn', 'omniscient', 0.25, 'krum', 3), 7, 2, '/tmp/x',
+                                     local_epochs=2)
   assert (config.model, config.num_clients, config.clients_per_round, config.aggregator, config.corruption,
           config.corrupt_fraction, config.seed, config.rounds, config.eval_every, config.local_epochs) == (
               'cnn', 20, 10, 'krum', 'omniscient', 0.25, 3, 7, 2, 2)
   config.validate()
+
+
+def test_aggregator_entries_carry_settings_and_participation_is_a_grid_axis():
+  cells = reproduce_rfa.cells(['cnn'], ['omniscient'], [0.0, 0.4], ['rfa+rfa_init=zero+num_passes=5'], [0],
+                              [10, 20])
+  assert len(cells) == 2 * 2
+  configs = [reproduce_rfa.cell_config(c, 3, 1, '/tmp/x') for c in cells]
+  assert {(c.aggregator, c.rfa_init, c.num_passes) for c in configs} == {('rfa', 'zero', 5)}
+  assert sorted(c.clients_per_round for c in configs) == [10, 10, 20, 20]
+  assert len({c.output_dir for c in configs}) == 4  # Each cell its own run directory.
+  assert reproduce_rfa.setting_label(configs[-1]) == 'cnn, 20 of 20 per round'
+  for bad in ('rfa+num_passes', 'rfa+seed=3', 'rfa+no_such_setting=1', 'rfa+num_passes=x'):
+    with pytest.raises(ValueError, match='aggregators|invalid literal'):
+      reproduce_rfa.parse_aggregator(bad)
+
+
+def test_start_goals_are_judged_per_seed():
+  def record(setting, clients, corruption, rho, aggregator, seed, accuracy):
+    return {'model': 'cnn', 'setting': setting, 'clients_per_round': clients, 'num_clients': 20,
+            'corruption': corruption, 'rho': rho, 'aggregator': aggregator, 'seed': seed,
+            'final_accuracy': accuracy}
+  full, half = 'cnn, 20 of 20 per round', 'cnn, 10 of 20 per round'
+  results = []
+  for seed in (0, 1):
+    results += [record(full, 20, 'none', 0.0, 'rfa', seed, 0.95),
+                record(full, 20, 'omniscient', 0.25, 'rfa', seed, 0.93),
+                record(full, 20, 'omniscient', 0.4, 'rfa', seed, 0.92 if seed == 0 else 0.80),
+                record(half, 10, 'omniscient', 0.4, 'rfa', seed, 0.60),
+                record(half, 10, 'omniscient', 0.4, 'median', seed, 0.50 if seed == 0 else 0.70)]
+  goals = reproduce_rfa.check_start_goals(results, [0.0, 0.25, 0.4])
+  assert len(goals) == 2, goals
+  assert 'does not hold (rho=0.4 seed 1: 80.0 vs 95.0)' in goals[0]  # 15 points down for seed 1 only.
+  assert 'does not hold (rho=0.4 seed 1: 60.0 vs 70.0)' in goals[1]
 
 
 def _results(values):
@@ -75,14 +109,16 @@ def test_study_script_runs_end_to_end(tmp_path):
   assert len(results) == 2 * 2  # aggregators x (uncorrupted + omniscient at 0.4)
   assert all(0 <= r['final_accuracy'] <= 1 for r in results)
   report = (out / 'results.md').read_text()
-  assert '**logistic, omniscient**' in report and '| rfa |' in report
+  assert '**logistic, 10 of 20 per round, omniscient**' in report and '| rfa |' in report
+  assert 'no seed below median' not in report  # The median did not run: that goal gets no verdict.
   assert report.count('hold') >= 3  # Every claim the runs allow gets a verdict (one-step RFA did not run).
   assert (out / 'results.png').stat().st_size > 1000
   assert len(os.listdir(out / 'runs')) == 4
 
 
 def test_finished_cells_are_read_back_not_rerun(tmp_path):
-  config = reproduce_rfa.cell_config('logistic', 'gaussian', 0.1, 'mean', 0, 4, 1, str(tmp_path))
+  config = reproduce_rfa.cell_config(reproduce_rfa.Cell('logistic', 'gaussian', 0.1, 'mean', 0), 4, 1,
+                                     str(tmp_path))
   assert reproduce_rfa.finished_summary(config) is None  # Nothing there yet.
   os.makedirs(config.output_dir)
   summary = {'final_accuracy': 0.5, 'best_accuracy': 0.6, 'rounds_completed': 4,

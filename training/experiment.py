@@ -81,6 +81,7 @@ class ExperimentConfig:
   tau: float = 0.4
   num_passes: int = 3
   smoothing: float = 1e-6
+  rfa_init: str = registry.AggregatorParams.rfa_init
   secure: bool = False
   secure_bound: Optional[float] = None
   secure_metrics: bool = False
@@ -104,7 +105,8 @@ class ExperimentConfig:
 
   def aggregator_params(self) -> registry.AggregatorParams:
     return registry.AggregatorParams(
-        tau=self.tau, num_passes=self.num_passes, smoothing=self.smoothing, secure=self.secure,
+        tau=self.tau, num_passes=self.num_passes, smoothing=self.smoothing, rfa_init=self.rfa_init,
+        secure=self.secure,
         secure_bound=self.secure_bound, corrupt_fraction=self.corrupt_fraction)
 
   def partition_kwargs(self) -> dict[str, Any]:
@@ -143,6 +145,8 @@ class ExperimentConfig:
       raise ValueError(f'tau must lie in [0, 1], got {self.tau!r}')
     if not self.smoothing > 0:
       raise ValueError(f'smoothing must be positive, got {self.smoothing!r}')
+    if self.rfa_init not in ('mean', 'zero'):
+      raise ValueError(f"rfa_init must be 'mean' or 'zero', got {self.rfa_init!r}")
     for name in ('alpha', 'beta'):
       if not getattr(self, name) > 0:
         raise ValueError(f'{name} must be positive, got {getattr(self, name)!r}')
@@ -381,7 +385,8 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
         models.model_fn(setup.build_keras, setup.data.input_spec, pad_id=setup.data.pad_id),
         config.algorithm_config(), config.rfa_weight_bound,
         rfa_weights.RfaSettings(num_passes=1 if one_step else config.num_passes, smoothing=config.smoothing,
-                                one_step=one_step, secure=config.secure, value_bound=config.secure_bound))
+                                one_step=one_step, secure=config.secure, value_bound=config.secure_bound,
+                                init=None if one_step else config.rfa_init))
 
   client_ids = setup.data.train.client_ids
   bar = progress.RoundProgress(config.rounds, label=f'{config.algorithm}/{config.aggregator}') \

@@ -19,6 +19,7 @@ from typing import Optional
 import tensorflow_federated as tff
 
 from tff_gma import aggregators
+from tff_gma.aggregators import geometric_median
 from tff_gma.aggregators import robust_baselines
 
 
@@ -27,6 +28,7 @@ class AggregatorParams:
   tau: float = 0.4  # GMA agreement threshold (paper: 0.4).
   num_passes: int = 3  # RFA secure averages per round (paper: 3).
   smoothing: float = 1e-6  # RFA nu.
+  rfa_init: str = geometric_median.DEFAULT_INIT  # Where RFA's Weiszfeld starts: 'mean' or 'zero'.
   secure: bool = False  # Float sums through secure sums as well (bounded, discretized).
   secure_bound: Optional[float] = None  # Per-coordinate bound for secure float sums (None: the factory's default).
   corrupt_fraction: float = 0.0  # The corruption level rho, known to trimmed_mean and krum.
@@ -46,7 +48,7 @@ def _gma(mask: str):
 def _rfa(one_step: bool):
   return lambda p: aggregators.GeometricMedianFactory(
       num_passes=None if one_step else p.num_passes, smoothing=p.smoothing, one_step=one_step, secure=p.secure,
-      value_bound=p.secure_bound)
+      value_bound=p.secure_bound, init=None if one_step else p.rfa_init)
 
 
 def _non_private(build: Callable[[AggregatorParams], tff.aggregators.WeightedAggregationFactory], name: str):

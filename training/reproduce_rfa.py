@@ -3,7 +3,7 @@
     python -m training.reproduce_rfa [--seeds=0,1,2] [--rounds=10] [--local_epochs=5] [--models=logistic,cnn]
         [--corruptions=data_negate,data_flip_labels,gaussian,omniscient] [--fractions=0,0.1,0.25,0.4]
         [--aggregators=mean,rfa,rfa_one_step,gma,median,trimmed_mean,krum,clip_mean,zeroing_mean]
-        [--output_dir=outputs/reproduce_rfa] [--shard=i/n]
+        [--clients_per_round=10,20] [--output_dir=outputs/reproduce_rfa] [--shard=i/n]
 
 Each model's base settings come from its flagfile (`configs/rfa_digits_linear.flags` for `logistic`,
 `configs/rfa_digits_cnn.flags` for `cnn`: 20 clients, 10 per round, FedAvg); the study varies the aggregator,
@@ -13,6 +13,10 @@ interrupted study resumes (finished cells are read back from their summary.json,
 parts of the grid (--shard) into one --output_dir and a last call over the whole grid collects them). rho = 0 is
 one uncorrupted run per (model, aggregator, seed), shared by every corruption's column. `trimmed_mean` and `krum`
 are told rho (as in the paper); the others are agnostic.
+
+An aggregator entry may carry runner settings of its own, `NAME+setting=value+...`: `rfa+rfa_init=zero+num_passes=5`
+is RFA started from the zero update with 5 passes (the entry is its label in the tables). --clients_per_round
+lists participation levels to compare (default: the flagfile's); each is its own group of tables.
 
 Writes `results.md` (per model and corruption: final accuracy in %, mean +- std over seeds, rows aggregators,
 columns rho; then the paper's qualitative claims checked against the numbers), `results.json` and `results.png`.
@@ -28,7 +32,7 @@ import dataclasses  # pylint: disable=g-import-not-at-top
 import itertools
 import json
 import time
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from absl import app
 from absl import flags
@@ -60,16 +64,31 @@ def define_flags() -> None:
   flags.DEFINE_list('models', list(BASE_CONFIGS), f'Models, each with its base flagfile {BASE_CONFIGS}.')
   flags.DEFINE_list('corruptions', list(CORRUPTIONS), 'Corruptions.')
   flags.DEFINE_list('fractions', ['0', '0.1', '0.25', '0.4'], 'Corruption levels rho.')
-  flags.DEFINE_list('aggregators', list(AGGREGATORS), 'Aggregators compared.')
+  flags.DEFINE_list('aggregators', list(AGGREGATORS), 'Aggregators compared; NAME+setting=value+... sets runner '
+                    'settings for that entry (e.g. rfa+rfa_init=zero+num_passes=5).')
+  flags.DEFINE_list('clients_per_round', [], "Participation levels compared (default: the flagfile's).")
   flags.DEFINE_string('output_dir', 'outputs/reproduce_rfa', 'Where runs and results go.')
   flags.DEFINE_string('shard', '0/1', 'i/n: run only every n-th cell from the i-th (0-based), so that n processes '
                       'share the grid; a last call without --shard collects their finished cells.')
 
 
+def parse_setting(name: str, raw: str, where: str = 'setting') -> Any:
+  """A runner setting's value from its flag text, typed as `ExperimentConfig`'s field."""
+  fields = {f.name for f in dataclasses.fields(experiment.ExperimentConfig)}
+  if name not in fields:
+    raise ValueError(f'{where}: unknown setting {name!r}')
+  default = getattr(experiment.ExperimentConfig(), name)
+  if isinstance(default, bool):
+    return raw.lower() in ('true', '1', '')
+  if isinstance(default, int):
+    return int(raw)
+  if isinstance(default, float) or name == 'secure_bound':
+    return float(raw)
+  return raw
+
+
 def read_flagfile(path: str) -> experiment.ExperimentConfig:
   """An `ExperimentConfig` from a runner flagfile (`--name=value` lines; `#` comments)."""
-  fields = {f.name: f for f in dataclasses.fields(experiment.ExperimentConfig)}
-  defaults = experiment.ExperimentConfig()
   values: dict[str, Any] = {}
   with open(path) as f:
     for line in f:
@@ -77,30 +96,42 @@ def read_flagfile(path: str) -> experiment.ExperimentConfig:
       if not line:
         continue
       name, _, raw = line.lstrip('-').partition('=')
-      if name not in fields:
-        raise ValueError(f'{path}: unknown setting {name!r}')
-      default = getattr(defaults, name)
-      if isinstance(default, bool):
-        values[name] = raw.lower() in ('true', '1', '')
-      elif isinstance(default, int):
-        values[name] = int(raw)
-      elif isinstance(default, float) or name == 'secure_bound':
-        values[name] = float(raw)
-      else:
-        values[name] = raw
+      values[name] = parse_setting(name, raw, path)
   return experiment.ExperimentConfig(**values)
 
 
-def cells(models, corruptions, fractions, aggregators, seeds) -> list[tuple[str, str, float, str, int]]:
-  """(model, corruption, rho, aggregator, seed) to run: rho = 0 once per (model, aggregator, seed) as 'none'.
+def parse_aggregator(entry: str) -> tuple[str, dict[str, Any]]:
+  """'rfa+rfa_init=zero+num_passes=5' -> ('rfa', {'rfa_init': 'zero', 'num_passes': 5})."""
+  name, *settings = entry.split('+')
+  overrides = {}
+  for setting in settings:
+    key, sep, raw = setting.partition('=')
+    if not sep or key in ('aggregator', 'seed', 'model', 'corruption', 'corrupt_fraction', 'clients_per_round'):
+      raise ValueError(f'aggregators: {entry!r}: expected NAME+setting=value+..., with a setting the study does '
+                       f'not vary itself, got {setting!r}')
+    overrides[key] = parse_setting(key, raw, f'aggregators: {entry!r}')
+  return name, overrides
+
+
+class Cell(NamedTuple):
+  model: str
+  corruption: str
+  rho: float
+  aggregator: str  # An entry of --aggregators (its label).
+  seed: int
+  clients_per_round: Optional[int] = None  # None: the flagfile's.
+
+
+def cells(models, corruptions, fractions, aggregators, seeds, participation=(None,)) -> list[Cell]:
+  """The runs: rho = 0 once per (model, aggregator, seed, participation) as corruption 'none'.
 
   Aggregator-major, so that a study stopped early has whole columns of the first aggregators.
   """
   out = []
-  for aggregator, model, seed in itertools.product(aggregators, models, seeds):
+  for aggregator, model, seed, clients in itertools.product(aggregators, models, seeds, participation):
     if any(rho == 0 for rho in fractions):
-      out.append((model, 'none', 0.0, aggregator, seed))
-    out.extend((model, c, rho, aggregator, seed) for c in corruptions for rho in fractions if rho > 0)
+      out.append(Cell(model, 'none', 0.0, aggregator, seed, clients))
+    out.extend(Cell(model, c, rho, aggregator, seed, clients) for c in corruptions for rho in fractions if rho > 0)
   return out
 
 
@@ -116,15 +147,24 @@ def parse_shard(text: str) -> tuple[int, int]:
   return index, count
 
 
-def cell_config(model: str, corruption: str, rho: float, aggregator: str, seed: int, rounds: int,
-                eval_every: int, output_dir: str, local_epochs: Optional[int] = None) -> experiment.ExperimentConfig:
-  base = read_flagfile(BASE_CONFIGS[model])
+def cell_config(cell: Cell, rounds: int, eval_every: int, output_dir: str,
+                local_epochs: Optional[int] = None) -> experiment.ExperimentConfig:
+  base = read_flagfile(BASE_CONFIGS[cell.model])
   epochs = base.local_epochs if local_epochs is None else local_epochs
+  name, overrides = parse_aggregator(cell.aggregator)
+  clients = base.clients_per_round if cell.clients_per_round is None else cell.clients_per_round
+  run_name = f'{cell.model}-{cell.corruption}-rho{cell.rho:g}-{cell.aggregator}-seed{cell.seed}-e{epochs}'
+  if clients != base.clients_per_round:
+    run_name += f'-k{clients}'
   return dataclasses.replace(
-      base, model=model, corruption=corruption, corrupt_fraction=rho, aggregator=aggregator, seed=seed,
-      rounds=rounds, eval_every=eval_every, local_epochs=epochs,
-      output_dir=os.path.join(output_dir, 'runs',
-                              f'{model}-{corruption}-rho{rho:g}-{aggregator}-seed{seed}-e{epochs}'))
+      base, model=cell.model, corruption=cell.corruption, corrupt_fraction=cell.rho, aggregator=name,
+      seed=cell.seed, rounds=rounds, eval_every=eval_every, local_epochs=epochs, clients_per_round=clients,
+      output_dir=os.path.join(output_dir, 'runs', run_name), **overrides)
+
+
+def setting_label(config: experiment.ExperimentConfig) -> str:
+  """The group a run's tables are in: model and participation."""
+  return f'{config.model}, {config.clients_per_round} of {config.num_clients} per round'
 
 
 def finished_summary(config: experiment.ExperimentConfig) -> Optional[dict[str, Any]]:
@@ -151,17 +191,32 @@ def final_accuracy(output_dir: str, last_evals: int) -> float:
   return float(np.mean(accuracy[-last_evals:]))
 
 
-def _accuracy(results, model, corruption, rho, aggregator) -> list[float]:
-  """Final accuracies (%) of a cell over seeds; rho = 0 reads the shared uncorrupted runs."""
+def _group(record: dict) -> str:
+  """The table group of a result: its setting (model and participation), or its model in older results."""
+  return record.get('setting', record['model'])
+
+
+def _groups(results: list[dict]) -> list[str]:
+  return list(dict.fromkeys(_group(r) for r in results))
+
+
+def _accuracy(results, group, corruption, rho, aggregator, by_seed=False):
+  """Final accuracies (%) of a cell over seeds; rho = 0 reads the shared uncorrupted runs.
+
+  With `by_seed`, a {seed: accuracy} dict instead of a list.
+  """
   wanted = 'none' if rho == 0 else corruption
-  return [100 * r['final_accuracy'] for r in results
-          if (r['model'], r['corruption'], r['rho'], r['aggregator']) == (model, wanted, rho, aggregator)]
+  chosen = [r for r in results
+            if (_group(r), r['corruption'], r['rho'], r['aggregator']) == (group, wanted, rho, aggregator)]
+  if by_seed:
+    return {r['seed']: 100 * r['final_accuracy'] for r in chosen}
+  return [100 * r['final_accuracy'] for r in chosen]
 
 
 def summarize(results: list[dict], fractions: list[float]) -> str:
   """Markdown: one table per (model, corruption), rows aggregators, columns rho."""
   lines = []
-  models = list(dict.fromkeys(r['model'] for r in results))
+  models = _groups(results)
   corruptions = list(dict.fromkeys(r['corruption'] for r in results if r['corruption'] != 'none')) or ['none']
   aggregators = list(dict.fromkeys(r['aggregator'] for r in results))
   for model, corruption in itertools.product(models, corruptions):
@@ -180,7 +235,7 @@ def summarize(results: list[dict], fractions: list[float]) -> str:
 
 def summarize_at(results: list[dict], rho: float) -> str:
   """Markdown: every corruption at one level rho side by side, rows aggregators, columns (model, corruption)."""
-  models = list(dict.fromkeys(r['model'] for r in results))
+  models = _groups(results)
   corruptions = list(dict.fromkeys(r['corruption'] for r in results if r['corruption'] != 'none'))
   aggregators = list(dict.fromkeys(r['aggregator'] for r in results))
   columns = list(itertools.product(models, corruptions))
@@ -201,7 +256,7 @@ def check_claims(results: list[dict], fractions: list[float]) -> list[str]:
   """The RFA paper's qualitative claims, each with the numbers it rests on and whether it holds here."""
   out = []
   positive = [rho for rho in fractions if rho > 0]
-  for model in dict.fromkeys(r['model'] for r in results):
+  for model in _groups(results):
     acc = lambda c, rho, a, m=model: _mean_or_none(_accuracy(results, m, c, rho, a))
     clean_mean, clean_rfa = acc('none', 0.0, 'mean'), acc('none', 0.0, 'rfa')
     if clean_mean is not None and clean_rfa is not None:
@@ -232,11 +287,53 @@ def check_claims(results: list[dict], fractions: list[float]) -> list[str]:
   return out
 
 
+def check_start_goals(results: list[dict], fractions: list[float], baseline: str = 'median',
+                      tolerance: float = 5.0) -> list[str]:
+  """The goals of the Weiszfeld-start comparison, per RFA entry and seed (issue: 'a start the attack cannot place').
+
+  With full participation: accuracy at rho = 0.25 and 0.4 within `tolerance` points of the same seed's
+  uncorrupted accuracy. With partial participation: at every rho > 0, no seed below the `baseline` aggregator's
+  accuracy for that seed. Omniscient corruption only.
+  """
+  out = []
+  entries = [a for a in dict.fromkeys(r['aggregator'] for r in results)
+             if a.split('+')[0] == 'rfa']
+  for group in _groups(results):
+    records = [r for r in results if _group(r) == group]
+    full = all(r.get('clients_per_round') == r.get('num_clients') for r in records) and \
+        'num_clients' in records[0]
+    for entry in entries:
+      failures, compared = [], 0
+      if full:
+        clean = _accuracy(results, group, 'none', 0.0, entry, by_seed=True)
+        levels = [rho for rho in (0.25, 0.4) if rho in fractions]
+        for rho in levels:
+          corrupted = _accuracy(results, group, 'omniscient', rho, entry, by_seed=True)
+          compared += len(set(corrupted) & set(clean))
+          failures += [f'rho={rho:g} seed {s}: {corrupted[s]:.1f} vs {clean[s]:.1f}'
+                       for s in corrupted if s in clean and corrupted[s] < clean[s] - tolerance]
+        goal = (f'within {tolerance:g} points of its uncorrupted accuracy at rho = '
+                f'{", ".join(f"{r:g}" for r in levels)} for every seed')
+      else:
+        for rho in (r for r in fractions if r > 0):
+          ours = _accuracy(results, group, 'omniscient', rho, entry, by_seed=True)
+          base = _accuracy(results, group, 'omniscient', rho, baseline, by_seed=True)
+          compared += len(set(ours) & set(base))
+          failures += [f'rho={rho:g} seed {s}: {ours[s]:.1f} vs {base[s]:.1f}'
+                       for s in ours if s in base and ours[s] < base[s]]
+        goal = f'no seed below {baseline} at any rho > 0'
+      if not compared:  # Nothing to judge it on (e.g. the baseline did not run).
+        continue
+      verdict = 'holds' if not failures else f'does not hold ({"; ".join(failures)})'
+      out.append(f'- {group}, omniscient, {entry}: "{goal}": {verdict}.')
+  return out
+
+
 def plot(results: list[dict], fractions: list[float], path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  models = list(dict.fromkeys(r['model'] for r in results))
+  models = _groups(results)
   corruptions = list(dict.fromkeys(r['corruption'] for r in results if r['corruption'] != 'none')) or ['none']
   aggregators = list(dict.fromkeys(r['aggregator'] for r in results))
   fig, axes = plt.subplots(len(models), len(corruptions), figsize=(3.6 * len(corruptions), 3.0 * len(models)),
@@ -270,6 +367,8 @@ def write_results(results: list[dict], fractions: list[float], output_dir: str,
   if max(fractions) > 0:
     table = summarize_at(results, max(fractions)) + '\n' + table
   claims = check_claims(results, fractions)
+  if any(r['corruption'] == 'omniscient' for r in results):
+    claims += check_start_goals(results, fractions)
   with open(os.path.join(output_dir, 'results.md'), 'w') as f:
     f.write(header + '\n\n' + table + '\n')
     f.write('## The RFA paper\'s qualitative claims here\n\n' + '\n'.join(claims) + '\n')
@@ -295,41 +394,43 @@ def main(argv):
   for name in FLAGS.models:
     if name not in BASE_CONFIGS:
       raise app.UsageError(f'models: unknown model {name!r}; expected some of {list(BASE_CONFIGS)}')
-  seeds = [int(s) for s in FLAGS.seeds]
-  fractions = sorted(float(f) for f in FLAGS.fractions)
   try:
+    seeds = [int(s) for s in FLAGS.seeds]
+    fractions = sorted(float(f) for f in FLAGS.fractions)
+    participation = [int(k) for k in FLAGS.clients_per_round] or [None]
     shard, num_shards = parse_shard(FLAGS.shard)
   except ValueError as e:
-    raise app.UsageError(str(e)) from e
+    raise app.UsageError(f'invalid study settings: {e}') from e
   # Every n-th cell: the grid is aggregator-major, so each shard gets a like share of the slow aggregators.
-  todo = cells(FLAGS.models, FLAGS.corruptions, fractions, FLAGS.aggregators, seeds)[shard::num_shards]
+  grid = cells(FLAGS.models, FLAGS.corruptions, fractions, FLAGS.aggregators, seeds, participation)
+  todo = grid[shard::num_shards]
   local_epochs = FLAGS.local_epochs or None
   if FLAGS.last_evals < 1:
     raise app.UsageError(f'last_evals must be a positive integer, got {FLAGS.last_evals}')
-  for model, corruption, rho, aggregator, seed in todo:  # Every setting is checked before anything runs.
+  configure = lambda cell: cell_config(cell, FLAGS.rounds, FLAGS.eval_every, FLAGS.output_dir, local_epochs)
+  for cell in todo:  # Every setting is checked before anything runs.
     try:
-      cell_config(model, corruption, rho, aggregator, seed, FLAGS.rounds, FLAGS.eval_every,
-                  FLAGS.output_dir, local_epochs).validate()
+      configure(cell).validate()
     except ValueError as e:
       raise app.UsageError(f'invalid study settings: {e}') from e
   runtime.set_simulation_context()
-  text = header(cell_config(FLAGS.models[0], 'none', 0.0, 'mean', seeds[0], FLAGS.rounds, FLAGS.eval_every,
-                            FLAGS.output_dir, local_epochs), FLAGS.rounds, seeds, FLAGS.last_evals,
-                FLAGS.eval_every)
+  text = header(configure(grid[0]), FLAGS.rounds, seeds, FLAGS.last_evals, FLAGS.eval_every)
   results = []
   started = time.monotonic()
-  for i, (model, corruption, rho, aggregator, seed) in enumerate(todo, 1):
-    config = cell_config(model, corruption, rho, aggregator, seed, FLAGS.rounds, FLAGS.eval_every,
-                         FLAGS.output_dir, local_epochs)
+  for i, cell in enumerate(todo, 1):
+    config = configure(cell)
     summary = finished_summary(config) or experiment.run(config, show_progress=False)
-    results.append({'model': model, 'corruption': corruption, 'rho': rho, 'aggregator': aggregator, 'seed': seed,
+    results.append({'model': cell.model, 'setting': setting_label(config), 'corruption': cell.corruption,
+                    'rho': cell.rho, 'aggregator': cell.aggregator, 'seed': cell.seed,
+                    'clients_per_round': config.clients_per_round, 'num_clients': config.num_clients,
                     'final_accuracy': final_accuracy(config.output_dir, FLAGS.last_evals),
                     'best_accuracy': summary['best_accuracy']})
-    print(f'[{i}/{len(todo)}, {time.monotonic() - started:.0f}s] {model} {corruption} rho={rho:g} {aggregator} '
-          f'seed {seed}: {100 * results[-1]["final_accuracy"]:.1f}%', flush=True)
+    print(f'[{i}/{len(todo)}, {time.monotonic() - started:.0f}s] {setting_label(config)} {cell.corruption} '
+          f'rho={cell.rho:g} {cell.aggregator} seed {cell.seed}: {100 * results[-1]["final_accuracy"]:.1f}%',
+          flush=True)
     # After every run: a stopped study keeps its table.
     table, claims = write_results(results, fractions, FLAGS.output_dir, text)
-    if i == len(todo) or todo[i][3] != aggregator:  # And the figure after each aggregator's runs.
+    if i == len(todo) or todo[i].aggregator != cell.aggregator:  # And the figure after each aggregator's runs.
       plot(results, fractions, os.path.join(FLAGS.output_dir, 'results.png'))
   print(table)
   print('\n'.join(claims))

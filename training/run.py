@@ -54,6 +54,9 @@ flags.DEFINE_enum('aggregator', _D.aggregator, list(experiment.AGGREGATORS), 'Ho
 flags.DEFINE_float('tau', _D.tau, 'gma/gma_binary: agreement threshold in [0, 1] (paper: 0.4).')
 flags.DEFINE_integer('num_passes', _D.num_passes, 'rfa: secure averages per round (paper: 3).')
 flags.DEFINE_float('smoothing', _D.smoothing, 'rfa/rfa_one_step: Weiszfeld smoothing nu.')
+flags.DEFINE_enum('rfa_init', _D.rfa_init, ['mean', 'zero'],
+                  'rfa: where Weiszfeld starts: the weighted mean (RFA paper) or the zero update (the current '
+                  'model; pass 1 is then one-step RFA).')
 flags.DEFINE_bool('secure', _D.secure, 'Aggregate the float sums through secure sums too.')
 flags.DEFINE_float('secure_bound', _D.secure_bound, 'Per-coordinate clipping bound of secure float sums.')
 flags.DEFINE_bool('secure_metrics', _D.secure_metrics, 'Aggregate training metrics with secure sums.')

@@ -5,12 +5,16 @@ with a budget of `num_passes` secure averages (RFA paper, Algorithm 2; math in `
 client->server round, so a call with R passes runs exactly R sequential rounds (the audit's
 `aggregation_passes`; one more with `report_final_objective=True`):
 
-  pass 1:      v_1 = weighted mean of w_i with weights a_i
+  pass 1:      init='mean' (the paper's Algorithm 2): v_1 = weighted mean of w_i with weights a_i;
+               init='zero': a reweighting from v_0 = 0 (the current server model), b_i = a_i / max(nu, ||w_i||)
   pass k > 1:  broadcast v_{k-1}; client i computes d_i = ||v_{k-1} - w_i|| (whole flattened update) and its own
                weight b_i = a_i / max(nu, d_i); the server receives only the weighted mean of w_i with weights b_i.
 
-`one_step=True` is one-step RFA (Algorithm 3): a single pass with b_i = a_i / max(nu, ||w_i||), i.e. from the
-zero update v_0 = 0 (the current server model).
+`one_step=True` is one-step RFA (Algorithm 3): a single pass from the zero update, i.e. `init='zero',
+num_passes=1`. The geometric median does not depend on the start; the finite-pass estimate does. The weighted
+mean is exactly what an omniscient attacker controls (it can place it anywhere, e.g. at minus the honest mean),
+while the zero update is the current model, which no client can move: from it every pass reweights towards the
+bulk of the points (see `DEFAULT_INIT` for the measured choice).
 
 Every average goes through one weighted-mean process (`federated_mean` when `secure=False`; only secure sums when
 `secure=True`, see `secure_mean`), so the server learns the estimates, never a client's update, distance or
@@ -65,6 +69,8 @@ from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import weiszfeld
 
 DEFAULT_NUM_PASSES = 3
+INITS = ('mean', 'zero')
+DEFAULT_INIT = 'mean'
 
 
 def _check_num_passes(num_passes, one_step: bool) -> int:
@@ -75,6 +81,16 @@ def _check_num_passes(num_passes, one_step: bool) -> int:
   if one_step and num_passes != 1:
     raise ValueError(f'num_passes must be 1 (or None) with one_step=True, got {num_passes!r}')
   return int(num_passes)
+
+
+def _check_init(init, one_step: bool) -> str:
+  if init is None:
+    return 'zero' if one_step else DEFAULT_INIT
+  if init not in INITS:
+    raise ValueError(f'init must be one of {INITS}, got {init!r}')
+  if one_step and init != 'zero':
+    raise ValueError(f"init must be 'zero' (or None) with one_step=True, got {init!r}")
+  return init
 
 
 def _stack_scalars(scalars_at_server):
@@ -104,6 +120,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       max_weight_ratio: float = 1e3,
       mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
       report_final_objective: bool = False,
+      init: Optional[str] = None,
   ):
     """Initializes the factory.
 
@@ -123,12 +140,17 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       report_final_objective: also measure D(v_R), the objective of the result. Costs one more sequential
         round per call (the clients compute their distance to the result and send it through one more
         weighted mean): num_passes + 1 rounds instead of num_passes.
+      init: where Weiszfeld starts. 'mean' (the RFA paper's Algorithm 2): pass 1 is the weighted mean.
+        'zero': pass 1 is a Weiszfeld reweighting from v_0 = 0 (the current server model), i.e. one-step RFA,
+        and each further pass reweights from the previous estimate. Default: 'zero' with `one_step=True`
+        (which is `init='zero', num_passes=1`), else `DEFAULT_INIT` (see the module docstring for why).
 
     Raises:
       ValueError: for an invalid argument (the message names it).
     """
     self._one_step = secure_mean.check_bool(one_step, 'one_step')
     self._num_passes = _check_num_passes(num_passes, self._one_step)
+    self._init = _check_init(init, self._one_step)
     self._smoothing = secure_mean.check_positive_finite(smoothing, 'smoothing')
     self._secure = secure_mean.check_bool(secure, 'secure')
     self._value_bound = None if value_bound is None else secure_mean.check_positive_finite(
@@ -154,6 +176,10 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     return self._one_step
 
   @property
+  def init(self) -> str:
+    return self._init
+
+  @property
   def secure(self) -> bool:
     return self._secure
 
@@ -176,7 +202,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     secure_mean.check_float_structure(value_type)
     secure_mean.check_weight_type(weight_type)
     scalar = tff.TensorType(np.float32)
-    secure, one_step = self._secure, self._one_step
+    secure, zero_start = self._secure, self._init == 'zero'
     nu, ratio = self._smoothing, self._max_weight_ratio
     value_bound, weight_bound = self._value_bound, self._weight_bound
     num_passes, num_rounds = self._num_passes, self.num_rounds
@@ -186,7 +212,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     pass_processes = [self._mean_factory.create(value_type, scalar) for _ in range(num_passes)]
     objective_factory = self._objective_factory(num_elements)
     objective_processes = [objective_factory.create(scalar, scalar) for _ in range(num_rounds)]
-    if secure and one_step:
+    if secure and zero_start:
       first_smoothing = np.float32(weiszfeld.one_step_secure_smoothing(nu, value_bound, num_elements, ratio))
     else:
       first_smoothing = np.float32(nu)
@@ -256,11 +282,11 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
             client_reweight, (weights, distance, tff.federated_broadcast(smoothing)))
         return run_pass(pass_weights)
 
-      # Round 1: the distances to v_0 = 0 give D(v_0) (and one-step RFA's weights). Nothing in it depends on an
-      # aggregate, and the smoothing of one-step RFA is a constant, so it is one round.
+      # Round 1: the distances to v_0 = 0 give D(v_0) (and the weights of a zero start, as in one-step RFA).
+      # Nothing in it depends on an aggregate, and the zero start's smoothing is a constant, so it is one round.
       distance = tff.federated_map(client_norm, points)
       measure_objective(distance)
-      if one_step:
+      if zero_start:
         estimate = reweighted_pass(distance, tff.federated_value(first_smoothing, tff.SERVER))
       else:
         estimate = run_pass(weights)
@@ -303,9 +329,9 @@ class UnweightedGeometricMedianFactory(tff.aggregators.UnweightedAggregationFact
                secure: bool = False, value_bound: Optional[float] = None, weight_bound: float = 1.0,
                max_weight_ratio: float = 1e3,
                mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
-               report_final_objective: bool = False):
+               report_final_objective: bool = False, init: Optional[str] = None):
     self._weighted = GeometricMedianFactory(num_passes, smoothing, one_step, secure, value_bound, weight_bound,
-                                            max_weight_ratio, mean_factory, report_final_objective)
+                                            max_weight_ratio, mean_factory, report_final_objective, init)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     return secure_mean.as_unweighted(self._weighted).create(value_type)

@@ -50,6 +50,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.learning.templates import proximal_client_work
 
 from tff_gma import simulation
+from tff_gma.aggregators import geometric_median
 
 METRIC_PREFIX = 'rfa_audit'
 DEFAULT_WEIGHT_BOUND = 1e4  # GeometricMedianFactory's defaults.
@@ -93,11 +94,14 @@ class RfaSettings:
   value_bound: Optional[float] = None
   weight_bound: float = DEFAULT_WEIGHT_BOUND
   max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO
+  init: Optional[str] = None  # 'mean' or 'zero'; None: 'zero' with one_step, else the factory's default.
 
   def __post_init__(self):
     _positive_int(self.num_passes, 'num_passes')
     if self.one_step and self.num_passes != 1:
       raise ValueError(f'num_passes must be 1 with one_step=True, got {self.num_passes!r}')
+    if self.init is not None and self.init not in ('mean', 'zero') or self.one_step and self.init == 'mean':
+      raise ValueError(f"init must be 'mean' or 'zero' ('zero' with one_step=True), got {self.init!r}")
     _positive_finite(self.smoothing, 'smoothing')
     if self.secure:
       if self.value_bound is None:
@@ -169,7 +173,9 @@ def replay_rfa(client_updates: Sequence[Any], client_weights: Sequence[float], s
   passes, objectives, smoothings = [], [], []
   norms = np.linalg.norm(points, axis=1)  # Distances to v_0 = 0.
   objectives.append(_objective(np.zeros(points.shape[1]), points, a))
-  if settings.one_step:
+  zero_start = settings.init == 'zero' or settings.one_step or (
+      settings.init is None and geometric_median.DEFAULT_INIT == 'zero')
+  if zero_start:
     smoothing = nu
     if settings.secure:  # weiszfeld.one_step_secure_smoothing
       smoothing = max(nu, settings.value_bound * np.sqrt(points.shape[1]) / ratio)
