@@ -1,5 +1,6 @@
 """Every flagfile in configs/ parses into a valid configuration; the offline (digits) ones run a round."""
 
+import tests
 import dataclasses
 import glob
 import os
@@ -10,7 +11,7 @@ from absl import flags
 from training import experiment
 from training import run  # Defines the runner's flags.
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = tests.ROOT
 _CONFIGS = sorted(glob.glob(os.path.join(_ROOT, 'configs', '*.flags')))
 
 

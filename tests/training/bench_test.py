@@ -1,5 +1,6 @@
 """The benchmark: its measuring tools against NumPy and /proc, and `scripts/bench.py --smoke` end to end."""
 
+import tests
 import collections
 import importlib.util
 import json
@@ -17,7 +18,7 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from tff_gma import benchmarks
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = tests.ROOT
 
 
 def _load_bench_script():

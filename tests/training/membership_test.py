@@ -1,5 +1,6 @@
 """Membership inference attack: separable vs indistinguishable logits, NumPy references, the script end to end."""
 
+import tests
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ from tff_gma.audit import membership
 from tff_gma.data import digits
 from tff_gma.data import loaders
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = tests.ROOT
 NUM_CLASSES = 10
 
 

@@ -1,6 +1,6 @@
 """Computations for the audit tests and the CLI test: clean ones, deliberately leaky ones, multi-pass ones.
 
-Each target is a module attribute so that `python -m tff_gma.audit tests.audit_targets:<name>` can load it.
+Each target is a module attribute so that `python -m tff_gma.audit tests.tff_gma.audit.targets:<name>` can load it.
 Built lazily (functions returning the computation) where building costs more than a few milliseconds.
 """
 

@@ -1,11 +1,12 @@
 """The reproduction scripts run end to end (at toy size) and write their tables and figures."""
 
+import tests
 import json
 import os
 import subprocess
 import sys
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = tests.ROOT
 
 
 def test_reproduce_gma_script_runs(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.compiler import building_blocks
 
-import audit_targets as targets  # tests/ is on sys.path: pytest inserts the directory of rootless test modules.
+from tests.tff_gma.audit import targets
 from tff_gma import audit
 
 

@@ -1,5 +1,6 @@
 """The RFA robustness study: its grid and claims logic, and the script end to end at toy size."""
 
+import tests
 import dataclasses
 import json
 import os
@@ -9,7 +10,7 @@ import pytest
 
 from training import reproduce_rfa
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = tests.ROOT
 
 
 def test_cells_share_the_uncorrupted_runs():
