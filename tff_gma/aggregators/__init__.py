@@ -6,6 +6,9 @@
   geometric median by a few secure averages (smoothed Weiszfeld; one-step RFA with `one_step=True`).
 * `ElasticFactory`: Elastic aggregation: the weighted mean of client updates scaled per coordinate by the
   clients' parameter sensitivity (values `OrderedDict(update=..., sensitivity=...)`; see `tff_gma.learning`).
+* `FedGMAFactory`: FedGMA's server step: the weighted mean update plus a step along the AND-masked (GMA, binary
+  mask) weighted mean of the clients' gradients (values `OrderedDict(update=..., gradient=...)`; client work in
+  `tff_gma.learning.build_fedgma`).
 * `FederatedMeanFactory`, `SecureWeightedMeanFactory`: the weighted means they are built from (`federated_mean`,
   or TFF's quantized secure sum), usable on their own; `as_unweighted` turns a weighted factory into an unweighted one.
 
@@ -15,11 +18,15 @@ Example::
     process = tff.learning.algorithms.build_weighted_fed_avg(model_fn, client_optimizer_fn,
                                                              model_aggregator=aggregator)
 
+The non-private baselines of the robustness study (coordinate-wise median, trimmed mean, multi-Krum) collect
+every client's update at the server; they are not exported here (see `tff_gma.aggregators.robust_baselines`).
+
 The processes use `tff.federated_secure_sum` (GMA's sign sums, the client counts), so they need an execution
 context that supports the secure intrinsics, such as `tff_gma.runtime.set_simulation_context()`.
 """
 
 from tff_gma.aggregators.elastic import ElasticFactory
+from tff_gma.aggregators.fedgma import FedGMAFactory
 from tff_gma.aggregators.geometric_median import GeometricMedianFactory
 from tff_gma.aggregators.geometric_median import UnweightedGeometricMedianFactory
 from tff_gma.aggregators.gradient_masked import GradientMaskedFactory
@@ -30,6 +37,7 @@ from tff_gma.aggregators.secure_mean import SecureWeightedMeanFactory
 
 __all__ = [
     'ElasticFactory',
+    'FedGMAFactory',
     'FederatedMeanFactory',
     'GeometricMedianFactory',
     'GradientMaskedFactory',

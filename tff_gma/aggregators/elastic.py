@@ -39,6 +39,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma.aggregators import paired_values
 from tff_gma.aggregators import secure_mean
 
 UPDATE = 'update'
@@ -85,25 +86,6 @@ def _check_tau(tau) -> float:
   if isinstance(tau, bool) or not math.isfinite(value) or value < 0:
     raise ValueError(f'tau must be a finite non-negative number, got {tau!r}')
   return value
-
-
-def _split_value_type(value_type):
-  """(update type, sensitivity type) of `OrderedDict(update=..., sensitivity=...)`; TypeError otherwise."""
-  if not isinstance(value_type, tff.StructType) or isinstance(value_type, tff.FederatedType):
-    raise TypeError(f'value_type must be a struct with fields {UPDATE!r} and {SENSITIVITY!r}, got {value_type}')
-  names = [name for name, _ in tff.structure.iter_elements(value_type)]
-  if names != [UPDATE, SENSITIVITY]:
-    raise TypeError(f'value_type must have exactly the fields ({UPDATE!r}, {SENSITIVITY!r}) in this order, '
-                    f'got {names} in {value_type}')
-  update_type, sensitivity_type = value_type[UPDATE], value_type[SENSITIVITY]
-  secure_mean.check_float_structure(update_type, 'value_type.update')
-  secure_mean.check_float_structure(sensitivity_type, 'value_type.sensitivity')
-  update_shapes = [tuple(t.shape) for t in tff.structure.flatten(tff.to_type(update_type))]
-  sensitivity_shapes = [tuple(t.shape) for t in tff.structure.flatten(tff.to_type(sensitivity_type))]
-  if update_shapes != sensitivity_shapes:
-    raise TypeError(f'value_type.update and value_type.sensitivity must have the same structure and shapes, got '
-                    f'{update_type} and {sensitivity_type}')
-  return update_type, sensitivity_type
 
 
 class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
@@ -162,7 +144,7 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
     return self._secure
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    update_type, sensitivity_type = _split_value_type(value_type)
+    update_type, sensitivity_type = paired_values.split_paired_value_type(value_type, UPDATE, SENSITIVITY)
     secure_mean.check_weight_type(weight_type)
     update_process = self._update_mean.create(update_type, weight_type)
     sensitivity_process = self._sensitivity_mean.create(sensitivity_type, weight_type)

@@ -37,8 +37,6 @@ for `tff.learning.algorithms.build_unweighted_fed_avg`. Two classes, as TFF's `M
 from __future__ import annotations
 
 import collections
-import math
-import numbers
 from typing import Optional
 
 import numpy as np
@@ -47,15 +45,6 @@ import tensorflow_federated as tff
 
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import sign_agreement
-
-
-def _check_tau(tau) -> float:
-  if isinstance(tau, bool) or not isinstance(tau, numbers.Real):
-    raise ValueError(f'tau must be a number in [0, 1], got {tau!r}')
-  value = float(tau)
-  if math.isnan(value) or not 0.0 <= value <= 1.0:
-    raise ValueError(f'tau must lie in [0, 1], got {tau!r}')
-  return value
 
 
 def _int_codes_type(value_type):
@@ -102,7 +91,7 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
     Raises:
       ValueError: for an invalid argument (the message names it).
     """
-    self._tau = _check_tau(tau)
+    self._tau = secure_mean.check_fraction(tau, 'tau')
     if mask not in sign_agreement.MASKS:
       raise ValueError(f'mask must be one of {sign_agreement.MASKS}, got {mask!r}')
     self._mask = mask

@@ -161,6 +161,16 @@ def check_positive_finite(value, name: str) -> float:
   return number
 
 
+def check_fraction(value, name: str) -> float:
+  """`float(value)` when it is a number in [0, 1]; ValueError naming `name` otherwise."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise ValueError(f'{name} must be a number in [0, 1], got {value!r}')
+  number = float(value)
+  if math.isnan(number) or not 0.0 <= number <= 1.0:
+    raise ValueError(f'{name} must lie in [0, 1], got {value!r}')
+  return number
+
+
 def check_bool(value, name: str) -> bool:
   if not isinstance(value, (bool, np.bool_)):
     raise ValueError(f'{name} must be a bool, got {value!r}')

@@ -1,0 +1,86 @@
+"""`FedGMAFactory`, FedGMA's server step, against a NumPy reference (moved here from tests/tff_gma/learning/)."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow_federated as tff
+
+from tff_gma.aggregators import fedgma
+
+F32 = np.float32
+
+
+def reference_server_update(updates, gradients, weights, p, step):
+  """Delta + eta_s * (mask * weighted mean gradient); mask: at least a fraction p of clients share the sign."""
+  w = np.asarray(weights, np.float64) / np.sum(weights)
+  out = []
+  for leaf in range(len(updates[0])):
+    delta = sum(wk * u[leaf] for wk, u in zip(w, updates))
+    grads = np.stack([g[leaf] for g in gradients])
+    mean_grad = np.tensordot(w, grads, axes=1)
+    positive = (grads > 0).mean(axis=0)
+    negative = (grads < 0).mean(axis=0)
+    mask = np.maximum(positive, negative) >= p
+    out.append(delta + step * mask * mean_grad)
+  return out
+
+
+def value_type(shapes):
+  leaves = [tff.TensorType(F32, s) for s in shapes]
+  return tff.to_type(collections.OrderedDict(update=leaves, gradient=list(leaves)))
+
+
+@pytest.mark.parametrize('p,step', [(0.8, 0.5), (0.6, 2.0), (1.0, 1.0)])
+def test_server_step_matches_numpy_reference(p, step):
+  rng = np.random.default_rng(0)
+  shapes = [(6,), (2, 3)]
+  weights = [1.0, 4.0, 2.0, 3.0, 5.0]
+  n = len(weights)
+  updates = [[rng.normal(size=s).astype(F32) for s in shapes] for _ in range(n)]
+  # Gradients with exactly 5, 4 and 3 of 5 clients on the majority sign, so the threshold is exercised.
+  gradients = []
+  for k in range(n):
+    leaves = []
+    for s in shapes:
+      magnitude = rng.uniform(0.1, 1.0, size=s)
+      agree = np.arange(int(np.prod(s))).reshape(s) % 3  # 0: 5/5 agree, 1: 4/5, 2: 3/5.
+      sign = np.where((agree == 1) & (k == 0), -1.0, 1.0)
+      sign = np.where((agree == 2) & (k < 2), -1.0, sign)
+      leaves.append((sign * magnitude).astype(F32))
+    gradients.append(leaves)
+  process = fedgma.FedGMAFactory(server_step_size=step, mask_threshold=p).create(
+      value_type(shapes), tff.TensorType(F32))
+  values = [collections.OrderedDict(update=u, gradient=g) for u, g in zip(updates, gradients)]
+  output = process.next(process.initialize(), values, [F32(w) for w in weights])
+  for got, want in zip(output.result, reference_server_update(updates, gradients, weights, p, step)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  kept = {0.8: 2 / 3, 0.6: 1.0, 1.0: 1 / 3}[p]  # Fraction of coordinates whose agreement passes.
+  assert output.measurements['gradient']['masked_fraction'] == pytest.approx(1 - kept, abs=1e-6)
+  assert output.measurements['gradient']['participating_clients'] == n
+
+
+def test_zero_step_is_the_weighted_mean():
+  shapes = [(3,)]
+  updates = [[np.array([1.0, 2.0, 3.0], F32)], [np.array([3.0, 2.0, 1.0], F32)]]
+  gradients = [[np.array([1.0, 1.0, 1.0], F32)], [np.array([1.0, 1.0, 1.0], F32)]]
+  process = fedgma.FedGMAFactory(server_step_size=0.0).create(value_type(shapes), tff.TensorType(F32))
+  values = [collections.OrderedDict(update=u, gradient=g) for u, g in zip(updates, gradients)]
+  output = process.next(process.initialize(), values, [F32(1.0), F32(3.0)])
+  np.testing.assert_allclose(output.result[0], [2.5, 2.0, 1.5])
+
+
+def test_agreement_threshold_mapping():
+  assert fedgma.agreement_threshold(0.8) == pytest.approx(0.6, abs=1e-5)
+  assert fedgma.agreement_threshold(0.8) < 0.6  # Exactly 80% of clients agreeing is kept despite rounding.
+  assert fedgma.agreement_threshold(0.3) == 0.0
+  assert fedgma.agreement_threshold(1.0) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_invalid_arguments():
+  with pytest.raises(ValueError, match='mask_threshold'):
+    fedgma.FedGMAFactory(mask_threshold=1.5)
+  with pytest.raises(ValueError, match='server_step_size'):
+    fedgma.FedGMAFactory(server_step_size=-1.0)
+  with pytest.raises(ValueError, match='value_bound'):
+    fedgma.FedGMAFactory(secure=True)

@@ -1,0 +1,173 @@
+"""`FedGMAFactory`: FedGMA's server step (Gradient-Masked Federated Optimization, Algorithm 1) as a factory.
+
+Each client k sends `collections.OrderedDict(update=Delta_k, gradient=grad^k)` (two structures of the same type:
+its model update, TFF's sign `w - w^k`, and the gradient of its loss at the round's starting model w; see
+`tff_gma.learning.fedgma`) with weight m_k. The server computes
+
+    Delta = sum_k m_k Delta_k / sum_k m_k                 so   w - Delta = sum_k m_k w^k / sum_k m_k (line 8)
+    grad  = AND-mask(grad^1..K) * sum_k m_k grad^k / sum_k m_k                                       (line 7)
+    out   = Delta + eta_s * grad                                                                     (line 9)
+
+and the server optimizer applies `out`: with SGD at learning rate 1 this is the paper's `w_t = w - eta_s * grad`
+with `w` the weighted average of the client models; another server optimizer treats `out` as a pseudo-gradient.
+
+AND-mask threshold. The issue and the paper's experiments (Sec. 4: "p = 0.8, that is, at least 80% of the clients
+should be agreeing on gradient signs") define p as the fraction of clients that must agree on a coordinate's
+sign; that is what `mask_threshold` means here. The server only learns the secure sum of the sign codes, i.e.
+the agreement `A = |mean_k sign(g^k)|`; with q the fraction of clients on the majority sign and no zero
+gradients, `A = 2q - 1`, so the mask keeps a coordinate iff `A >= 2p - 1` (`agreement_threshold(p)`, 0 for
+p <= 1/2), the `binary` GMA mask (`GradientMaskedFactory(tau=2p - 1, mask='binary')`, used as is, so signs
+reach the server only as secure sums of sign codes). A client whose gradient coordinate is exactly 0 counts half
+for each side there (it moves the sum of signs by 0). The paper's Sec. 3 formula,
+`I{p * k <= |sum_k sign(g^k)|}`, thresholds A at p directly; to get it, pass `mask_threshold = (1 + p) / 2`.
+Since the mask is the same for every client, the mean of the masked gradients is the masked mean.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma.aggregators import gradient_masked
+from tff_gma.aggregators import paired_values
+from tff_gma.aggregators import secure_mean
+
+DEFAULT_MASK_THRESHOLD = 0.8  # The paper's p.
+DEFAULT_SERVER_STEP_SIZE = 0.1
+AGREEMENT_EPSILON = 1e-6
+UPDATE = 'update'
+GRADIENT = 'gradient'
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plain TF.
+
+
+def agreement_threshold(mask_threshold: float) -> float:
+  """The GMA agreement threshold 2p - 1 (clipped at 0) for "at least a fraction p of the clients agree".
+
+  Less `AGREEMENT_EPSILON`: the agreement is a multiple of 1/N computed in float32, and a round where exactly a
+  fraction p agrees must not be masked by rounding (harmless for N < 1e5 clients, where 1/N > 1e-5).
+  """
+  return max(0.0, 2.0 * mask_threshold - 1.0 - AGREEMENT_EPSILON)
+
+
+def fedgma_server_update(mean_update, masked_mean_gradient, server_step_size: float):
+  """Delta + eta_s * masked mean gradient: what the server optimizer applies (module docstring)."""
+  return tf.nest.map_structure(lambda d, g: d + tf.cast(server_step_size, d.dtype) * g,
+                               mean_update, masked_mean_gradient)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Factory.
+
+
+class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
+  """FedGMA's server step: mean update plus `server_step_size` times the AND-masked mean gradient.
+
+  Values: `OrderedDict(update=<structure>, gradient=<same structure>)`; result: `fedgma_server_update` of the
+  two aggregates (the `update` structure).
+
+  State (at SERVER): `update`, the model-update aggregator's state; `gradient`, that of the
+  `GradientMaskedFactory`.
+  Measurements (at SERVER): `update`, the model-update aggregator's measurements; `gradient`, those of the
+  `GradientMaskedFactory` (masked_fraction, mean_agreement, participating_clients, dropped_clients, mean).
+  """
+
+  def __init__(
+      self,
+      server_step_size: float = DEFAULT_SERVER_STEP_SIZE,
+      mask_threshold: float = DEFAULT_MASK_THRESHOLD,
+      secure: bool = False,
+      value_bound: Optional[float] = None,
+      gradient_bound: Optional[float] = None,
+      weight_bound: float = 1e4,
+      model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+  ):
+    """Initializes the factory.
+
+    Args:
+      server_step_size: eta_s >= 0, the step along the masked mean gradient (0: plain FedAvg).
+      mask_threshold: p in [0, 1]: keep a coordinate iff at least a fraction p of the clients agree on its sign
+        (agreement |mean of signs| >= 2p - 1; module docstring).
+      secure: both means through secure sums only (`secure_mean.SecureWeightedMeanFactory`).
+      value_bound: bound on |coordinate| of a model update; required when `secure=True` (unless
+        `model_aggregator` is given).
+      gradient_bound: bound on |coordinate| of a client gradient when `secure=True`; defaults to `value_bound`.
+      weight_bound: largest client weight in secure mode.
+      model_aggregator: weighted factory for the model updates (default: the weighted mean chosen by `secure`).
+
+    Raises:
+      ValueError: for an invalid argument (the message names it).
+    """
+    try:
+      step = float(server_step_size)
+    except (TypeError, ValueError):
+      raise ValueError(f'server_step_size must be a non-negative number, got {server_step_size!r}') from None
+    if isinstance(server_step_size, bool) or not step >= 0 or step == float('inf'):
+      raise ValueError(f'server_step_size must be a finite non-negative number, got {server_step_size!r}')
+    self._server_step_size = step
+    self._mask_threshold = secure_mean.check_fraction(mask_threshold, 'mask_threshold')
+    secure = secure_mean.check_bool(secure, 'secure')
+    if value_bound is not None:
+      secure_mean.check_positive_finite(value_bound, 'value_bound')
+    if gradient_bound is None:
+      gradient_bound = value_bound
+    if secure and gradient_bound is None:
+      raise ValueError('gradient_bound (or value_bound) is required when secure=True, got None')
+    if model_aggregator is None:
+      model_aggregator = secure_mean.weighted_mean_factory(secure, value_bound, weight_bound)
+    elif not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory):
+      raise ValueError(f'model_aggregator must be a tff.aggregators.WeightedAggregationFactory, '
+                       f'got {model_aggregator!r}')
+    self._model_aggregator = model_aggregator
+    self._gradient_aggregator = gradient_masked.GradientMaskedFactory(
+        tau=agreement_threshold(self._mask_threshold), mask='binary', secure=secure, value_bound=gradient_bound,
+        weight_bound=weight_bound)
+
+  @property
+  def server_step_size(self) -> float:
+    return self._server_step_size
+
+  @property
+  def mask_threshold(self) -> float:
+    return self._mask_threshold
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    update_type, gradient_type = paired_values.split_paired_value_type(
+        value_type, UPDATE, GRADIENT, same_dtypes=True)
+    secure_mean.check_weight_type(weight_type)
+    update_process = self._model_aggregator.create(update_type, weight_type)
+    gradient_process = self._gradient_aggregator.create(gradient_type, weight_type)
+    step = self._server_step_size
+
+    @tff.federated_computation()
+    def init_fn():
+      return tff.federated_zip(collections.OrderedDict(
+          update=update_process.initialize(), gradient=gradient_process.initialize()))
+
+    @tff.tensorflow.computation(value_type)
+    def split(value):
+      return value[UPDATE], value[GRADIENT]
+
+    @tff.tensorflow.computation(update_type, gradient_type)
+    def server_update(mean_update, masked_gradient):
+      return fedgma_server_update(mean_update, masked_gradient, step)
+
+    @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
+                               tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      update, gradient = tff.federated_map(split, value)
+      update_output = update_process.next(state.update, update, weight)
+      gradient_output = gradient_process.next(state.gradient, gradient, weight)
+      result = tff.federated_map(server_update, (update_output.result, gradient_output.result))
+      new_state = tff.federated_zip(collections.OrderedDict(
+          update=update_output.state, gradient=gradient_output.state))
+      measurements = tff.federated_zip(collections.OrderedDict(
+          update=update_output.measurements, gradient=gradient_output.measurements))
+      return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
