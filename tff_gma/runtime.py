@@ -1,12 +1,16 @@
-"""The TFF simulation execution context, with the C++ worker's lifecycle owned by this process.
+"""The TFF simulation execution context, with the C++ worker's lifecycle and exposure owned by this process.
 
 TFF's own `tff.backends.test.set_sync_test_cpp_execution_context()` is the context that can run the secure
 intrinsics in simulation (it lowers `federated_secure_sum*` to plain sums with overflow checks). It starts the
-C++ `worker_binary` as a child process that inherits the caller's stdout/stderr and is stopped only from a
-`__del__`; seen here, the worker can outlive Python and keep the caller's output pipe open, which hangs whatever
-is waiting on that pipe (a CI job, `cmd | tee`). This module builds the same context around a worker it owns:
+C++ `worker_binary` as a child process that inherits the caller's stdout/stderr, is stopped only from a
+`__del__`, and listens on all interfaces with no authentication. This module builds the same context around a
+worker it owns:
 
-* the worker's stdout/stderr go to a log file (or are discarded), never to the caller's pipes;
+* the worker runs in a private network namespace (`tff_gma.confinement`): the driver reaches it through a Unix
+  socket in a private (0700) directory, and no TCP port is open on the host; where the kernel refuses the
+  namespace, `$TFF_GMA_WORKER_CONFINEMENT` decides (`auto`: warn once and run it unconfined; `require`: refuse);
+* the worker's stdout/stderr go to a log file (or are discarded), never to the caller's pipes; the default log
+  lives in that private directory, and those of dead processes are removed;
 * the worker runs in its own session (a Ctrl-C reaches Python, which then stops the worker cleanly) and gets
   `PR_SET_PDEATHSIG=SIGKILL`, so the kernel kills it if this process dies by any means, SIGKILL included;
 * an `atexit` hook stops it at normal exit and after an uncaught exception, and SIGTERM is turned into a
@@ -19,10 +23,19 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import gc
 import dataclasses
+import errno
+import gc
+import itertools
+import json
+import logging
 import os
+import re
+import select
+import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -42,6 +55,8 @@ from tensorflow_federated.python.core.impl.context_stack import runtime_error_co
 from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 
+from tff_gma import confinement
+
 # Same limits as TFF's local executor factory: models cross the channel as single messages.
 _GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 _GRPC_OPTIONS = [
@@ -52,6 +67,15 @@ _GRPC_OPTIONS = [
 _PR_SET_PDEATHSIG = 1
 _STARTUP_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 10.0  # For workers this process does not own (`set_multi_worker_context`).
+_ALL_INTERFACES = ('', '0.0.0.0', '::')
+_RUN_DIR_PREFIX = 'tff_gma_worker_'
+# Per-process private directories (`<prefix><pid>_<random>`) and the per-process logs of older versions
+# (`<prefix><pid>.log`).
+_STALE_NAME = re.compile(re.escape(_RUN_DIR_PREFIX) + r'(\d+)(?:_\w+|\.log)')
+_MAX_SOCKET_DIR_LEN = 80  # sun_path holds 107 bytes; the socket's name adds about 20.
+
+_logger = logging.getLogger(__name__)
 
 
 def worker_binary_path() -> str:
@@ -62,73 +86,383 @@ def worker_binary_path() -> str:
   return path
 
 
-def _die_with_parent() -> None:
-  """Runs in the child between fork and exec: ask the kernel to SIGKILL it when the parent dies."""
+def _die_with_parent_of(parent_pid: int):
+  def preexec() -> None:
+    """Runs in the child between fork and exec: ask the kernel to SIGKILL it when the parent dies."""
+    try:
+      libc = ctypes.CDLL('libc.so.6', use_errno=True)
+      libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except OSError:  # Not Linux: the atexit hook still stops the worker on a normal exit.
+      return
+    if os.getppid() != parent_pid:  # The parent died before prctl took effect.
+      os._exit(1)  # pylint: disable=protected-access
+  return preexec
+
+
+def _pid_alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie does not)."""
   try:
-    libc = ctypes.CDLL('libc.so.6', use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-  except OSError:  # Not Linux: the atexit hook still stops the worker on a normal exit.
-    pass
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
+  except FileNotFoundError:
+    return False
+  except OSError:
+    return _pid_exists(pid)
+
+
+def _pid_exists(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+# --- Private per-process directory: default logs and the workers' Unix sockets. ---------------------------------
+
+_dir_lock = threading.Lock()
+_run_dir: Optional[str] = None
+_run_dir_pid: Optional[int] = None
+_socket_names = itertools.count()
+
+
+def remove_stale_files(directory: Optional[str] = None) -> list[str]:
+  """Removes the private directories and logs that processes of this user, now dead, left in `directory`.
+
+  A process killed without running its exit hooks (SIGKILL, OOM) leaves them behind. Only entries owned by this
+  user whose pid is gone are removed; symbolic links are never followed. Returns the removed paths.
+  """
+  directory = directory or tempfile.gettempdir()
+  removed = []
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return removed
+  for name in names:
+    match = _STALE_NAME.fullmatch(name)
+    if not match or int(match.group(1)) == os.getpid():
+      continue
+    path = os.path.join(directory, name)
+    try:
+      st = os.lstat(path)
+      if st.st_uid != os.geteuid() or _pid_exists(int(match.group(1))):
+        continue
+      if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)  # Does not follow symbolic links inside.
+      elif stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+        os.unlink(path)
+      else:
+        continue
+      removed.append(path)
+    except OSError:
+      continue
+  return removed
+
+
+def private_dir() -> str:
+  """This process's private directory (mode 0700, random name), created on first use, removed at exit."""
+  global _run_dir, _run_dir_pid
+  with _dir_lock:
+    if _run_dir is None or _run_dir_pid != os.getpid() or not os.path.isdir(_run_dir):
+      base = tempfile.gettempdir()
+      remove_stale_files(base)
+      if len(base) > _MAX_SOCKET_DIR_LEN - 30 and os.path.isdir('/tmp'):
+        base = '/tmp'  # Unix socket paths are short.
+        remove_stale_files(base)
+      _run_dir = tempfile.mkdtemp(prefix=f'{_RUN_DIR_PREFIX}{os.getpid()}_', dir=base)
+      _run_dir_pid = os.getpid()
+    return _run_dir
+
+
+def _remove_private_dir() -> None:
+  global _run_dir
+  with _dir_lock:
+    if _run_dir is not None and _run_dir_pid == os.getpid():
+      shutil.rmtree(_run_dir, ignore_errors=True)
+    _run_dir = None
+
+
+def _open_log(path: str) -> IO[bytes]:
+  """Opens `path` for appending without following a symbolic link there (mode 0600 if created)."""
+  flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+  try:
+    fd = os.open(path, flags, 0o600)
+  except OSError as e:
+    if e.errno == errno.ELOOP:
+      raise RuntimeError(f'TFF worker log {path} is a symbolic link; refusing to follow it') from e
+    raise
+  return os.fdopen(fd, 'ab')
+
+
+# --- Confinement state (per process). ---------------------------------------------------------------------------
+
+_confinement_lock = threading.Lock()
+_confinement_unavailable: Optional[str] = None  # Why the kernel refused the namespace, once known.
+_unconfined_warned = False
+
+
+def confinement_status() -> str:
+  """'available', 'unavailable: <reason>' or 'unknown' (no worker started yet) for this process."""
+  if _confinement_unavailable is not None:
+    return f'unavailable: {_confinement_unavailable}'
+  if any(w.confined for w in list(_live_workers)):
+    return 'available'
+  return 'unknown'
+
+
+def _allow_unconfined(worker: 'WorkerProcess', setting: str) -> None:
+  """Raises if the worker may not run unconfined; otherwise warns (once per process) that it is exposed."""
+  global _unconfined_warned
+  reason = (f'{confinement.ENV_VAR}=off' if setting == 'off'
+            else f'{confinement.unavailable_advice()}: {_confinement_unavailable}')
+  if setting == 'require':
+    raise RuntimeError(
+        f'TFF worker confinement is required ({confinement.ENV_VAR}=require) but unavailable: {reason}. '
+        f'Allow network namespaces for this user (or run as root), or set {confinement.ENV_VAR}=auto to run '
+        f'the worker exposed on all interfaces.')
+  if worker.listen_host not in (None,) + _ALL_INTERFACES:
+    raise RuntimeError(
+        f'cannot restrict the TFF worker to {worker.listen_host}: the worker itself listens on all interfaces, '
+        f'and confinement is unavailable ({reason}); use a firewall or a private network instead')
+  with _confinement_lock:
+    if _unconfined_warned:
+      return
+    _unconfined_warned = True
+  _logger.warning(
+      'TFF worker NOT confined (%s). It listens on all interfaces of its port without authentication: any host '
+      'that can reach this machine, and any local process, can run TensorFlow graphs in it as uid %d. '
+      'Set %s=require to refuse to run instead (README: "TFF worker process").',
+      reason, os.geteuid(), confinement.ENV_VAR)
+
+
+def _read_status(fd: int, process: subprocess.Popen, timeout: float) -> Optional[dict]:
+  """The helper's one JSON status line, or None if it ended (or timed out) without one. Closes `fd`."""
+  deadline = time.monotonic() + timeout
+  data = b''
+  try:
+    while b'\n' not in data:
+      remaining = deadline - time.monotonic()
+      if remaining <= 0:
+        return None
+      ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
+      if ready:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+          break
+        data += chunk
+      elif process.poll() is not None:
+        break
+  finally:
+    os.close(fd)
+  line = data.split(b'\n', 1)[0]
+  return json.loads(line) if line else None
+
+
+def _tcp_listener(host: str, port: int) -> socket.socket:
+  """A listening TCP socket on host:port ('' = all interfaces, IPv6 and IPv4 where possible)."""
+  if host in ('', '::') and socket.has_ipv6:
+    try:
+      sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+      sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      sock.bind(('::', port))
+      return sock
+    except OSError:
+      sock.close()
+  family, kind, proto, _, address = socket.getaddrinfo(
+      host or '0.0.0.0', port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+  sock = socket.socket(family, kind, proto)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  try:
+    sock.bind(address)
+  except OSError:
+    sock.close()
+    raise
+  return sock
 
 
 @dataclasses.dataclass
 class WorkerProcess:
-  """One TFF C++ worker serving gRPC on 127.0.0.1, owned by this Python process.
+  """One TFF C++ worker owned by this Python process, confined to a private network namespace where possible.
 
   Attributes:
     log_path: where the worker's stdout/stderr go; `None` discards them; the string `'stderr'` lets the
-      worker write into this process's stderr (for debugging only: then it shares the caller's pipe).
-    port: the port to serve on; picked when `None`.
+      worker write into this process's stderr (for debugging only: then it shares the caller's pipe). A
+      symbolic link there is refused.
+    port: the host TCP port, for a worker with `listen_host` (picked when `None` or 0), or for an unconfined
+      one; a confined worker without `listen_host` has none (`None`).
     max_concurrent_computation_calls: passed to the worker; nonpositive means unlimited.
+    remove_log_on_stop: remove `log_path` when the worker is stopped (for the default per-process logs).
+    listen_host: `None` (default): reachable only through a Unix socket in this process's private directory
+      (`target` is `unix:<path>`), from this user and root. Otherwise the TCP address to serve on ('' for all
+      interfaces): for workers that other hosts' drivers use (`python -m tff_gma.worker`).
+    confinement: 'auto', 'require' or 'off'; `None` reads `$TFF_GMA_WORKER_CONFINEMENT` (default 'auto').
   """
 
   log_path: Optional[str] = None
   port: Optional[int] = None
   max_concurrent_computation_calls: int = -1
-  remove_log_on_stop: bool = False  # For the default per-process log: do not leave one file per run behind.
+  remove_log_on_stop: bool = False
+  listen_host: Optional[str] = None
+  confinement: Optional[str] = None
   _process: Optional[subprocess.Popen] = dataclasses.field(default=None, init=False, repr=False)
   _log_file: Optional[IO[bytes]] = dataclasses.field(default=None, init=False, repr=False)
+  _worker_pid: Optional[int] = dataclasses.field(default=None, init=False, repr=False)
+  _socket_path: Optional[str] = dataclasses.field(default=None, init=False, repr=False)
+  _confined: Optional[str] = dataclasses.field(default=None, init=False, repr=False)
 
   @property
   def pid(self) -> Optional[int]:
-    return self._process.pid if self._process is not None else None
+    """The pid of the `worker_binary` process (not of the confinement helper that forwards to it)."""
+    return self._worker_pid if self._process is not None else None
+
+  @property
+  def helper_pid(self) -> Optional[int]:
+    """The pid of the confinement helper (the worker's parent), or None for an unconfined worker."""
+    if self._process is None or self._process.pid == self._worker_pid:
+      return None
+    return self._process.pid
+
+  @property
+  def confined(self) -> Optional[str]:
+    """How the running worker is confined ('network namespace', 'user and network namespace'), or None."""
+    return self._confined if self._process is not None else None
 
   @property
   def target(self) -> str:
-    return f'127.0.0.1:{self.port}'
+    """The gRPC target that reaches the worker: `unix:<path>` or `host:port`."""
+    if self._socket_path is not None:
+      return f'unix:{self._socket_path}'
+    host = self.listen_host
+    if host is None or host in _ALL_INTERFACES:
+      host = '127.0.0.1'
+    if ':' in host:
+      host = f'[{host}]'
+    return f'{host}:{self.port}'
+
+  def exposure(self) -> str:
+    """Who can connect to this running worker, in words."""
+    if self._process is None:
+      return 'not running'
+    if self._socket_path is not None:
+      return (f'Unix socket {self._socket_path} (private directory: this user and root only); the worker runs '
+              f'in a private {self._confined} with no other interface')
+    where = f'port {self.port} on ' + ('all interfaces' if self.listen_host in (None,) + _ALL_INTERFACES
+                                       else f'{self.listen_host} only')
+    if self._confined:
+      return f'{where} (forwarded into a private {self._confined}; the worker itself listens nowhere else)'
+    return f'{where} (the worker itself listens there: NOT confined)'
 
   def running(self) -> bool:
-    return self._process is not None and self._process.poll() is None
+    if self._process is None or self._process.poll() is not None:
+      return False
+    return self._worker_pid is None or _pid_alive(self._worker_pid)
 
   def start(self) -> 'WorkerProcess':
     """Starts the worker and blocks until its gRPC service answers."""
+    global _confinement_unavailable
     if self.running():
       return self
-    if self.port is None:
-      self.port = portpicker.pick_unused_port()
+    self._release()  # A dead previous worker: its socket and helper.
+    setting = confinement.mode(self.confinement)
     if self.log_path == 'stderr':
       out = sys.stderr
     elif self.log_path is None:
       out = subprocess.DEVNULL
     else:
-      self._log_file = open(self.log_path, 'ab')
+      if self._log_file is None:
+        self._log_file = _open_log(self.log_path)
       out = self._log_file
-    self._process = subprocess.Popen(
-        [
-            worker_binary_path(),
-            f'--port={self.port}',
-            f'--max_concurrent_computation_calls={self.max_concurrent_computation_calls}',
-        ],
+    try:
+      started = False
+      if setting != 'off' and _confinement_unavailable is None:
+        reason = self._start_confined(out)
+        if reason is None:
+          started = True
+        else:
+          with _confinement_lock:
+            _confinement_unavailable = reason
+      if not started:
+        _allow_unconfined(self, setting)
+        self._start_unconfined(out)
+      self._wait_until_serving()
+    except BaseException:
+      self._release()
+      if self._log_file is not None:  # Kept (not removed) for the reason of the failure.
+        self._log_file.close()
+        self._log_file = None
+      raise
+    return self
+
+  def _popen(self, argv: list[str], out, pass_fds=()) -> subprocess.Popen:
+    process = subprocess.Popen(
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=out,
         stderr=subprocess.STDOUT if out is not sys.stderr else sys.stderr,
         close_fds=True,
+        pass_fds=pass_fds,
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=_die_with_parent_of(os.getpid()),
     )
+    self._process = process
     _live_workers.add(self)
-    self._wait_until_serving()
-    return self
+    return process
+
+  def _worker_flags(self) -> list[str]:
+    return [f'--max_concurrent_computation_calls={self.max_concurrent_computation_calls}']
+
+  def _start_confined(self, out) -> Optional[str]:
+    """Starts the helper and the worker in its namespace; returns why confinement is unavailable, or None."""
+    requested_port = self.port
+    if self.listen_host is None:
+      path = os.path.join(private_dir(), f'worker_{next(_socket_names)}.sock')
+      listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+      try:
+        listener.bind(path)
+        os.chmod(path, 0o600)
+      except OSError:
+        listener.close()
+        raise
+      self._socket_path = path
+    else:
+      listener = _tcp_listener(self.listen_host, self.port or 0)
+      self.port = listener.getsockname()[1]
+    read_fd, write_fd = os.pipe()
+    try:
+      listener.listen(128)
+      process = self._popen(
+          confinement.helper_command() + [str(listener.fileno()), str(write_fd), worker_binary_path()]
+          + self._worker_flags(), out, pass_fds=(listener.fileno(), write_fd))
+    except BaseException:
+      os.close(read_fd)
+      raise
+    finally:
+      os.close(write_fd)
+      listener.close()
+    status = _read_status(read_fd, process, _STARTUP_TIMEOUT_S)
+    if status is not None and status.get('ok'):
+      self._worker_pid = int(status['pid'])
+      self._confined = status.get('how', 'network namespace')
+      return None
+    if status is not None and status.get('unavailable'):
+      process.wait()
+      self._release()
+      self.port = requested_port
+      return str(status.get('reason'))
+    code = process.poll()
+    raise RuntimeError(
+        f'the TFF worker (confinement helper pid {process.pid}) did not start'
+        + (f': {status.get("reason")}' if status else f' (exit code {code})') + f'; its log: {self.log_path}')
+
+  def _start_unconfined(self, out) -> None:
+    if not self.port:
+      self.port = portpicker.pick_unused_port()
+    process = self._popen([worker_binary_path(), f'--port={self.port}'] + self._worker_flags(), out)
+    self._worker_pid = process.pid
+    self._confined = None
 
   def _wait_until_serving(self) -> None:
     channel = grpc.insecure_channel(self.target, _GRPC_OPTIONS)
@@ -136,7 +470,6 @@ class WorkerProcess:
       grpc.channel_ready_future(channel).result(timeout=_STARTUP_TIMEOUT_S)
     except grpc.FutureTimeoutError as e:
       code = self._process.poll()
-      self.stop()
       raise RuntimeError(
           f'TFF worker on {self.target} did not start within {_STARTUP_TIMEOUT_S:.0f}s '
           f'(exit code {code}); its log: {self.log_path}') from e
@@ -146,22 +479,39 @@ class WorkerProcess:
   def stub(self) -> tff.framework.RemoteExecutorGrpcStub:
     return tff.framework.RemoteExecutorGrpcStub(grpc.insecure_channel(self.target, _GRPC_OPTIONS))
 
+  def _release(self) -> None:
+    """Stops the processes (SIGTERM, then SIGKILL), waits for them, removes the socket; keeps the log."""
+    process, self._process = self._process, None
+    worker_pid, self._worker_pid = self._worker_pid, None
+    if process is not None:
+      if process.poll() is None:
+        process.terminate()  # The helper stops its worker, then exits.
+        try:
+          process.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+          process.kill()  # The worker follows it (PR_SET_PDEATHSIG).
+          process.wait()
+      if worker_pid is not None and worker_pid != process.pid:
+        deadline = time.monotonic() + 5.0
+        while _pid_alive(worker_pid) and time.monotonic() < deadline:
+          time.sleep(0.01)
+    if self._socket_path is not None:
+      try:
+        os.unlink(self._socket_path)
+      except OSError:
+        pass
+      self._socket_path = None
+    self._confined = None
+    _live_workers.discard(self)
+
   def stop(self) -> None:
     """Stops the worker (SIGTERM, then SIGKILL) and waits for it. Safe to call more than once."""
-    process, self._process = self._process, None
-    if process is not None and process.poll() is None:
-      process.terminate()
-      try:
-        process.wait(timeout=_STOP_TIMEOUT_S)
-      except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    self._release()
     if self._log_file is not None:
       self._log_file.close()
       self._log_file = None
-      if self.remove_log_on_stop and self.log_path and os.path.exists(self.log_path):
+      if self.remove_log_on_stop and self.log_path and os.path.lexists(self.log_path):
         os.remove(self.log_path)
-    _live_workers.discard(self)
 
   def __hash__(self) -> int:
     return id(self)
@@ -177,9 +527,10 @@ _current_context = None
 
 
 def stop_all_workers() -> None:
-  """Stops every worker this process started. Registered with `atexit`."""
+  """Stops every worker this process started, and removes its private directory. Registered with `atexit`."""
   for worker in list(_live_workers):
     worker.stop()
+  _remove_private_dir()
 
 
 atexit.register(stop_all_workers)
@@ -226,8 +577,9 @@ def _executor_factory(worker: Optional[WorkerProcess], default_num_clients: int,
     if cardinalities.get(tff.CLIENTS) is None:
       cardinalities[tff.CLIENTS] = default_num_clients
     if worker is not None and not worker.running():
-      # The worker died (e.g. OOM-killed): start a fresh one on a new port rather than fail every later call.
-      worker.port = None
+      # The worker died (e.g. OOM-killed): start a fresh one rather than fail every later call.
+      if worker.listen_host is None:
+        worker.port = None
       worker.start()
       stub_holder.clear()
     if 'stub' not in stub_holder:
@@ -240,11 +592,14 @@ def _executor_factory(worker: Optional[WorkerProcess], default_num_clients: int,
   return tff.framework.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
 
 
+_log_names = itertools.count()
+
+
 def _default_log_path() -> Optional[str]:
-  """`TFF_GMA_WORKER_LOG`: unset -> a file in the temp dir; 'none' -> discard; 'stderr' -> our stderr."""
+  """`TFF_GMA_WORKER_LOG`: unset -> a new file in the private directory; 'none' -> discard; 'stderr' -> ours."""
   setting = os.environ.get('TFF_GMA_WORKER_LOG')
   if setting is None:
-    return os.path.join(tempfile.gettempdir(), f'tff_gma_worker_{os.getpid()}.log')
+    return os.path.join(private_dir(), f'worker_{next(_log_names)}.log')
   if setting.lower() in ('none', 'off', ''):
     return None
   return setting
@@ -266,12 +621,16 @@ def set_simulation_context(
   """Installs the simulation context as TFF's default context; returns the worker it runs on.
 
   Idempotent: a second call keeps the running worker. The worker is started here, eagerly, from the calling
-  thread (`PR_SET_PDEATHSIG` is tied to the thread that forks), and stopped at exit.
+  thread (`PR_SET_PDEATHSIG` is tied to the thread that forks), and stopped at exit. It is confined to a private
+  network namespace (reached through a Unix socket) where the kernel allows it; see `WorkerProcess` and
+  `$TFF_GMA_WORKER_CONFINEMENT` for what happens where it does not.
 
   Args:
-    log_path: file that receives the worker's log. Default: `$TFF_GMA_WORKER_LOG` if set ('none' discards,
-      'stderr' shows it), else `<tmpdir>/tff_gma_worker_<pid>.log`, removed when the worker is stopped (at exit);
-      a process killed without running its exit hooks leaves it behind for inspection.
+    log_path: file that receives the worker's log (a symbolic link there is refused). Default:
+      `$TFF_GMA_WORKER_LOG` if set ('none' discards, 'stderr' shows it), else `worker_<n>.log` in this process's
+      private directory (`<tmpdir>/tff_gma_worker_<pid>_<random>/`, mode 0700), removed when the worker is
+      stopped (at exit); a process killed without running its exit hooks leaves it behind until the next
+      process of this user that starts a worker removes it.
     default_num_clients: the CLIENTS cardinality for computations whose arguments do not fix it.
   """
   global _current_worker, _current_context
@@ -299,13 +658,44 @@ class _MergeableContext(tff.framework.MergeableCompExecutionContext):
 
   def invoke(self, comp, arg=None):
     result = super().invoke(comp, arg)
-    if isinstance(comp, tff.Computation):
+    if isinstance(comp, tff.Computation) and isinstance(result, (structure.Struct, list, tuple, dict)):
       result = type_conversions.type_to_py_container(
           structure.from_container(result, recursive=True), comp.type_signature.result)
     return result
 
 
-def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int = 0) -> None:
+def _check_target(target: str) -> None:
+  """Raises ValueError unless `target` is 'host:port' (IPv6 hosts in brackets) or 'unix:/absolute/path'."""
+  if target.startswith('unix:'):
+    if not target[len('unix:'):].lstrip('/'):
+      raise ValueError(f'targets: {target!r} names no socket path')
+    return
+  host, _, port = target.rpartition(':')
+  if not host or not port.isdigit():
+    raise ValueError(f'targets: {target!r} is not host:port')
+
+
+def _connect_probe(target: str, timeout: float) -> None:
+  """A plain connection to `target` (no gRPC), so that nothing listening fails at once, naming the address."""
+  try:
+    if target.startswith('unix:'):
+      path = target[len('unix:'):]
+      if path.startswith('//'):
+        path = path[2:]
+      with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+    else:
+      host, _, port = target.rpartition(':')
+      socket.create_connection((host.strip('[]'), int(port)), timeout=timeout).close()
+  except (OSError, ValueError) as e:
+    reason = 'timed out' if isinstance(e, socket.timeout) else (getattr(e, 'strerror', None) or str(e))
+    raise RuntimeError(
+        f'no TFF worker answers at {target}: {reason} (start one there with `python -m tff_gma.worker`)') from e
+
+
+def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int = 0,
+                             connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
   """Distributes each computation's clients over the TFF workers at `targets` ('host:port', ...).
 
   TFF's own distributed runtime: one asynchronous context per worker and TFF's mergeable-computation context,
@@ -313,19 +703,25 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
   on its share of the clients, the partial aggregates are merged, the rest runs once). Limit of that form: one
   aggregation stage per computation, so multi-pass aggregates (RFA with more than one pass) cannot run on it
   (`check_single_aggregation_stage` says so before training). The workers are not owned here: start them with
-  `start_local_workers` on this host, or `python -m tff_gma.worker --port=P` on other hosts.
+  `start_local_workers` on this host (their `target`s are private Unix sockets, 'unix:/path'), or
+  `python -m tff_gma.worker --port=P` on other hosts: those are reachable (and unauthenticated) by design,
+  see its start-up message and the README for how to restrict them.
+
+  Each worker must answer within `connect_timeout_s`; otherwise a RuntimeError names its address (a refused
+  connection fails at once).
   """
   if not targets:
     raise ValueError('targets must name at least one worker (host:port)')
   for target in targets:
-    host, _, port = target.rpartition(':')
-    if not host or not port.isdigit():
-      raise ValueError(f'targets: {target!r} is not host:port')
+    _check_target(target)
+  for target in targets:
+    _connect_probe(target, connect_timeout_s)
     channel = grpc.insecure_channel(target, _GRPC_OPTIONS)
     try:
-      grpc.channel_ready_future(channel).result(timeout=_STARTUP_TIMEOUT_S)
+      grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
     except grpc.FutureTimeoutError as e:
-      raise RuntimeError(f'no TFF worker answers at {target}') from e
+      raise RuntimeError(f'no TFF worker answers at {target} within {connect_timeout_s:g}s '
+                         f'(something listens there, but no gRPC service answered)') from e
     finally:
       channel.close()
   contexts = [
@@ -347,13 +743,18 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
 
 
 def start_local_workers(count: int, *, log_dir: Optional[str] = None) -> list[WorkerProcess]:
-  """Starts `count` owned workers on 127.0.0.1 (stopped at exit like the simulation context's worker)."""
+  """Starts `count` owned workers on this host (stopped at exit like the simulation context's worker).
+
+  Each is confined like the simulation context's worker: pass their `target`s ('unix:/path' where confined,
+  else '127.0.0.1:port') to `set_multi_worker_context`.
+  """
   if count < 1:
     raise ValueError(f'count must be positive, got {count}')
   workers = []
+  default_log = log_dir is None and os.environ.get('TFF_GMA_WORKER_LOG') is None
   for i in range(count):
     log = os.path.join(log_dir, f'worker_{i}.log') if log_dir else _default_log_path()
-    workers.append(WorkerProcess(log_path=log).start())
+    workers.append(WorkerProcess(log_path=log, remove_log_on_stop=default_log).start())
   _install_sigterm_handler()
   return workers
 
@@ -362,10 +763,10 @@ def check_single_aggregation_stage(process) -> int:
   """Raises ValueError if `process.next` aggregates client data in more than one sequential stage.
 
   TFF's mergeable-computation context (several workers) supports a single stage; the count comes from the
-  static audit of the computation (`tff_gma.audit`). Returns the number of stages.
+  static audit of the computation (`tff_gma.audit.static`). Returns the number of stages.
   """
-  from tff_gma import audit  # pylint: disable=g-import-not-at-top
-  passes = audit.audit_computation(process, policy=audit.AuditPolicy(allow_plain_sum=True)).aggregation_passes
+  from tff_gma.audit import static  # pylint: disable=g-import-not-at-top
+  passes = static.audit_computation(process, policy=static.AuditPolicy(allow_plain_sum=True)).aggregation_passes
   if passes > 1:
     raise ValueError(
         f'this process aggregates in {passes} sequential client-to-server stages; TFF\'s multi-worker '
