@@ -1,32 +1,27 @@
-"""The benchmark: its measuring tools against NumPy and /proc, and `scripts/bench.py --smoke` end to end."""
+"""The benchmark: its measuring tools against NumPy and /proc, its flags and candidates, `scripts/bench.sh`."""
 
 import tests
 import collections
-import importlib.util
 import json
 import math
 import os
+import signal
 import subprocess
-import sys
 import time
 
+from absl import flags
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import aggregators
-from tff_gma import benchmarks
+from training import bench
+from training import benchmarks
+from training import methods
+from training import registry
 
 _ROOT = tests.ROOT
-
-
-def _load_bench_script():
-  spec = importlib.util.spec_from_file_location('bench_script', os.path.join(_ROOT, 'scripts', 'bench.py'))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # Its dataclasses look their module up while being defined.
-  spec.loader.exec_module(module)
-  return module
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -174,69 +169,139 @@ def test_aggregation_probe_of_a_structured_value_returns_the_measurements():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The script.
+# The program: flags, candidates, targets.
 
 
-def test_settings_reject_invalid_flags_naming_them():
-  bench = _load_bench_script()
-  parse = lambda *argv: bench.settings_from_args(bench._parser().parse_args(list(argv)))
-  assert parse('--quick').round_repetitions == bench.QUICK.round_repetitions
-  assert parse('--aggregators', 'gma_soft').aggregators == ('mean', 'gma_soft')
-  for argv, name in [(('--sections', 'rounds,nope'), '--sections'), (('--aggregators', 'median'), '--aggregators'),
-                     (('--round-repetitions', '0'), '--round-repetitions'),
-                     (('--aggregation-sizes', '0'), '--aggregation-sizes'),
-                     (('--scaling-clients', '2000'), '--scaling-clients'), (('--quick', '--smoke'), '--quick')]:
-    with pytest.raises(ValueError, match=name):
-      parse(*argv)
+def _settings(*argv):
+  values = flags.FlagValues()
+  bench.define_flags(values)
+  values(['bench', *argv])
+  return bench.settings_from_flags(values)
+
+
+def test_flags_pick_a_preset_and_override_it():
+  assert _settings() == bench.Settings()
+  assert _settings('--quick').round_repetitions == bench.QUICK.round_repetitions
+  smoke = _settings('--smoke', '--aggregation_sizes=10,20', '--seed=3')
+  assert smoke.aggregation_sizes == (10, 20) and smoke.seed == 3 and smoke.model == bench.SMOKE.model
+  assert _settings('--aggregators=gma,rfa+num_passes=5,gma').aggregators == ('mean', 'gma', 'rfa+num_passes=5')
+  assert _settings('--profile=stock_fedavg,mean').sections == bench.SECTIONS
+
+
+@pytest.mark.parametrize('argv, flag', [
+    (('--sections=rounds,nope',), '--sections'),
+    (('--aggregators=nope',), '--aggregators'),
+    (('--aggregators=gma+nope=1',), '--aggregators'),
+    (('--aggregators=rfa+num_passes=x',), '--aggregators'),
+    (('--aggregators=median+secure',), '--aggregators'),  # Non-private: the registry refuses secure=True.
+    (('--aggregators=gma+tau=2',), '--aggregators'),  # The factory checks its settings.
+    (('--scaling_aggregators=nope',), '--scaling_aggregators'),
+    (('--round_repetitions=0',), '--round_repetitions'),
+    (('--aggregation_sizes=0',), '--aggregation_sizes'),
+    (('--aggregation_clients=a',), '--aggregation_clients'),
+    (('--scaling_clients=2000',), '--scaling_clients'),
+    (('--profile=rfa', '--aggregators=gma'), '--profile'),
+    (('--quick', '--smoke'), '--quick'),
+])
+def test_invalid_flags_are_refused_naming_the_flag(argv, flag):
+  with pytest.raises(ValueError, match=flag):
+    _settings(*argv)
+
+
+def test_every_registered_aggregator_is_a_default_candidate_built_by_the_registries():
+  # No table of its own: the defaults start with every aggregator the methods know, and each builds.
+  assert bench.AGGREGATORS[:len(methods.AGGREGATORS)] == tuple(methods.AGGREGATORS)
+  for entry in bench.AGGREGATORS + bench.Settings().scaling_aggregators:
+    candidate = bench.parse_candidate(entry)
+    assert (candidate.algorithm, candidate.aggregator) == methods.resolve(entry.split('+')[0])
+    kind, factory = bench.probe_factory(candidate, bench.PROBE_VALUE_BOUND)
+    assert kind == ('update_and_sensitivity' if candidate.aggregator == 'elastic' else 'vector')
+    assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+  assert isinstance(bench.probe_factory(bench.parse_candidate('rfa'), 1.0)[1], type(registry.build('rfa')))
+
+
+def test_entries_carry_aggregator_and_method_settings():
+  secure = bench.parse_candidate('gma_binary+secure+tau=0.3')
+  assert (secure.algorithm, secure.aggregator) == ('fedavg', 'gma_binary')
+  assert secure.aggregator_params == registry.AggregatorParams(tau=0.3, secure=True)
+  assert secure.params(2.0).secure_bound == 2.0  # The section's bound where the entry sets none...
+  assert bench.parse_candidate('gma+secure+secure_bound=0.5').params(2.0).secure_bound == 0.5  # ...else its own.
+  assert bench.parse_candidate('rfa').params(2.0).secure_bound is None
+  elastic = bench.parse_candidate('elastic+elastic_tau=0.7')
+  assert elastic.method_params == methods.MethodParams(elastic_tau=0.7)
+  assert bench.parse_candidate('fedavg/rfa+rfa_init=zero').aggregator_params.rfa_init == 'zero'
+  assert bench.probe_factory(bench.parse_candidate('scaffold'), 1.0) is None  # Composed: rounds only.
 
 
 def test_targets_are_checked_against_issue_limits():
-  bench = _load_bench_script()
   targets = bench.check_targets({
-      'round_time_ratio': {'mean': 1.0, 'gma_soft': 1.05, 'gma_binary_secure': 1.2, 'rfa_3': 1.6, 'rfa_5': 3.0,
-                           'rfa_one_step': 1.1, 'elastic': 1.29},
+      'round_time_ratio': {'mean': 1.0, 'gma': 1.05, 'gma_binary+secure': 1.2, 'rfa': 1.6, 'rfa+num_passes=5': 3.0,
+                           'rfa_one_step': 1.1, 'elastic': 1.29, 'fedgma': 2.0},
       'pipeline_throughput_ratio': 0.96,
       'scaling': [{'aggregator': 'mean', 'clients_per_round': 500, 'peak_total_gib': 30.0}],
   })
   met = {t['target'].split(' ')[0]: t['met'] for t in targets}
-  assert met == {'gma_soft': True, 'gma_binary_secure': False, 'rfa_3': False, 'elastic': True, 'project': True,
+  assert met == {'gma': True, 'gma_binary+secure': False, 'rfa': False, 'elastic': True, 'project': True,
                  '500': False}
 
 
-def test_smoke_run_writes_json_and_markdown(tmp_path):
-  output = tmp_path / 'bench.json'
+# ----------------------------------------------------------------------------------------------------------------
+# The program end to end, through its launcher.
+
+
+def _run_bench(tmp_path, *argv, timeout):
+  """`bash scripts/bench.sh ARGV` in a session of its own (killed whole on timeout, worker included)."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', TFF_GMA_WORKER_LOG='none')
   with open(tmp_path / 'stdout', 'w') as out, open(tmp_path / 'stderr', 'w') as err:
-    process = subprocess.Popen(
-        [sys.executable, os.path.join(_ROOT, 'scripts', 'bench.py'), '--smoke', '--output', str(output)],
-        cwd=str(tmp_path), env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(['bash', os.path.join(_ROOT, 'scripts', 'bench.sh'), *argv], cwd=str(tmp_path),
+                               env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-      code = process.wait(timeout=240)
+      return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-      process.kill()
+      os.killpg(process.pid, signal.SIGKILL)
       process.wait()
       raise
+
+
+@pytest.mark.slow
+def test_invalid_flags_end_in_a_usage_message_and_write_nothing(tmp_path):
+  output = tmp_path / 'out' / 'bench.json'
+  code = _run_bench(tmp_path, '--smoke', '--aggregators=gma,nope', f'--output={output}', timeout=180)
+  stderr = (tmp_path / 'stderr').read_text()
+  assert code != 0
+  assert "--aggregators: 'nope': unknown method" in stderr and 'Traceback' not in stderr
+  assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_json_and_markdown(tmp_path):
+  output = tmp_path / 'bench.json'
+  code = _run_bench(tmp_path, '--smoke', '--output', str(output), timeout=300)
   assert code == 0, (tmp_path / 'stderr').read_text()[-3000:]
   result = json.loads(output.read_text())
-  for key in ('round_time_ratio', 'round_cpu_ratio', 'aggregation_time_ratio', 'scaling', 'compile_seconds',
-              'targets', 'pipeline_throughput_ratio', 'iterator_loop_speedup'):
-    assert key in result
+  assert list(result) == ['environment', 'round_time_ratio', 'aggregation_time_ratio', 'scaling', 'details',
+                          'round_cpu_ratio', 'pipeline_throughput_ratio', 'iterator_loop_speedup',
+                          'compile_seconds', 'targets']
+  assert result['environment']['mode'] == 'smoke' and 'training.bench' in result['environment']['command']
 
   def positive_finite(x):
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
-  assert set(result['round_time_ratio']) == {'mean', 'gma_soft'}
+  assert set(result['round_time_ratio']) == {'mean', 'gma'}
   assert result['round_time_ratio']['mean'] == 1.0
   assert all(positive_finite(r) for r in result['round_time_ratio'].values())
   assert all(positive_finite(r) for r in result['round_cpu_ratio'].values())
   assert positive_finite(result['pipeline_throughput_ratio']) and positive_finite(result['iterator_loop_speedup'])
+  assert set(result['details']['rounds']['timings']) == {'mean', 'gma', *bench.PIPELINE}
   assert list(result['aggregation_time_ratio']) == ['1000x3']
   assert all(positive_finite(r) for r in result['aggregation_time_ratio']['1000x3'].values())
+  assert set(result['details']['aggregation']['timings']['1000x3']) == {'mean', 'gma', 'generation_vector'}
   assert set(result['compile_seconds']) == {'rounds', 'aggregation', 'scaling'}
   assert all(positive_finite(s) for s in result['compile_seconds']['rounds'].values())
   assert [row['clients_per_round'] for row in result['scaling']] == [2, 4]
   for row in result['scaling']:
     assert positive_finite(row['seconds']) and positive_finite(row['peak_total_gib'])
     assert row['peak_rss_gib']['worker'] > 0 and row['peak_rss_gib']['python'] > 0
+  assert [t['target'].split(' ')[0] for t in result['targets']] == ['gma', 'project']
   markdown = (tmp_path / 'bench.md').read_text()
-  assert '| gma_soft |' in markdown and '## Scaling' in markdown and '## Targets' in markdown
+  assert '| gma |' in markdown and '## Scaling' in markdown and '## Targets' in markdown
