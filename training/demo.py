@@ -26,22 +26,21 @@ import tensorflow as tf
 
 from tff_gma import models
 from tff_gma import runtime
-from tff_gma import simulation
 from tff_gma.data import digits
-from training import progress
+from training import evaluation
 from training import methods
+from training import progress
+from training import simulation
 
 _ROUNDS = flags.DEFINE_integer('rounds', 25, 'Rounds per aggregator.')
 _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 10, 'Clients (all take part in every round).')
 _PARTITION = flags.DEFINE_enum('partition', 'label_skew', list(digits.PARTITIONS), 'How the digits are split.')
 _MODEL = flags.DEFINE_enum('model', 'cnn', ['cnn', 'logistic', 'lenet'], 'Keras model.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for the partition, the model init and the client data order.')
-_AGGREGATORS = flags.DEFINE_list('aggregators', None, 'Aggregators/methods to compare (default: the project\'s).')
+_AGGREGATORS = flags.DEFINE_list('aggregators', None, 'Methods to compare (training.methods.resolve names: an '
+                                 'aggregator, a composed algorithm, or ALGORITHM/AGGREGATOR; default: the project\'s).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'outputs/demo', 'Where a timestamped run folder is written.')
 
-DESCRIPTIONS = {**methods.AGGREGATOR_DESCRIPTIONS,
-                'fedgma': 'FedGMA: averaged models + AND-masked server step (p=0.8)'}
-KNOWN_METHODS = tuple(methods.AGGREGATORS) + ('fedgma',)
 # The project's private aggregators and methods (the non-private robust baselines of the RFA study are left out:
 # they are study baselines, run them with --aggregators).
 DEFAULT_METHODS = ('mean', 'gma', 'gma_binary', 'rfa', 'rfa_one_step', 'elastic', 'fedgma')
@@ -49,14 +48,9 @@ _CONFIG = simulation.AlgorithmConfig(name='fedavg', client_lr=0.05, server_lr=1.
 _LOCAL_EPOCHS, _BATCH_SIZE = 1, 16
 
 
-def _method(name: str, model_fn, num_clients: int) -> methods.Method:
-  if name == 'fedgma':  # FedGMA: averaged models plus an AND-masked server step (an algorithm of its own).
-    return methods.build(model_fn, 'fedgma', 'mean', algorithm_config=_CONFIG, num_clients=num_clients)
-  return methods.build(model_fn, 'fedavg', name, algorithm_config=_CONFIG, num_clients=num_clients)
-
-
 def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int, seed: int):
-  method = _method(name, model_fn, len(train_data.client_ids))
+  method = methods.build(model_fn, *methods.resolve(name), algorithm_config=_CONFIG,
+                         num_clients=len(train_data.client_ids))
   process = method.process
   state = simulation.seeded_initial_state(process, build_keras, seed)  # Same start for every method.
   bar = progress.RoundProgress(rounds, label=name)
@@ -67,7 +61,7 @@ def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int
                                   seed=seed, round_num=round_num)
         for cid in train_data.client_ids
     ]
-    state, metrics = method.run_round(state, train_data.client_ids, datasets)
+    state, metrics = method.run_round(state, train_data.client_ids, datasets, round_num)
     row = {'round': round_num}
     row.update({f'test/{k}': v for k, v in evaluator(process.get_model_weights(state)).items()})
     row.update(simulation.flatten_metrics(metrics))
@@ -79,16 +73,18 @@ def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  runtime.set_simulation_context()
   names = _AGGREGATORS.value or list(DEFAULT_METHODS)
   for name in names:
-    if name not in KNOWN_METHODS:
-      raise app.UsageError(f'--aggregators: unknown aggregator {name!r}; known: {", ".join(KNOWN_METHODS)}')
+    try:
+      methods.resolve(name)
+    except ValueError as e:
+      raise app.UsageError(f'--aggregators: {e}') from None
+  runtime.set_simulation_context()
   data = digits.federated_data(_PARTITION.value, _NUM_CLIENTS.value, _SEED.value)
   train_data = data.train
   build_keras = models.keras_builder(_MODEL.value, data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  evaluator = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  evaluator = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
   out_dir = os.path.join(_OUTPUT_DIR.value, datetime.datetime.now().strftime('%Y%m%d-%H%M%S'))
   os.makedirs(out_dir, exist_ok=True)
 
@@ -102,7 +98,7 @@ def main(argv):
     rows = run_one(name, train_data, evaluator, build_keras, model_fn, _ROUNDS.value, _SEED.value)
     accuracy = [r['test/accuracy'] for r in rows]
     summary[name] = {
-        'description': DESCRIPTIONS[name],
+        'description': methods.METHOD_DESCRIPTIONS.get(name, name),
         'final_accuracy': float(np.mean(accuracy[-5:])),
         'best_accuracy': float(np.max(accuracy)),
         'final_loss': rows[-1]['test/loss'],

@@ -15,14 +15,18 @@ Rerunning with the same output directory resumes after the last saved round (a l
 Every random choice is a function of (seed, round), so an interrupted and resumed run ends with exactly the
 model of an uninterrupted one.
 
-Corruption (`corruption`, `corrupt_fraction`; `tff_gma.corruption`): a fixed, seeded set of
+Corruption (`corruption`, `corrupt_fraction`; `training.corruption`): a fixed, seeded set of
 round(corrupt_fraction * num_clients) clients is corrupted for the whole run: their data poisoned before training
 (`data_negate`, `data_flip_labels`), or their updates replaced inside the client work (`gaussian`; `omniscient`,
 whose attack the simulation harness computes from the round's honest updates). Rows then carry
 `corrupted_participants`. `algorithm='personalized'` is personalized RFA (`tff_gma.learning.personalized_rfa`;
 with `aggregator='rfa'` the RFA paper's Algorithm 4): each client holds out `PERSONAL_TEST_FRACTION` of its
-examples, its personal parameters are saved per round under `personal/` beside `checkpoints/`, and evaluations
-add `personalized/*` (w + v_k on the held-out examples) and `personalized/shared_*` (w alone on them).
+examples, its personal parameters are saved per round under `personal/` beside `checkpoints/` (SCAFFOLD's
+control variates likewise under `control_variate/`), and evaluations add `personalized/*` (w + v_k on the
+held-out examples) and `personalized/shared_*` (w alone on them).
+
+Every method is built by the one registry, `training.methods`. Settings are checked once, by `prepare` (which
+`run` calls first), before anything is written: an invalid setting raises `ConfigError` naming it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import asyncio
 import collections
 import dataclasses
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -40,20 +45,26 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_gma import corruption as corruption_lib
-from tff_gma.audit import membership
-from tff_gma.audit import rfa_weights
 from tff_gma import models
-from tff_gma import simulation
 from tff_gma.data import loaders
-from tff_gma.learning import personalized_rfa
+from training import corruption as corruption_lib
+from training import evaluation
+from training import membership
 from training import methods
 from training import progress
 from training import registry
+from training import rfa_weights
+from training import simulation
 
 LAST_EVALS_FOR_FINAL = 10  # "Final" figure: mean over the last 10 evaluated rounds (GMA paper).
-ALGORITHMS = methods.ALGORITHMS + (personalized_rfa.ALGORITHM,)
+PERSONAL_TEST_FRACTION = 0.2  # Personalized RFA: share of each client's examples held out to evaluate it.
+ALGORITHMS = methods.ALGORITHMS
 AGGREGATORS = methods.AGGREGATORS
+_AGGREGATOR_DEFAULTS = registry.AggregatorParams()
+
+
+class ConfigError(ValueError):
+  """A setting is unknown or inconsistent (the message names it); raised before anything is written."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +89,12 @@ class ExperimentConfig:
   proximal_strength: float = 0.01
   adaptive_epsilon: float = 1e-3
   aggregator: str = 'mean'
-  tau: float = 0.4
-  num_passes: int = 3
-  smoothing: float = 1e-6
-  rfa_init: str = registry.AggregatorParams.rfa_init
-  secure: bool = False
-  secure_bound: Optional[float] = None
+  tau: float = _AGGREGATOR_DEFAULTS.tau
+  num_passes: int = _AGGREGATOR_DEFAULTS.num_passes
+  smoothing: float = _AGGREGATOR_DEFAULTS.smoothing
+  rfa_init: str = _AGGREGATOR_DEFAULTS.rfa_init
+  secure: bool = _AGGREGATOR_DEFAULTS.secure
+  secure_bound: Optional[float] = _AGGREGATOR_DEFAULTS.secure_bound
   secure_metrics: bool = False
   eval_every: int = 1
   seed: int = 0
@@ -96,7 +107,7 @@ class ExperimentConfig:
   membership_inference: bool = False  # Attack the final model (GMA paper App. F); writes membership.json.
 
   def algorithm_config(self) -> simulation.AlgorithmConfig:
-    # Personalized RFA uses FedAvg's client and server optimizers.
+    # The composed algorithms (FedGMA, SCAFFOLD, personalized RFA) use FedAvg's client and server optimizers.
     return simulation.AlgorithmConfig(
         name=self.algorithm if self.algorithm in simulation.ALGORITHMS else 'fedavg',
         client_lr=self.client_lr, server_lr=self.server_lr,
@@ -106,8 +117,7 @@ class ExperimentConfig:
   def aggregator_params(self) -> registry.AggregatorParams:
     return registry.AggregatorParams(
         tau=self.tau, num_passes=self.num_passes, smoothing=self.smoothing, rfa_init=self.rfa_init,
-        secure=self.secure,
-        secure_bound=self.secure_bound, corrupt_fraction=self.corrupt_fraction)
+        secure=self.secure, secure_bound=self.secure_bound, corrupt_fraction=self.corrupt_fraction)
 
   def partition_kwargs(self) -> dict[str, Any]:
     """The partition keyword arguments that apply to the chosen partition."""
@@ -115,65 +125,65 @@ class ExperimentConfig:
     return {k: getattr(self, k) for k in names if hasattr(self, k)}
 
   def validate(self) -> None:
-    """Raises ValueError naming the setting when something is unknown or inconsistent, before any training."""
+    """Raises `ConfigError` naming the setting when something is unknown or inconsistent (nothing is written)."""
+    try:
+      self._check()
+    except ConfigError:
+      raise
+    except ValueError as e:  # The library's own argument checks name the argument too.
+      raise ConfigError(str(e)) from None
+
+  def _check(self) -> None:
     loaders.check_config(self.dataset, self.partition)
     if self.model not in models.MODELS:
-      raise ValueError(f'model: unknown model {self.model!r}; expected one of {models.MODELS}')
-    if self.algorithm not in ALGORITHMS:
-      raise ValueError(f'algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}')
-    if self.aggregator not in AGGREGATORS:
-      raise ValueError(f'aggregator: unknown aggregator {self.aggregator!r}; expected one of {AGGREGATORS}')
-    if self.algorithm != personalized_rfa.ALGORITHM:
-      methods.check(self.algorithm, self.aggregator)
-    if self._composed() and self.corruption in corruption_lib.UPDATE_CORRUPTIONS:
-      raise ValueError(f'corruption: {self.corruption} is not implemented for algorithm={self.algorithm}, '
-                       f'aggregator={self.aggregator}')
+      raise ConfigError(f'model: unknown model {self.model!r}; expected one of {models.MODELS}')
+    methods.check(self.algorithm, self.aggregator, self.corruption)
     if self.workers is not None:
       targets = [t for t in self.workers.split(',') if t]
-      if not targets or any(not t.rpartition(':')[0] or not t.rpartition(':')[2].isdigit() for t in targets):
-        raise ValueError(f'workers must be host:port[,host:port...], got {self.workers!r}')
+      host_port = lambda t: t.rpartition(':')[0] and t.rpartition(':')[2].isdigit()
+      if not targets or not all(host_port(t) or t.startswith('unix:/') for t in targets):
+        raise ConfigError(f'workers must be host:port or unix:/path[,...], got {self.workers!r}')
     self.algorithm_config()  # Raises on bad algorithm/learning-rate settings.
     positive_ints = ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size', 'eval_every',
                      'num_passes', 'classes_per_client')
     for name in positive_ints:
       value = getattr(self, name)
       if not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+        raise ConfigError(f'{name} must be a positive integer, got {value!r}')
+    if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+      raise ConfigError(f'seed must be a non-negative integer, got {self.seed!r}')
     if self.clients_per_round > self.num_clients:
-      raise ValueError(f'clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})')
+      raise ConfigError(f'clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})')
     if not 0.0 <= self.tau <= 1.0:
-      raise ValueError(f'tau must lie in [0, 1], got {self.tau!r}')
+      raise ConfigError(f'tau must lie in [0, 1], got {self.tau!r}')
     if not self.smoothing > 0:
-      raise ValueError(f'smoothing must be positive, got {self.smoothing!r}')
+      raise ConfigError(f'smoothing must be positive, got {self.smoothing!r}')
     if self.rfa_init not in ('mean', 'zero'):
-      raise ValueError(f"rfa_init must be 'mean' or 'zero', got {self.rfa_init!r}")
+      raise ConfigError(f"rfa_init must be 'mean' or 'zero', got {self.rfa_init!r}")
     for name in ('alpha', 'beta'):
       if not getattr(self, name) > 0:
-        raise ValueError(f'{name} must be positive, got {getattr(self, name)!r}')
-    if self.secure_bound is not None and not self.secure_bound > 0:
-      raise ValueError(f'secure_bound must be positive, got {self.secure_bound!r}')
+        raise ConfigError(f'{name} must be positive, got {getattr(self, name)!r}')
+    if self.secure_bound is not None and not (self.secure_bound > 0 and math.isfinite(self.secure_bound)):
+      raise ConfigError(f'secure_bound must be positive and finite, got {self.secure_bound!r}')
+    if self.secure and self.secure_bound is None:
+      raise ConfigError('secure_bound: secure=True clips every float sum to [-secure_bound, secure_bound] before '
+                        'the secure sum; set it (e.g. --secure_bound=1.0 for client updates of a small model)')
     if self.model == 'char_lstm' and self.dataset != 'shakespeare':
-      raise ValueError(f'model: char_lstm needs dataset=shakespeare, got dataset={self.dataset!r}')
+      raise ConfigError(f'model: char_lstm needs dataset=shakespeare, got dataset={self.dataset!r}')
     if self.dataset == 'shakespeare' and self.model != 'char_lstm':
-      raise ValueError(f'model: dataset=shakespeare needs model=char_lstm, got {self.model!r}')
+      raise ConfigError(f'model: dataset=shakespeare needs model=char_lstm, got {self.model!r}')
     corruption_lib.check_corruption(self.corruption, self.corrupt_fraction)
     if self.corruption in corruption_lib.DATA_CORRUPTIONS and self.dataset == 'shakespeare':
-      raise ValueError(f'corruption: {self.corruption} applies to image classification, not {self.dataset}')
-    if self.algorithm == personalized_rfa.ALGORITHM and self.corruption in corruption_lib.UPDATE_CORRUPTIONS:
-      raise ValueError(f'corruption: {self.corruption} is not implemented for algorithm={self.algorithm}')
+      raise ConfigError(f'corruption: {self.corruption} applies to image classification, not {self.dataset}')
     if self.aggregator in registry.NAMES:
       registry.build(self.aggregator, self.aggregator_params())  # Raises on settings the aggregator refuses.
     if self.rfa_weight_bound is not None:
       rfa_weights.check_bound(self.rfa_weight_bound)
       if self.aggregator not in ('rfa', 'rfa_one_step') or self.algorithm not in simulation.ALGORITHMS:
-        raise ValueError('rfa_weight_bound: the RFA weight audit replays rfa/rfa_one_step under fedavg, fedprox, '
-                         f'fedadam or fedyogi, not aggregator={self.aggregator!r}, algorithm={self.algorithm!r}')
+        raise ConfigError('rfa_weight_bound: the RFA weight audit replays rfa/rfa_one_step under fedavg, fedprox, '
+                          f'fedadam or fedyogi, not aggregator={self.aggregator!r}, algorithm={self.algorithm!r}')
       if self.corruption in corruption_lib.UPDATE_CORRUPTIONS:
-        raise ValueError(f'rfa_weight_bound: the replay sees honest updates only, not corruption={self.corruption}')
-
-  def _composed(self) -> bool:
-    """FedGMA, SCAFFOLD and Elastic: the composed processes of `tff_gma.learning` (`training.methods`)."""
-    return self.algorithm in methods.COMPOSED_ALGORITHMS or self.aggregator in methods.PROCESS_AGGREGATORS
+        raise ConfigError(f'rfa_weight_bound: the replay sees honest updates only, not corruption={self.corruption}')
 
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
@@ -182,58 +192,52 @@ _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir',
 
 
 def check_resumable(config: ExperimentConfig) -> None:
-  """Refuses to resume an output directory written with other settings (its checkpoint would not fit)."""
+  """Raises `ConfigError` if `config.output_dir` holds a run with other settings (its checkpoint would not fit).
+
+  Reads only: the directory is created, and config.json written, by `run` once every check has passed.
+  """
   path = os.path.join(config.output_dir, 'config.json')
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    saved = json.load(f)
+  # A setting missing from an older config.json had its default value then.
+  saved = {**dataclasses.asdict(ExperimentConfig()), **saved}
   current = dataclasses.asdict(config)
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
-    # A setting missing from an older config.json had its default value then.
-    saved = {**dataclasses.asdict(ExperimentConfig()), **saved}
-    changed = sorted(k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k) != current[k])
-    if changed:
-      details = ', '.join(f'{k}: {saved.get(k)!r} -> {current[k]!r}' for k in changed)
-      raise ValueError(
-          f'{config.output_dir} holds a run with other settings ({details}); use another --output_dir '
-          f'or the same flags to resume it')
-  # The runner checks before it trains, when a new --output_dir (and its parents) may not exist yet.
-  os.makedirs(config.output_dir, exist_ok=True)
-  with open(path, 'w') as f:
-    json.dump(current, f, indent=2)
+  changed = sorted(k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k) != current[k])
+  if changed:
+    details = ', '.join(f'{k}: {saved.get(k)!r} -> {current[k]!r}' for k in changed)
+    raise ConfigError(f'{config.output_dir} holds a run with other settings ({details}); use another '
+                      f'--output_dir or the same flags to resume it')
+
+
+def prepare(config: ExperimentConfig) -> None:
+  """Every check of a run, before anything is written: the settings, then the output directory's."""
+  config.validate()
+  check_resumable(config)
 
 
 def _run_async(coro):
   return asyncio.run(coro)
 
 
-# (state, participants, their datasets, round number) -> (new state, metrics).
-RoundFn = Callable[[Any, list[str], list[tf.data.Dataset], int], tuple[Any, Any]]
-
-
 @dataclasses.dataclass
-class _Setup:
+class Setup:
+  """A run's data, model and method."""
   data: loaders.FederatedDataset
   build_keras: Callable[[], tf.keras.Model]
-  process: tff.learning.templates.LearningProcess
-  evaluator: simulation.CentralEvaluator
-  run_round: RoundFn
+  model_fn: Callable[[], tff.learning.models.VariableModel]
+  method: methods.Method
+  evaluator: evaluation.CentralEvaluator
   corrupted: tuple[str, ...] = ()
-  personal: Optional[personalized_rfa.PersonalStore] = None  # Personalized RFA's client-held parameters.
-  method: Optional[methods.Method] = None  # The composed methods (SCAFFOLD keeps client control variates).
+
+  @property
+  def process(self) -> tff.learning.templates.LearningProcess:
+    return self.method.process
 
 
-# Built processes by everything that defines them: a driver running many experiments in one Python process (a
-# study) traces each computation once. The processes hold no state of a run.
-_PROCESS_CACHE: dict[tuple, tff.learning.templates.LearningProcess] = {}
-
-
-def _cached_process(key: tuple, build: Callable[[], tff.learning.templates.LearningProcess]):
-  if key not in _PROCESS_CACHE:
-    _PROCESS_CACHE[key] = build()
-  return _PROCESS_CACHE[key]
-
-
-def build_setup(config: ExperimentConfig) -> _Setup:
+def build_setup(config: ExperimentConfig) -> Setup:
+  """The data (partitioned; poisoned or held out where the settings say), the model and the method."""
   data = loaders.load_federated_data(
       config.dataset, config.partition, config.num_clients, config.seed, data_dir=config.data_dir,
       **config.partition_kwargs())
@@ -243,44 +247,23 @@ def build_setup(config: ExperimentConfig) -> _Setup:
     data = dataclasses.replace(data, train=corruption_lib.poison_data(
         data.train, corrupted, config.corruption, data.num_classes))
   held_out = None
-  if config.algorithm == personalized_rfa.ALGORITHM:
-    train, held_out = personalized_rfa.hold_out(data.train, personalized_rfa.PERSONAL_TEST_FRACTION, config.seed)
+  if config.algorithm == methods.PERSONALIZED:
+    train, held_out = evaluation.hold_out(data.train, PERSONAL_TEST_FRACTION, config.seed)
     data = dataclasses.replace(data, train=train)
   build_keras = models.keras_builder(config.model, data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec, pad_id=data.pad_id)
-  metrics_aggregator = tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None
-  algorithm = config.algorithm_config()
-  if config._composed():  # pylint: disable=protected-access
-    method = methods.build(model_fn, config.algorithm, config.aggregator, algorithm_config=algorithm,
-                           aggregator_params=config.aggregator_params(), num_clients=config.num_clients,
-                           metrics_aggregator=metrics_aggregator)
-    evaluator = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y, pad_id=data.pad_id)
-    return _Setup(data, build_keras, method.process, evaluator,
-                  lambda state, ids, datasets, _: method.run_round(state, ids, datasets), corrupted, method=method)
-  aggregator = registry.build(config.aggregator, config.aggregator_params())
-  kind = ('personalized' if config.algorithm == personalized_rfa.ALGORITHM else
-          'corrupted' if config.corruption in corruption_lib.UPDATE_CORRUPTIONS else 'plain')
-  key = (kind, config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id, algorithm,
-         config.aggregator, config.aggregator_params(), config.secure_metrics)
-  personal = None
-  if kind == 'personalized':
-    process = _cached_process(key, lambda: personalized_rfa.build_personalized_rfa(
-        model_fn, tff.learning.optimizers.build_sgdm(algorithm.client_lr, momentum=algorithm.client_momentum),
-        simulation.server_optimizer(algorithm), aggregator, metrics_aggregator))
-    personal = personalized_rfa.PersonalStore.for_process(process, held_out=held_out)
-    run_round = lambda state, ids, datasets, _: personal.run_round(process, state, ids, datasets)
-  elif kind == 'corrupted':
-    process = _cached_process(
-        key, lambda: corruption_lib.build_learning_process(model_fn, algorithm, aggregator, metrics_aggregator))
-    harness = corruption_lib.UpdateCorruption(
-        process, config.corruption, corrupted, data.train.client_ids, config.seed)
-    run_round = lambda state, ids, datasets, round_num: tuple(harness.run_round(state, ids, datasets, round_num))
-  else:
-    process = _cached_process(key, lambda: simulation.build_learning_process(
-        model_fn, algorithm, aggregator, metrics_aggregator=metrics_aggregator))
-    run_round = lambda state, ids, datasets, _: tuple(process.next(state, datasets))
-  evaluator = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y, pad_id=data.pad_id)
-  return _Setup(data, build_keras, process, evaluator, run_round, corrupted, personal)
+  update_corruption = None
+  if config.corruption in corruption_lib.UPDATE_CORRUPTIONS:
+    update_corruption = methods.UpdateCorruption(config.corruption, corrupted, tuple(data.train.client_ids),
+                                                 config.seed)
+  method = methods.build(
+      model_fn, config.algorithm, config.aggregator, algorithm_config=config.algorithm_config(),
+      aggregator_params=config.aggregator_params(), num_clients=config.num_clients,
+      metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None,
+      update_corruption=update_corruption, held_out=held_out,
+      cache_key=(config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id))
+  evaluator = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y, pad_id=data.pad_id)
+  return Setup(data, build_keras, model_fn, method, evaluator, corrupted)
 
 
 def _pooled(data, client_ids):
@@ -288,15 +271,14 @@ def _pooled(data, client_ids):
   return np.concatenate(xs), np.concatenate(ys)
 
 
-def evaluate(setup: _Setup, state, participants: list[str]) -> dict[str, float]:
+def evaluate(setup: Setup, state, participants: list[str]) -> dict[str, float]:
   """Central test split; OOD clients where the partition has them; this round's participants vs the rest."""
   weights = setup.process.get_model_weights(state)
   out = {f'test/{k}': v for k, v in setup.evaluator(weights).items()}
   if setup.data.ood_test is not None:
     ood = setup.evaluator.evaluate_arrays(weights, setup.data.ood_test_x, setup.data.ood_test_y)
     out.update({f'ood_test/{k}': v for k, v in ood.items()})
-  if setup.personal is not None:
-    out.update(setup.personal.evaluate(setup.evaluator, weights))
+  out.update(setup.method.evaluate_clients(setup.evaluator, weights))
   others = [c for c in setup.data.train.client_ids if c not in set(participants)]
   if others:  # GMA paper Table 4: the global model on participating vs non-participating clients' data.
     for name, ids in (('participating', participants), ('non_participating', others)):
@@ -342,16 +324,24 @@ def _read_rows(csv_path: str) -> list[dict[str, float]]:
   return rows
 
 
-def run(config: ExperimentConfig, *, show_progress: bool = True,
-        on_round: Optional[Callable[[int, Any], None]] = None) -> dict[str, Any]:
-  """Trains (or resumes) the experiment; returns the summary that is also written to summary.json.
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  summary: dict[str, Any]  # As written to summary.json.
+  model_weights: tff.learning.models.ModelWeights  # The final global model.
 
-  `on_round(round_num, state)` is called after each round's checkpoint is saved (tests use it to interrupt).
+
+def run(config: ExperimentConfig, *, show_progress: bool = True,
+        on_round: Optional[Callable[[int, Any], None]] = None) -> RunResult:
+  """Trains (or resumes) the experiment; returns the summary (also written to summary.json) and the final model.
+
+  Raises `ConfigError` before anything is written when a setting is invalid. `on_round(round_num, state)` is
+  called after each round's checkpoint is saved (tests use it to interrupt).
   """
-  config.validate()
-  os.makedirs(config.output_dir, exist_ok=True)
-  check_resumable(config)
+  prepare(config)
   setup = build_setup(config)
+  os.makedirs(config.output_dir, exist_ok=True)
+  with open(os.path.join(config.output_dir, 'config.json'), 'w') as f:
+    json.dump(dataclasses.asdict(config), f, indent=2)
   if config.workers is not None:
     from tff_gma import runtime  # pylint: disable=g-import-not-at-top
     runtime.check_single_aggregation_stage(setup.process)
@@ -362,7 +352,8 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
     with open(os.path.join(config.output_dir, 'audit.md'), 'w') as f:
       f.write(report.to_markdown())
 
-  state_manager = tff.program.FileProgramStateManager(os.path.join(config.output_dir, 'checkpoints'), keep_total=3)
+  state_manager = tff.program.FileProgramStateManager(os.path.join(config.output_dir, 'checkpoints'),
+                                                      keep_total=methods.KEEP_CHECKPOINTS)
   csv_path = os.path.join(config.output_dir, 'metrics.csv')
   csv_release = tff.program.CSVFileReleaseManager(csv_path, key_fieldname='round')
   tb_release = tff.program.TensorBoardReleaseManager(os.path.join(config.output_dir, 'tensorboard'))
@@ -372,18 +363,13 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
   if state is None:
     state, start_round = initial_state, 0
     _run_async(state_manager.save(state, 0))
-  if setup.personal is not None:
-    setup.personal.restore(config.output_dir, start_round)
-  client_state_dir = os.path.join(config.output_dir, 'client_state')
-  if setup.method is not None:
-    setup.method.load_client_state(client_state_dir, start_round)
+  setup.method.restore_client_state(config.output_dir, start_round)
 
   monitor = None
   if config.rfa_weight_bound is not None:  # Simulation harness only: it replays RFA on the round's updates.
     one_step = config.aggregator == 'rfa_one_step'
     monitor = rfa_weights.RfaWeightMonitor(
-        models.model_fn(setup.build_keras, setup.data.input_spec, pad_id=setup.data.pad_id),
-        config.algorithm_config(), config.rfa_weight_bound,
+        setup.model_fn, config.algorithm_config(), config.rfa_weight_bound,
         rfa_weights.RfaSettings(num_passes=1 if one_step else config.num_passes, smoothing=config.smoothing,
                                 one_step=one_step, secure=config.secure, value_bound=config.secure_bound,
                                 init=None if one_step else config.rfa_init))
@@ -401,7 +387,7 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
     ]
     audit_row = rfa_weights.report_metrics(
         monitor(setup.process.get_model_weights(state), datasets, participants)) if monitor else {}
-    state, metrics = setup.run_round(state, participants, datasets, round_num)
+    state, metrics = setup.method.run_round(state, participants, datasets, round_num)
     row = simulation.flatten_metrics(metrics)
     row.update(audit_row)
     if config.corruption != corruption_lib.NONE:
@@ -412,10 +398,8 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
     # CSV release of that round replaces the row (it drops rows with keys >= the released key).
     _run_async(csv_release.release(row, round_num))
     _run_async(tb_release.release(row, round_num))
-    if setup.personal is not None:  # Before the state: every saved state then has its clients' parameters.
-      setup.personal.checkpoint(config.output_dir, round_num)
-    if setup.method is not None:  # Likewise SCAFFOLD's client control variates.
-      setup.method.save_client_state(client_state_dir, round_num)
+    # Before the server state: every saved state then has its clients' values (SCAFFOLD, personalized RFA).
+    setup.method.checkpoint_client_state(config.output_dir, round_num)
     _run_async(state_manager.save(state, round_num))
     if bar is not None:
       bar.update(round_num, **({'acc': row['test/accuracy']} if 'test/accuracy' in row else {}))
@@ -455,6 +439,4 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
   if evaluated:
     _plot(evaluated, os.path.join(config.output_dir, 'accuracy.png'),
           f'{config.dataset}/{config.partition}: {config.algorithm} + {config.aggregator}')
-  final_weights = setup.process.get_model_weights(state)
-  summary['_model_weights'] = final_weights  # Not serialized; for callers such as tests and the MIA audit.
-  return summary
+  return RunResult(summary, setup.process.get_model_weights(state))

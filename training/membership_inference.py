@@ -5,7 +5,7 @@
 
 For each aggregator (mean, gma) and seed, one run of the experiment runner (`training.experiment`, identical
 settings and seeds for both aggregators, every client in every round; runs live under --output_dir and resume).
-Then a logistic-regression attacker (`tff_gma.audit.membership.membership_attack`) is trained on the final
+Then a logistic-regression attacker (`training.membership.membership_attack`) is trained on the final
 model's logits for members (the pooled training examples of all clients, every one of which trained in every
 round) and non-members (the central test split), balanced by drawing as many members as there are test
 examples. Attack accuracy near 50% means the model's outputs reveal little about membership.
@@ -30,10 +30,11 @@ import numpy as np
 
 from tff_gma import models
 from tff_gma import runtime
-from tff_gma import simulation
-from tff_gma.audit import membership
 from tff_gma.data import loaders
+from training import evaluation
 from training import experiment
+from training import membership
+from training import registry
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (one run per aggregator and seed).')
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per run.')
@@ -43,7 +44,7 @@ _PARTITION = flags.DEFINE_string('partition', 'label_skew', 'Partition of the di
 _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 10, 'Clients, all taking part in every round.')
 _LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', 1, 'Local epochs per round (more: more overfitting).')
 _CLIENT_LR = flags.DEFINE_float('client_lr', 0.05, 'Client learning rate.')
-_TAU = flags.DEFINE_float('tau', 0.4, 'GMA threshold (paper: 0.4).')
+_TAU = flags.DEFINE_float('tau', registry.AggregatorParams.tau, 'GMA threshold (paper: 0.4).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'outputs/membership_inference', 'Where runs and results go.')
 
 FEATURE_SETS = ('logits', 'all')  # The paper's attacker input, and the strongest of `membership.FEATURES`.
@@ -60,14 +61,13 @@ def run_config(aggregator: str, seed: int) -> experiment.ExperimentConfig:
 
 def attack_run(config: experiment.ExperimentConfig) -> dict[str, Any]:
   """Trains (or resumes) the run and attacks its final model."""
-  summary = experiment.run(config, show_progress=False)
+  weights = experiment.run(config, show_progress=False).model_weights
   data = loaders.load_federated_data(config.dataset, config.partition, config.num_clients, config.seed,
                                      **config.partition_kwargs())
   build_keras = models.keras_builder(config.model, data.input_shape, data.num_classes)
-  evaluator = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  evaluator = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
   xs, ys = zip(*(data.train.client_arrays(c) for c in data.train.client_ids))  # All clients trained every round.
   member_x, member_y = np.concatenate(xs), np.concatenate(ys)
-  weights = summary['_model_weights']
   member_logits = evaluator.logits(weights, member_x)
   nonmember_logits = evaluator.logits(weights, data.test_x)
   result = {'aggregator': config.aggregator, 'seed': config.seed,

@@ -26,6 +26,7 @@ import numpy as np
 
 from tff_gma import runtime
 from training import experiment
+from training import registry
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (runs per cell).')
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per run.')
@@ -34,7 +35,7 @@ _ALGORITHMS = flags.DEFINE_list('algorithms', ['fedavg', 'fedprox', 'fedadam', '
 _AGGREGATORS = flags.DEFINE_list('aggregators', ['mean', 'gma'], 'Aggregators compared.')
 _MODEL = flags.DEFINE_string('model', 'cnn', 'Model.')
 _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 10, 'Clients, all taking part in every round.')
-_TAU = flags.DEFINE_float('tau', 0.4, 'GMA threshold (paper: 0.4).')
+_TAU = flags.DEFINE_float('tau', registry.AggregatorParams.tau, 'GMA threshold (paper: 0.4).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'outputs/reproduce_gma', 'Where runs and results go.')
 
 # The same learning rates for AVG and GMA of one algorithm, as the paper tunes them (App. C.4: "the same
@@ -105,7 +106,7 @@ def main(argv):
     config = cell_config(partition, algorithm, aggregator, seed, _ROUNDS.value, _MODEL.value, _NUM_CLIENTS.value,
                          _TAU.value, _OUTPUT_DIR.value)
     print(f'[{i}/{len(cells)}] {partition} {algorithm} {aggregator} seed {seed}', flush=True)
-    summary = experiment.run(config, show_progress=False)
+    summary = experiment.run(config, show_progress=False).summary
     results.append({'partition': partition, 'algorithm': algorithm, 'aggregator': aggregator, 'seed': seed,
                     **{k: v for k, v in summary.items() if k.startswith('final_') or k == 'best_accuracy'}})
   table = summarize(results)

@@ -419,7 +419,7 @@ def main(argv):
   started = time.monotonic()
   for i, cell in enumerate(todo, 1):
     config = configure(cell)
-    summary = finished_summary(config) or experiment.run(config, show_progress=False)
+    summary = finished_summary(config) or experiment.run(config, show_progress=False).summary
     results.append({'model': cell.model, 'setting': setting_label(config), 'corruption': cell.corruption,
                     'rho': cell.rho, 'aggregator': cell.aggregator, 'seed': cell.seed,
                     'clients_per_round': config.clients_per_round, 'num_clients': config.num_clients,

@@ -20,12 +20,11 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from tff_gma import corruption
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import loaders
+from training import corruption
 from training import experiment
-from training import registry
 
 _D = experiment.ExperimentConfig()
 _ALL_PARTITIONS = sorted({p for d in loaders.DATASETS for p in loaders.supported_partitions(d)})
@@ -58,12 +57,13 @@ flags.DEFINE_enum('rfa_init', _D.rfa_init, ['mean', 'zero'],
                   'rfa: where Weiszfeld starts: the weighted mean (RFA paper) or the zero update (the current '
                   'model; pass 1 is then one-step RFA).')
 flags.DEFINE_bool('secure', _D.secure, 'Aggregate the float sums through secure sums too.')
-flags.DEFINE_float('secure_bound', _D.secure_bound, 'Per-coordinate clipping bound of secure float sums.')
+flags.DEFINE_float('secure_bound', _D.secure_bound,
+                   'Per-coordinate clipping bound of secure float sums (required with --secure).')
 flags.DEFINE_bool('secure_metrics', _D.secure_metrics, 'Aggregate training metrics with secure sums.')
 flags.DEFINE_integer('eval_every', _D.eval_every, 'Evaluate every this many rounds (and at the last).')
 flags.DEFINE_integer('seed', _D.seed, 'Seed of the partition, initial model, client sampling and data order.')
 flags.DEFINE_string('output_dir', _D.output_dir, 'Output directory (reused to resume).')
-flags.DEFINE_string('workers', _D.workers, 'host:port,... of TFF workers to split clients over (python -m tff_gma.worker).')
+flags.DEFINE_string('workers', _D.workers, 'host:port,... (or unix:/path,...) of TFF workers to split clients over (python -m tff_gma.worker).')
 flags.DEFINE_float('rfa_weight_bound', _D.rfa_weight_bound,
                    'rfa: warn when one client\'s normalized RFA weight exceeds this (simulation-only audit; logs '
                    'rfa_audit/* per round; trains the round\'s clients twice).')
@@ -89,15 +89,12 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
   config = config_from_flags()
-  try:
-    config.validate()
-    experiment.check_resumable(config)
-  except ValueError as e:
-    raise app.UsageError(f'invalid flags: {e}') from e
   if config.workers is None:
     runtime.set_simulation_context()
-  summary = experiment.run(config)
-  summary.pop('_model_weights', None)
+  try:
+    summary = experiment.run(config).summary  # Checks every setting first, before anything is written.
+  except experiment.ConfigError as e:
+    raise app.UsageError(f'invalid flags: {e}') from e
   print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
   print(f'Outputs: {os.path.abspath(config.output_dir)}')
 

@@ -13,7 +13,7 @@ import pytest
 from tff_gma import aggregators
 from tff_gma import models
 from tff_gma import runtime
-from tff_gma import simulation
+from training import simulation
 from tff_gma.data import loaders
 
 

@@ -39,5 +39,5 @@ def test_config_is_valid(path):
 def test_offline_config_runs(path, tmp_path):
   config = dataclasses.replace(_parse(path), rounds=1, num_clients=min(_parse(path).num_clients, 10),
                                output_dir=str(tmp_path / 'run'))
-  summary = experiment.run(config, show_progress=False)
+  summary = experiment.run(config, show_progress=False).summary
   assert summary['rounds_completed'] == 1

@@ -9,9 +9,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from absl import flags
 
-from tff_gma import corruption
+from training import corruption
 from tff_gma import models
-from tff_gma import simulation
+from training import simulation
 from tff_gma.data import client_data
 from tff_gma.data import loaders
 from training import experiment
@@ -212,8 +212,8 @@ def test_client_work_sends_honest_update_noise_or_attack(digits_clients):
   np.testing.assert_array_equal(np.asarray(again.result[0].update[0]), sent[1][0])
 
 
-def _trainable(summary):
-  return [np.asarray(t, np.float64) for t in summary['_model_weights'].trainable]
+def _trainable(result):
+  return [np.asarray(t, np.float64) for t in result.model_weights.trainable]
 
 
 def _initial_trainable(config):

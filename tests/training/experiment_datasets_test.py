@@ -30,7 +30,7 @@ def test_tfds_datasets_run(dataset, partition, model, tmp_path):
   config = dataclasses.replace(_TOY, dataset=dataset, partition=partition, model=model,
                                output_dir=str(tmp_path / 'run'))
   with tfds.testing.mock_data(num_examples=60):
-    summary = experiment.run(config, show_progress=False)
+    summary = experiment.run(config, show_progress=False).summary
   assert summary['rounds_completed'] == 1 and summary['final_accuracy'] is not None
 
 
@@ -39,7 +39,7 @@ def test_emnist_by_writer_runs(monkeypatch, tmp_path):
                       _tff_loader(tff.simulation.datasets.emnist.get_synthetic))
   config = dataclasses.replace(_TOY, dataset='emnist', partition='by_writer', model='emnist_cnn', num_clients=1,
                                clients_per_round=1, output_dir=str(tmp_path / 'run'))
-  summary = experiment.run(config, show_progress=False)
+  summary = experiment.run(config, show_progress=False).summary
   assert summary['rounds_completed'] == 1
 
 
@@ -49,7 +49,7 @@ def test_shakespeare_runs(monkeypatch, tmp_path):
   config = dataclasses.replace(_TOY, dataset='shakespeare', partition='by_writer', model='char_lstm', num_clients=1,
                                clients_per_round=1, batch_size=2, client_momentum=0.0, client_lr=0.5,
                                output_dir=str(tmp_path / 'run'))
-  summary = experiment.run(config, show_progress=False)
+  summary = experiment.run(config, show_progress=False).summary
   assert summary['rounds_completed'] == 1
   assert 0.0 <= summary['final_accuracy'] <= 1.0
 
@@ -58,7 +58,7 @@ def test_shakespeare_runs(monkeypatch, tmp_path):
                                        'mixed_skew'])
 def test_every_digits_partition_runs(partition, tmp_path):
   config = dataclasses.replace(_TOY, partition=partition, model='logistic', output_dir=str(tmp_path / 'run'))
-  summary = experiment.run(config, show_progress=False)
+  summary = experiment.run(config, show_progress=False).summary
   assert summary['rounds_completed'] == 1
   if partition in ('feature_skew', 'mixed_skew'):
     assert 'final_ood_accuracy' in summary

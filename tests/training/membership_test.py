@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tff_gma.audit import membership
+from training import membership
 from tff_gma.data import digits
 from tff_gma.data import loaders
 

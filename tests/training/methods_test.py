@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tff_gma import models
-from tff_gma import simulation
+from training import simulation
 from tff_gma.data import loaders
 from training import methods
 
@@ -12,13 +12,14 @@ from training import methods
 @pytest.mark.parametrize('algorithm, aggregator, flag', [
     ('fedsgd', 'mean', 'algorithm'), ('fedavg', 'median_of_means', 'aggregator'),
     ('fedprox', 'elastic', 'aggregator'), ('scaffold', 'elastic', 'aggregator'),
+    ('personalized', 'elastic', 'aggregator'),
 ])
 def test_impossible_combinations_name_the_flag(algorithm, aggregator, flag):
   with pytest.raises(ValueError, match=flag):
     methods.check(algorithm, aggregator)
 
 
-def test_scaffold_client_state_survives_save_and_load(tmp_path):
+def test_scaffold_client_state_survives_checkpoint_and_restore(tmp_path):
   data = loaders.load_federated_data('digits', 'iid', 3, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
@@ -28,16 +29,39 @@ def test_scaffold_client_state_survives_save_and_load(tmp_path):
   ids = data.train.client_ids[:2]
   datasets = [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
               for c in ids]
-  state, _ = method.run_round(state, ids, datasets)
-  saved = {c: [np.array(v) for v in method.control_variates.get(c)] for c in ids}
+  state, _ = method.run_round(state, ids, datasets, 1)
+  saved = {c: [np.array(v) for v in method.client_state.get(c)] for c in ids}
   assert any(np.any(v != 0) for v in saved[ids[0]])  # A client that trained has a non-zero control variate.
-  method.save_client_state(str(tmp_path), 1)
+  method.checkpoint_client_state(str(tmp_path), 1)
 
   fresh = methods.build(model_fn, 'scaffold', 'mean', algorithm_config=simulation.AlgorithmConfig(client_lr=0.05),
                         num_clients=3)
-  fresh.load_client_state(str(tmp_path), 1)
+  fresh.restore_client_state(str(tmp_path), 1)
   for c in ids:
-    for a, b in zip(saved[c], fresh.control_variates.get(c)):
+    for a, b in zip(saved[c], fresh.client_state.get(c)):
       np.testing.assert_array_equal(a, b)
   with pytest.raises(FileNotFoundError, match='round 2'):
-    fresh.load_client_state(str(tmp_path), 2)
+    fresh.restore_client_state(str(tmp_path), 2)
+
+
+@pytest.mark.parametrize('name, expected', [
+    ('gma', ('fedavg', 'gma')), ('fedgma', ('fedgma', 'mean')), ('personalized', ('personalized', 'rfa')),
+    ('scaffold/rfa', ('scaffold', 'rfa')), ('fedadam/elastic', ('fedadam', 'elastic')),
+])
+def test_method_names_resolve(name, expected):
+  assert methods.resolve(name) == expected
+
+
+@pytest.mark.parametrize('name', ['nope', 'fedprox/elastic', 'personalized/elastic', 'fedavg/'])
+def test_unknown_method_names_are_refused(name):
+  with pytest.raises(ValueError):
+    methods.resolve(name)
+
+
+def test_update_corruption_needs_the_fedavg_family():
+  with pytest.raises(ValueError, match='corruption'):
+    methods.check('scaffold', 'mean', 'omniscient')
+  with pytest.raises(ValueError, match='corruption'):
+    methods.check('fedavg', 'elastic', 'gaussian')
+  methods.check('fedprox', 'rfa', 'omniscient')
+  methods.check('scaffold', 'mean', 'data_negate')  # Data poisoning needs no cooperation of the client work.

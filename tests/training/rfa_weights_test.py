@@ -10,8 +10,8 @@ import tensorflow_federated as tff
 
 from tff_gma import aggregators
 from tff_gma import models
-from tff_gma import simulation
-from tff_gma.audit import rfa_weights
+from training import simulation
+from training import rfa_weights
 from tff_gma.data import loaders
 
 VALUE_TYPE = tff.to_type([tff.TensorType(np.float32, [2, 3]), tff.TensorType(np.float32, [4])])

@@ -6,7 +6,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import models
-from tff_gma import simulation
+from training import evaluation
+from training import simulation
 from tff_gma.data import digits
 
 
@@ -20,7 +21,7 @@ def _train(algorithm: str, rounds: int, seed: int = 0, aggregator=None):
       name=algorithm, client_lr=0.05, server_lr=0.05 if algorithm in ('fedadam', 'fedyogi') else 1.0)
   process = simulation.build_learning_process(model_fn, config, aggregator)
   state = simulation.seeded_initial_state(process, build_keras, seed)
-  evaluator = simulation.CentralEvaluator(build_keras, split.x_test, split.y_test)
+  evaluator = evaluation.CentralEvaluator(build_keras, split.x_test, split.y_test)
   history = [evaluator(process.get_model_weights(state))['accuracy']]
   for r in range(1, rounds + 1):
     data = [simulation.client_dataset(train, c, local_epochs=1, batch_size=16, seed=seed, round_num=r)
@@ -52,7 +53,7 @@ def test_evaluator_matches_numpy_logistic_regression():
   kernel = rng.normal(size=(64, 10)).astype(np.float32)
   bias = rng.normal(size=10).astype(np.float32)
   weights = tff.learning.models.ModelWeights(trainable=[kernel, bias], non_trainable=[])
-  metrics = simulation.CentralEvaluator(build_keras, split.x_test, split.y_test)(weights)
+  metrics = evaluation.CentralEvaluator(build_keras, split.x_test, split.y_test)(weights)
   logits = split.x_test.reshape(len(split.x_test), -1) @ kernel + bias
   expected_acc = np.mean(np.argmax(logits, 1) == split.y_test)
   shifted = logits - logits.max(1, keepdims=True)
@@ -67,7 +68,7 @@ def test_evaluator_reports_a_diverged_model_without_warnings():
   kernel = np.full((64, 10), np.nan, np.float32)
   weights = tff.learning.models.ModelWeights(trainable=[kernel, np.zeros(10, np.float32)], non_trainable=[])
   with np.errstate(all='raise'):  # A numpy warning would raise here.
-    metrics = simulation.CentralEvaluator(build_keras, split.x_test, split.y_test)(weights)
+    metrics = evaluation.CentralEvaluator(build_keras, split.x_test, split.y_test)(weights)
   assert np.isnan(metrics['loss'])
   assert metrics['accuracy'] == pytest.approx(np.mean(split.y_test == 0))  # argmax of a NaN row is 0.
 

@@ -5,19 +5,10 @@
 `python -m tff_gma.audit module:attr [--value_type float32[10]]` prints that report and exits non-zero on
 violations. See `tff_gma.audit.static` for what is analysed and how.
 
-Empirical checks, run by the simulation harness (never by the deployed computation):
-`tff_gma.audit.rfa_weights` replays RFA's secure averages to report the largest normalized client weight of a
-round (RFA paper, Prop. 3; `rfa_weight_report`, `RfaWeightMonitor`), and `tff_gma.audit.membership` runs a
-logistic-regression membership-inference attack on a model's logits (GMA paper, App. F; `membership_attack`).
+The empirical checks that retrain clients (RFA's effective weights, membership inference) belong to the
+experiment harness (`training.rfa_weights`, `training.membership`), not to this static audit.
 """
 
-from tff_gma.audit import membership
-from tff_gma.audit import rfa_weights
-from tff_gma.audit.membership import membership_attack
-from tff_gma.audit.rfa_weights import DominatedAggregateWarning
-from tff_gma.audit.rfa_weights import RfaSettings
-from tff_gma.audit.rfa_weights import RfaWeightMonitor
-from tff_gma.audit.rfa_weights import rfa_weight_report
 from tff_gma.audit.static import AuditPolicy
 from tff_gma.audit.static import AuditReport
 from tff_gma.audit.static import ComputationAudit
@@ -39,18 +30,11 @@ __all__ = [
     'DEFAULT_ALLOWED_INTRINSICS',
     'DEFAULT_POLICY',
     'DYNAMIC',
-    'DominatedAggregateWarning',
     'Flow',
     'KEYED_SELECT_INTRINSICS',
     'MEAN_INTRINSICS',
     'PLAIN_SUM_INTRINSICS',
-    'RfaSettings',
-    'RfaWeightMonitor',
     'SECURE_SUM_INTRINSICS',
     'Violation',
     'audit_computation',
-    'membership',
-    'membership_attack',
-    'rfa_weight_report',
-    'rfa_weights',
 ]

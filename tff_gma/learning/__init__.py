@@ -8,26 +8,26 @@ aggregation process, TFF's apply-optimizer finalizer); client data reach the ser
 
 * `build_elastic_fed_avg`: FedAvg with elastic aggregation (per-parameter sensitivity; `ElasticFactory`).
 * `build_fedgma`: FedGMA, the weighted average of the client models plus a step along the AND-masked mean of
-  the clients' gradients at the round's starting model.
+  the clients' gradients at the round's starting model (`tff_gma.aggregators.FedGMAFactory`).
 * `build_scaffold`: SCAFFOLD with client and server control variates; any weighted aggregator (the mean, GMA,
-  the geometric median) aggregates its model updates. Clients keep their control variates across rounds through
-  `ControlVariateStore` and the process's `next_with_client_controls`.
+  the geometric median) aggregates its model updates.
+* `build_personalized_rfa`: personalized RFA (RFA paper, Algorithm 4), shared parameters by RFA, personal ones
+  kept by the clients.
+
+SCAFFOLD's and personalized RFA's clients keep values between rounds: their processes are
+`LearningProcessWithClientState`s, whose `next_with_client_state` also returns those values (see its docstring).
 """
 
+from tff_gma.learning.client_lib import ClientStateOutput
+from tff_gma.learning.client_lib import LearningProcessWithClientState
 from tff_gma.learning.elastic import build_elastic_fed_avg
 from tff_gma.learning.fedgma import build_fedgma
 from tff_gma.learning.personalized_rfa import build_personalized_rfa
-from tff_gma.learning.personalized_rfa import PersonalizedProcess
-from tff_gma.learning.personalized_rfa import PersonalStore
 from tff_gma.learning.scaffold import build_scaffold
-from tff_gma.learning.scaffold import ControlVariateStore
-from tff_gma.learning.scaffold import ScaffoldProcess
 
 __all__ = [
-    'ControlVariateStore',
-    'PersonalStore',
-    'PersonalizedProcess',
-    'ScaffoldProcess',
+    'ClientStateOutput',
+    'LearningProcessWithClientState',
     'build_elastic_fed_avg',
     'build_fedgma',
     'build_personalized_rfa',

@@ -15,12 +15,55 @@ import collections
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.types import computation_types  # tensorflow_to_type: no public alias
+
+
+BATCHES = 'batches'  # The key of a client's batches in the client data of a process with client state.
+
+
+class ClientStateOutput(NamedTuple):
+  """Result of `LearningProcessWithClientState.next_with_client_state`."""
+  state: Any  # The `LearningAlgorithmState`, as from `next`.
+  metrics: Any  # As from `next`.
+  client_state: Any  # Per client (CLIENTS-placed; a list in client order in simulation): its new kept values.
+
+
+class LearningProcessWithClientState(tff.learning.templates.LearningProcess):
+  """A `LearningProcess` whose clients keep values between rounds (SCAFFOLD's c_i, personalized RFA's v_k).
+
+  TFF has no client state and a `LearningProcess` cannot output CLIENTS-placed values, so a client's kept values
+  come in with its data -- `OrderedDict(batches=<dataset of batches>, <client_state_key>=<dataset of at most
+  one element: the values as a tuple of arrays>)`, an empty dataset meaning zeros -- and go out through
+  `next_with_client_state`, which runs the same round as `next` and also returns them at CLIENTS. The plain
+  `next` (the `LearningProcess` interface) drops the new values: each client keeps its old ones.
+
+  Attributes:
+    next_with_client_state: `(state, client_data) -> ClientStateOutput(state, metrics, client_state)`.
+    client_state_type: the TFF type of one client's kept values (a tuple of tensors).
+    client_state_key: the key of those values in the client data.
+  """
+
+  def __init__(self, composed: tff.learning.templates.LearningProcess, next_with_client_state: tff.Computation,
+               client_state_type, client_state_key: str):
+    super().__init__(composed.initialize, composed.next, composed.get_model_weights, composed.set_model_weights,
+                     get_hparams_fn=composed.get_hparams, set_hparams_fn=composed.set_hparams)
+    self.next_with_client_state = next_with_client_state
+    self.client_state_type = client_state_type
+    self.client_state_key = client_state_key
+
+
+def client_state_data_type(types: 'ModelTypes', client_state_key: str):
+  """(client state type, client data type) of a process whose clients keep one value per trainable variable."""
+  state_type = tff.StructWithPythonType(list(tff.structure.flatten(types.trainable_type)), tuple)
+  data_type = tff.StructWithPythonType(
+      [(BATCHES, tff.SequenceType(types.batch_type)), (client_state_key, tff.SequenceType(state_type))],
+      collections.OrderedDict)
+  return state_type, data_type
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +184,11 @@ def optimizer_client_work(
       init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
 
 
-def compose_keeping_client_values(
+def compose_with_client_state(
     types: ModelTypes, client_init_fn: tff.Computation, client_round: tff.Computation,
     model_aggregator: tff.aggregators.WeightedAggregationFactory,
-    server_optimizer: tff.learning.optimizers.Optimizer, output_container: Callable[..., Any],
-) -> tuple[tff.learning.templates.LearningProcess, tff.Computation]:
+    server_optimizer: tff.learning.optimizers.Optimizer, client_state_type, client_state_key: str,
+) -> LearningProcessWithClientState:
   """`compose_learning_process` for a client round that also produces values the clients keep.
 
   TFF's learning processes cannot output CLIENTS-placed values (a `ClientWorkProcess` returns state, result and
@@ -156,14 +199,13 @@ def compose_keeping_client_values(
   Args:
     types: the model's types (`model_types`).
     client_init_fn: the client work's `initialize` (no-argument federated computation).
-    client_round: federated `(state, weights, client_data) -> (state, ClientResult, measurements, client_values)`.
+    client_round: federated `(state, weights, client_data) -> (state, ClientResult, measurements, client_state)`.
     model_aggregator: aggregates the model updates, weighted by the client weights.
     server_optimizer: applies the aggregated update to the global model.
-    output_container: builds the second computation's result from `(state, metrics, client_values)`.
+    client_state_type, client_state_key: see `LearningProcessWithClientState`.
 
   Returns:
-    `(composed, next_keeping_client_values)`: the stock `LearningProcess`, and `(state, client_data) ->
-    output_container(state, metrics, client_values)` with the state and metrics `composed.next` gives.
+    The stock composed process, with `next_with_client_state` giving the state and metrics `next` gives.
   """
 
   @tff.federated_computation(*client_round.type_signature.parameter)
@@ -180,24 +222,24 @@ def compose_keeping_client_values(
   state_type, client_data_type = composed.next.type_signature.parameter
 
   @tff.federated_computation(state_type, client_data_type)
-  def next_keeping_client_values(state, client_data):
+  def next_with_client_state(state, client_data):
     # `compose_learning_process`'s `next`, step for step, plus the client round's kept values.
     distributor_output = distributor.next(state.distributor, state.global_model_weights)
-    client_state, client_result, client_measurements, client_values = client_round(
+    client_work_state, client_result, client_measurements, kept_values = client_round(
         state.client_work, distributor_output.result, client_data)
     aggregator_output = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
     finalizer_output = finalizer.next(state.finalizer, state.global_model_weights, aggregator_output.result)
     new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-        finalizer_output.result, distributor_output.state, client_state, aggregator_output.state,
+        finalizer_output.result, distributor_output.state, client_work_state, aggregator_output.state,
         finalizer_output.state))
     metrics = tff.federated_zip(collections.OrderedDict(
         distributor=distributor_output.measurements,
         client_work=client_measurements,
         aggregator=aggregator_output.measurements,
         finalizer=finalizer_output.measurements))
-    return output_container(new_state, metrics, client_values)
+    return ClientStateOutput(new_state, metrics, kept_values)
 
-  return composed, next_keeping_client_values
+  return LearningProcessWithClientState(composed, next_with_client_state, client_state_type, client_state_key)
 
 
 def optimizer_hparams(optimizer: tff.learning.optimizers.Optimizer):

@@ -37,6 +37,7 @@ import tensorflow_federated as tff
 from tff_gma.aggregators import elastic as elastic_aggregator
 from tff_gma.learning import client_lib
 
+DEFAULT_TAU = 0.5  # The paper's tau.
 DEFAULT_MU = 0.95
 DEFAULT_SENSITIVITY_FRACTION = 0.1
 
@@ -136,7 +137,7 @@ def build_elastic_fed_avg(
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     *,
-    tau: float = 0.5,
+    tau: float = DEFAULT_TAU,
     mu: float = DEFAULT_MU,
     sensitivity_fraction: float = DEFAULT_SENSITIVITY_FRACTION,
     secure: bool = False,
@@ -150,7 +151,7 @@ def build_elastic_fed_avg(
   Composed from TFF's broadcast distributor, `build_elastic_client_work`, `ElasticFactory` and TFF's
   apply-optimizer finalizer; `initialize`, `next(state, client_datasets)`, `get_model_weights`,
   `set_model_weights`, `get_hparams`, `set_hparams` behave as for `tff.learning.algorithms.build_weighted_fed_avg`
-  and the client datasets are the same (batched, e.g. `tff_gma.simulation.client_dataset`).
+  and the client datasets are the same (batched, e.g. `training.simulation.client_dataset` in the harness).
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.

@@ -20,19 +20,18 @@ Where the state lives.
   * c_i: with the client. TFF has no client state and a `LearningProcess` cannot output CLIENTS-placed values,
     so a client's c_i comes in with its data -- client data are `OrderedDict(batches=<dataset of batches>,
     control_variate=<dataset of at most one element: c_i as a tuple of arrays>)`, an empty dataset meaning
-    c_i = 0 -- and goes out through `ScaffoldProcess.next_with_client_controls`, which runs the same round as
-    `next` (same components) and also returns every client's c_i+ at CLIENTS. In simulation
-    `ControlVariateStore` keeps them by client id (`run_round` does the bookkeeping) and saves/loads them
-    (`save`/`load`, one .npz), next to the server state's checkpoint. The plain `next` (the `LearningProcess`
-    interface) drops the clients' new control variates: a driver that calls it keeps every c_i at its old
-    value, which is not SCAFFOLD beyond the first round; use `next_with_client_controls` to train.
+    c_i = 0 -- and goes out through `next_with_client_state` (`client_lib.LearningProcessWithClientState`),
+    which runs the same round as `next` (same components) and also returns every client's c_i+ at CLIENTS. A
+    simulation keeps them by client id between rounds (the harness's `training.client_state`). The plain `next`
+    (the `LearningProcess` interface) drops the clients' new control variates: a driver that calls it keeps every
+    c_i at its old value, which is not SCAFFOLD beyond the first round; use `next_with_client_state` to train.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -40,17 +39,9 @@ import tensorflow_federated as tff
 
 from tff_gma.aggregators import secure_mean
 from tff_gma.learning import client_lib
-from tff_gma.learning import client_store
 
-BATCHES = 'batches'
+BATCHES = client_lib.BATCHES
 CONTROL_VARIATE = 'control_variate'
-
-
-class ScaffoldOutput(NamedTuple):
-  """Result of `ScaffoldProcess.next_with_client_controls`."""
-  state: Any  # The `LearningAlgorithmState`, as from `next`.
-  metrics: Any  # As from `next`.
-  client_control_variates: Any  # Per client (CLIENTS-placed): its new c_i, a tuple of arrays.
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -121,19 +112,11 @@ def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.Vari
 # Federated pieces.
 
 
-def _control_type(types: client_lib.ModelTypes):
-  """c and c_i: a tuple with one tensor per trainable variable."""
-  return tff.StructWithPythonType(list(tff.structure.flatten(types.trainable_type)), tuple)
-
-
 def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float,
                         client_weighting: tff.learning.ClientWeighting, num_clients: Optional[int]):
   """(init_fn, client_round) where client_round: (state@S, weights@C, data@C) ->
   (state@S, ClientResult@C, measurements@S, new c_i@C)."""
-  control_type = _control_type(types)
-  data_type = tff.StructWithPythonType(
-      [(BATCHES, tff.SequenceType(types.batch_type)), (CONTROL_VARIATE, tff.SequenceType(control_type))],
-      collections.OrderedDict)
+  control_type, data_type = client_lib.client_state_data_type(types, CONTROL_VARIATE)  # c and c_i alike.
   zeros = tuple(np.zeros(t.shape, t.dtype) for t in tff.structure.flatten(control_type))
 
   @tff.federated_computation()
@@ -172,32 +155,6 @@ def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float
   return init_fn, client_round, control_type, data_type
 
 
-class ScaffoldProcess(tff.learning.templates.LearningProcess):
-  """A `LearningProcess` for SCAFFOLD, plus `next_with_client_controls` (module docstring).
-
-  Attributes:
-    next_with_client_controls: `(state, client_data) -> ScaffoldOutput(state, metrics, client_control_variates)`,
-      the same round as `next` that also returns each client's new control variate (CLIENTS-placed; in
-      simulation a list in client order).
-    control_variate_type: the TFF type of a control variate (a tuple with one tensor per trainable variable).
-  """
-
-  def __init__(self, composed: tff.learning.templates.LearningProcess, next_with_client_controls: tff.Computation,
-               control_variate_type):
-    super().__init__(composed.initialize, composed.next, composed.get_model_weights, composed.set_model_weights,
-                     get_hparams_fn=composed.get_hparams, set_hparams_fn=composed.set_hparams)
-    self._next_with_client_controls = next_with_client_controls
-    self._control_variate_type = control_variate_type
-
-  @property
-  def next_with_client_controls(self) -> tff.Computation:
-    return self._next_with_client_controls
-
-  @property
-  def control_variate_type(self):
-    return self._control_variate_type
-
-
 def build_scaffold(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     client_lr: float,
@@ -208,8 +165,8 @@ def build_scaffold(
     client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     metrics_aggregator=None,
-) -> ScaffoldProcess:
-  """SCAFFOLD (option II) as a `ScaffoldProcess` (a `tff.learning.templates.LearningProcess`).
+) -> client_lib.LearningProcessWithClientState:
+  """SCAFFOLD (option II) as a `tff.learning.templates.LearningProcess` whose clients keep c_i.
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
@@ -246,52 +203,5 @@ def build_scaffold(
   types = client_lib.model_types(model_fn, metrics_aggregator)
   init_fn, client_round, control_type, _ = _build_client_round(
       model_fn, types, client_lr, client_weighting, None if num_clients is None else int(num_clients))
-  composed, next_with_client_controls = client_lib.compose_keeping_client_values(
-      types, init_fn, client_round, model_aggregator, server_optimizer_fn, ScaffoldOutput)
-  return ScaffoldProcess(composed, next_with_client_controls, control_type)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Simulation: the clients' control variates.
-
-
-class ControlVariateStore(client_store.ClientArrayStore):
-  """The clients' SCAFFOLD control variates c_i in simulation, by client id (zeros for a client not seen yet).
-
-  Usage::
-
-      store = ControlVariateStore.for_process(process)
-      state = process.initialize()
-      for round_num in range(rounds):
-        state, metrics = store.run_round(process, state, client_ids, [datasets of batches])
-      store.save(path)      # with the server state's checkpoint; ControlVariateStore.load(path) restores it
-  """
-
-  what = 'control variate'
-
-  @classmethod
-  def for_process(cls, process: ScaffoldProcess) -> 'ControlVariateStore':
-    return cls(*cls.shapes_and_dtypes(process.control_variate_type))
-
-  def client_data(self, client_id: str, batches: tf.data.Dataset) -> collections.OrderedDict:
-    """The process's client data: the batches and a one-element dataset holding the client's c_i."""
-    return collections.OrderedDict([(BATCHES, batches), (CONTROL_VARIATE, self.as_dataset(client_id))])
-
-  def run_round(self, process: ScaffoldProcess, state, client_ids: Sequence[str],
-                datasets: Sequence[tf.data.Dataset]):
-    """One SCAFFOLD round on `client_ids` with their batch datasets; stores their new c_i; (state, metrics)."""
-    if len(client_ids) != len(datasets):
-      raise ValueError(f'client_ids and datasets must have the same length, got {len(client_ids)} and '
-                       f'{len(datasets)}')
-    output = process.next_with_client_controls(
-        state, [self.client_data(cid, ds) for cid, ds in zip(client_ids, datasets)])
-    for client_id, control in zip(client_ids, output.client_control_variates):
-      self.set(client_id, control)
-    return output.state, output.metrics
-
-  @classmethod
-  def load(cls, path: str, like: 'ControlVariateStore') -> 'ControlVariateStore':
-    """A store with `like`'s shapes and dtypes, filled from `save`'s file."""
-    store = cls(like._shapes, like._dtypes)  # pylint: disable=protected-access
-    store.load_from(path)
-    return store
+  return client_lib.compose_with_client_state(
+      types, init_fn, client_round, model_aggregator, server_optimizer_fn, control_type, CONTROL_VARIATE)

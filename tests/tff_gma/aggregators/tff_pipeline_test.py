@@ -17,7 +17,8 @@ from tensorflow_federated.python.core.impl.compiler import building_blocks
 
 from tff_gma import aggregators
 from tff_gma import models
-from tff_gma import simulation
+from training import evaluation
+from training import simulation
 from tff_gma.data import digits
 
 NUM_CLIENTS = 4
@@ -117,7 +118,7 @@ def _setup():
   train = digits.federated_train_data('iid', num_clients=NUM_CLIENTS, seed=0)
   split = digits.load_split()
   build_keras = models.keras_builder('logistic', digits.IMAGE_SHAPE, digits.NUM_CLASSES)
-  evaluator = simulation.CentralEvaluator(build_keras, split.x_test, split.y_test)
+  evaluator = evaluation.CentralEvaluator(build_keras, split.x_test, split.y_test)
   sample = simulation.client_dataset(train, train.client_ids[0], local_epochs=1, batch_size=BATCH_SIZE, seed=0,
                                      round_num=0)
   model_fn = models.model_fn(build_keras, sample.element_spec)

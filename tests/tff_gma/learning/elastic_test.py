@@ -9,7 +9,8 @@ import tensorflow_federated as tff
 
 from tff_gma import audit
 from tff_gma import models
-from tff_gma import simulation
+from training import evaluation
+from training import simulation
 from tff_gma.data import loaders
 from tff_gma.learning import build_elastic_fed_avg
 from tff_gma.learning import elastic
@@ -117,7 +118,7 @@ def test_elastic_fed_avg_learns_on_digits(digits_setup):
   report = audit.audit_computation(process.next)
   assert report.ok, report.to_markdown()
 
-  evaluate = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  evaluate = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
   state = process.initialize()
   initial_accuracy = evaluate(process.get_model_weights(state))['accuracy']
   for round_num in range(3):

@@ -8,7 +8,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import models
-from tff_gma import simulation
+from training import evaluation
+from training import simulation
 from tff_gma.data import loaders
 from tff_gma.learning import build_fedgma
 from tff_gma.learning import fedgma
@@ -44,7 +45,7 @@ def test_fedgma_learns_and_reduces_to_fedavg(digits_setup):
   process = build_fedgma(model_fn, tff.learning.optimizers.build_sgdm(0.1), server_step_size=0.5,
                          mask_threshold=0.8)
   assert isinstance(process, tff.learning.templates.LearningProcess)
-  evaluate = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  evaluate = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
   state = process.initialize()
   for round_num in range(3):
     datasets = [simulation.client_dataset(data.train, cid, local_epochs=1, batch_size=16, seed=0,

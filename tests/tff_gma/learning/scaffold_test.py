@@ -9,13 +9,14 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import models
-from tff_gma import simulation
+from training import evaluation
+from training import simulation
 from tff_gma.aggregators import GeometricMedianFactory
 from tff_gma.aggregators import GradientMaskedFactory
 from tff_gma.data import loaders
 from tff_gma.learning import build_scaffold
-from tff_gma.learning import ControlVariateStore
 from tff_gma.learning import scaffold
+from training.client_state import ClientStateStore
 
 F32 = np.float32
 INPUT_SPEC = collections.OrderedDict(x=tf.TensorSpec([None, 3], tf.float32), y=tf.TensorSpec([None], tf.int32))
@@ -115,8 +116,8 @@ def test_scaffold_learns_and_keeps_client_controls(digits_setup, tmp_path):
   data, build_keras, model_fn = digits_setup
   process = build_scaffold(model_fn, client_lr=0.1, server_lr=1.0)
   assert isinstance(process, tff.learning.templates.LearningProcess)
-  store = ControlVariateStore.for_process(process)
-  evaluate = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  store = ClientStateStore.for_process(process)
+  evaluate = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
   client_ids = list(data.train.client_ids)
   state = process.initialize()
   for round_num in range(3):
@@ -133,7 +134,8 @@ def test_scaffold_learns_and_keeps_client_controls(digits_setup, tmp_path):
   # The client controls survive a save/load next to the server state.
   path = os.path.join(tmp_path, 'controls.npz')
   store.save(path)
-  loaded = ControlVariateStore.load(path, store)
+  loaded = ClientStateStore.for_process(process)
+  loaded.load_from(path)
   for cid in client_ids:
     for a, b in zip(store.get(cid), loaded.get(cid)):
       np.testing.assert_array_equal(a, b)
@@ -142,8 +144,8 @@ def test_scaffold_learns_and_keeps_client_controls(digits_setup, tmp_path):
   # The plain LearningProcess `next` runs the same round (the clients' new controls are not returned).
   datasets = [store.client_data(cid, ds) for cid, ds in zip(client_ids, round_datasets(data, 3))]
   plain = process.next(state, datasets)
-  with_controls = process.next_with_client_controls(state, datasets)
-  assert len(with_controls.client_control_variates) == 4
+  with_controls = process.next_with_client_state(state, datasets)
+  assert len(with_controls.client_state) == 4
   weights = tff.learning.models.ModelWeights(
       [np.zeros_like(w) for w in process.get_model_weights(plain.state).trainable], [])
   assert not np.any(process.get_model_weights(process.set_model_weights(plain.state, weights)).trainable[0])
@@ -154,7 +156,7 @@ def test_scaffold_with_project_aggregators(digits_setup, aggregator):
   data, build_keras, model_fn = digits_setup
   factory = GradientMaskedFactory(tau=0.4) if aggregator == 'gma' else GeometricMedianFactory(num_passes=3)
   process = build_scaffold(model_fn, client_lr=0.1, server_lr=1.0, model_aggregator=factory, num_clients=4)
-  store = ControlVariateStore.for_process(process)
+  store = ClientStateStore.for_process(process)
   state = process.initialize()
   client_ids = list(data.train.client_ids)
   for round_num in range(2):
@@ -162,7 +164,7 @@ def test_scaffold_with_project_aggregators(digits_setup, aggregator):
     if aggregator == 'gma':
       assert 0 <= metrics['aggregator']['masked_fraction'] <= 1
       assert metrics['aggregator']['participating_clients'] == 4
-  evaluate = simulation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  evaluate = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
   assert evaluate(process.get_model_weights(state))['accuracy'] > 0.4
 
 
@@ -176,6 +178,6 @@ def test_invalid_arguments(digits_setup):
     build_scaffold(model_fn, client_lr=0.1, num_clients=0)
   with pytest.raises(ValueError, match='model_aggregator'):
     build_scaffold(model_fn, client_lr=0.1, model_aggregator='mean')
-  store = ControlVariateStore([(2,)], [np.float32])
+  store = ClientStateStore([(2,)], [np.float32])
   with pytest.raises(ValueError, match='shapes'):
     store.set('a', [np.zeros(3, F32)])

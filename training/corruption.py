@@ -15,7 +15,7 @@ for the whole run. The corruptions (`CORRUPTIONS`, the runner's `--corruption`):
   clients would have sent honestly). THIS IS A SIMULATED ATTACKER WITH KNOWLEDGE NO REAL CLIENT HAS: it needs
   every selected client's honest update of the round. The harness (`UpdateCorruption`) computes them with a
   separate computation (`CorruptedLearningProcess.honest_client_results`, the round's client work without
-  aggregation), solves for the attack vector in NumPy (`omniscient_attack`) and hands it to the corrupted clients
+  aggregation, `simulation.build_client_results`), solves for the attack vector in NumPy (`omniscient_attack`) and hands it to the corrupted clients
   as client data; their client work sends it instead of their update. The deployed round computation does
   nothing of the sort: it only runs the client work that a client's data tells it to run.
 
@@ -37,11 +37,10 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning.templates import proximal_client_work  # FedProx's client work.
 
-from tff_gma import simulation
 from tff_gma.aggregators import secure_mean
 from tff_gma.data import client_data as client_data_lib
+from training import simulation
 
 NONE = 'none'
 DATA_CORRUPTIONS = ('data_negate', 'data_flip_labels')
@@ -258,8 +257,8 @@ class CorruptedLearningProcess(tff.learning.templates.LearningProcess):
   """A `LearningProcess` whose client work can corrupt updates, plus the omniscient attacker's view.
 
   Attributes:
-    honest_client_results: `(state, data) -> ClientResult at CLIENTS`: the round's honest client updates and
-      weights for the plain client data `data` (no corruption element), without aggregation. SIMULATION ONLY:
+    honest_client_results: `(model_weights, data) -> ClientResult at CLIENTS`: the round's honest client updates
+      and weights for the plain client data `data` (no corruption element), without aggregation. SIMULATION ONLY:
       this is the attacker's knowledge, not part of any deployed computation.
     update_type: the TFF type of a model update.
   """
@@ -280,43 +279,14 @@ def build_learning_process(
 ) -> CorruptedLearningProcess:
   """The round of `simulation.build_learning_process` (FedAvg/FedProx/FedAdam/FedYogi) with corruptible clients.
 
-  Composed like TFF's `build_weighted_fed_avg` (broadcast, client work, `model_aggregator` on the updates with
-  example-count weights, the server optimizer's finalizer), with the client work wrapped by
+  The same composition and the same client work (`simulation.build_client_work`), wrapped by
   `build_corrupted_client_work`.
   """
-  if not isinstance(config, simulation.AlgorithmConfig):
-    raise ValueError(f'config must be a simulation.AlgorithmConfig, got {config!r}')
-  client_optimizer = tff.learning.optimizers.build_sgdm(config.client_lr, momentum=config.client_momentum)
-  weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
-  loop = tff.learning.LoopImplementation.DATASET_REDUCE
-  if config.name == 'fedprox':
-    inner = proximal_client_work.build_model_delta_client_work(
-        model_fn, client_optimizer, weighting, delta_l2_regularizer=config.proximal_strength,
-        metrics_aggregator=metrics_aggregator, loop_implementation=loop)
-  else:
-    inner = tff.learning.templates.build_model_delta_client_work(
-        model_fn, client_optimizer, weighting, metrics_aggregator, loop_implementation=loop)
-
-  @tff.tensorflow.computation()
-  def initial_weights_fn():
-    return tff.learning.models.ModelWeights.from_model(model_fn())
-
-  weights_type = initial_weights_fn.type_signature.result
-  distributor = tff.learning.templates.build_broadcast_process(weights_type)
-  aggregator = (model_aggregator or tff.aggregators.MeanFactory()).create(
-      weights_type.trainable, tff.TensorType(np.float32))
-  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
-      simulation.server_optimizer(config), weights_type)
-  composed = tff.learning.templates.compose_learning_process(
-      initial_weights_fn, distributor, build_corrupted_client_work(inner), aggregator, finalizer)
-  state_type = composed.next.type_signature.parameter[0]
-
-  @tff.federated_computation(state_type, inner.next.type_signature.parameter[2])
-  def honest_client_results(state, data):
-    weights = distributor.next(state.distributor, state.global_model_weights).result
-    return inner.next(state.client_work, weights, data).result
-
-  return CorruptedLearningProcess(composed, honest_client_results, weights_type.trainable)
+  inner = simulation.build_client_work(model_fn, config, metrics_aggregator)
+  composed = simulation.build_learning_process(
+      model_fn, config, model_aggregator, client_work=build_corrupted_client_work(inner))
+  update_type = composed.next.type_signature.parameter[0].member.global_model_weights.trainable
+  return CorruptedLearningProcess(composed, simulation.build_client_results(inner), update_type)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -371,7 +341,7 @@ class UpdateCorruption:
     attack = None
     self.last_attack = None
     if self._code == OMNISCIENT and any(is_corrupted):
-      honest = self._process.honest_client_results(state, list(datasets))
+      honest = self._process.honest_client_results(self._process.get_model_weights(state), list(datasets))
       self.last_attack = omniscient_attack(
           [list(r.update) for r in honest], [float(r.update_weight) for r in honest], is_corrupted)
       attack = None if self.last_attack is None else self.last_attack.attack

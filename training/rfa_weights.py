@@ -11,9 +11,9 @@ The deployed computation must not compute this: the largest weight is a max over
 aggregation must not send to the server. The simulation harness already holds every client's data, so it
 recomputes the round's client updates itself and replays the aggregation in NumPy:
 
-  * `build_client_updates(model_fn, algorithm)` returns a `ClientUpdates` that runs TFF's model-delta client work
-    (the one inside `simulation.build_learning_process`: same client optimizer, example-count weighting and loop,
-    FedProx's proximal term) on the round's datasets from the round's global model. Its result is placed at
+  * `build_client_updates(model_fn, algorithm)` returns a `ClientUpdates` that runs the very client work of
+    `simulation.build_learning_process` (`simulation.build_client_work`) on the round's datasets from the round's
+    global model. Its result is placed at
     CLIENTS; in simulation it comes back to Python as one update and one weight per client. The client work is
     deterministic given the datasets (whose shuffling `simulation.client_dataset` seeds), so these are the
     updates the learning process aggregates in that round.
@@ -47,10 +47,9 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning.templates import proximal_client_work
 
-from tff_gma import simulation
 from tff_gma.aggregators import geometric_median
+from training import simulation
 
 METRIC_PREFIX = 'rfa_audit'
 DEFAULT_WEIGHT_BOUND = 1e4  # GeometricMedianFactory's defaults.
@@ -207,6 +206,7 @@ def rfa_weight_report(
     value_bound: Optional[float] = None,
     weight_bound: float = DEFAULT_WEIGHT_BOUND,
     max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO,
+    init: Optional[str] = None,
     client_ids: Optional[Sequence[str]] = None,
     warn: bool = True,
 ) -> dict[str, Any]:
@@ -215,7 +215,7 @@ def rfa_weight_report(
   Args:
     client_updates: one update structure per client (e.g. a list of arrays).
     client_weights: a_i per client (example counts in FedAvg).
-    num_passes, smoothing, one_step, secure, value_bound, weight_bound, max_weight_ratio: as
+    num_passes, smoothing, one_step, secure, value_bound, weight_bound, max_weight_ratio, init: as
       `GeometricMedianFactory`.
     bound: in (0, 1]; a pass in which one client's normalized weight exceeds it is reported as dominated.
     client_ids: names for the clients (default: their indices), used in the report and the warning.
@@ -230,7 +230,7 @@ def rfa_weight_report(
     ValueError: for invalid arguments (naming them).
   """
   bound = check_bound(bound)
-  settings = RfaSettings(num_passes, smoothing, one_step, secure, value_bound, weight_bound, max_weight_ratio)
+  settings = RfaSettings(num_passes, smoothing, one_step, secure, value_bound, weight_bound, max_weight_ratio, init)
   if client_ids is not None and len(client_ids) != len(client_updates):
     raise ValueError(f'client_ids must name every client: {len(client_ids)} ids for {len(client_updates)} updates')
   names = [str(c) for c in client_ids] if client_ids is not None else [str(i) for i in range(len(client_updates))]
@@ -295,29 +295,12 @@ def build_client_updates(
 ) -> ClientUpdates:
   """The client work of `simulation.build_learning_process(model_fn, algorithm, ...)`, runnable on its own.
 
-  TFF's `build_weighted_fed_avg`/`build_weighted_fed_prox` build exactly this client work (SGD with momentum at
-  `client_lr`, example-count weighting, the dataset-reduce loop; FedProx's proximal term). FedAdam/FedYogi differ
-  only at the server. Each call starts from a fresh client optimizer state, as every round does.
+  `simulation.build_client_work` is the one client work the learning process runs; FedAdam/FedYogi differ only at
+  the server. Each call starts from the client work's initial state, as every round does.
   """
   if not isinstance(algorithm, simulation.AlgorithmConfig):
     raise ValueError(f'algorithm must be a simulation.AlgorithmConfig, got {algorithm!r}')
-  client_optimizer = tff.learning.optimizers.build_sgdm(algorithm.client_lr, momentum=algorithm.client_momentum)
-  weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
-  loop = tff.learning.LoopImplementation.DATASET_REDUCE
-  if algorithm.name == 'fedprox':
-    client_work = proximal_client_work.build_model_delta_client_work(
-        model_fn, client_optimizer, weighting, delta_l2_regularizer=algorithm.proximal_strength,
-        loop_implementation=loop)
-  else:
-    client_work = tff.learning.templates.build_model_delta_client_work(
-        model_fn, client_optimizer, weighting, loop_implementation=loop)
-  _, weights_type, data_type = client_work.next.type_signature.parameter
-
-  @tff.federated_computation(tff.FederatedType(weights_type.member, tff.SERVER), data_type)
-  def client_updates(model_weights, datasets):
-    return client_work.next(client_work.initialize(), tff.federated_broadcast(model_weights), datasets).result
-
-  return ClientUpdates(client_updates)
+  return ClientUpdates(simulation.build_client_results(simulation.build_client_work(model_fn, algorithm)))
 
 
 class RfaWeightMonitor:

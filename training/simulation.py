@@ -1,18 +1,23 @@
-"""Simulation plumbing shared by the demo, the experiment runner and the tests.
+"""Simulation plumbing shared by the methods, the runner, the demo, the studies and the benchmark.
 
-Building learning processes (FedAvg, FedProx, FedAdam, FedYogi with any aggregation factory), preparing the
-round's client datasets deterministically, and evaluating the global model on the central test split.
+* The FedAvg family (FedAvg, FedProx, FedAdam, FedYogi): `AlgorithmConfig`, its optimizers, and its one client
+  work (`build_client_work`), from which the learning process (`build_learning_process`), the corrupted
+  process (`training.corruption`) and the RFA weight replay (`training.rfa_weights`) are all built.
+* The round's clients and their datasets, deterministically (`sample_clients`, `client_dataset`).
+* `seeded_initial_state`, `flatten_metrics`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.python.learning.templates import proximal_client_work  # FedProx's client work.
 
 ALGORITHMS = ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
 
@@ -37,8 +42,8 @@ class AlgorithmConfig:
     if self.name not in ALGORITHMS:
       raise ValueError(f'algorithm must be one of {ALGORITHMS}, got {self.name!r}')
     for field in ('client_lr', 'server_lr'):
-      if not getattr(self, field) > 0:
-        raise ValueError(f'{field} must be positive, got {getattr(self, field)!r}')
+      if not 0 < getattr(self, field) < math.inf:
+        raise ValueError(f'{field} must be positive and finite, got {getattr(self, field)!r}')
     if not 0 <= self.client_momentum < 1:
       raise ValueError(f'client_momentum must lie in [0, 1), got {self.client_momentum!r}')
     if self.proximal_strength < 0:
@@ -48,8 +53,7 @@ class AlgorithmConfig:
 
 
 def server_optimizer(config: AlgorithmConfig) -> tff.learning.optimizers.Optimizer:
-  # FedAdam/FedYogi are FedAvg with an adaptive server optimizer applied to the aggregated update (GMA paper,
-  # Algorithm 2: the mask is applied to the update before the server optimizer sees it).
+  # FedAdam/FedYogi are FedAvg with an adaptive server optimizer applied to the aggregated update (Reddi et al.).
   if config.name == 'fedadam':
     return tff.learning.optimizers.build_adam(
         config.server_lr, beta_1=ADAPTIVE_BETA_1, beta_2=ADAPTIVE_BETA_2, epsilon=config.adaptive_epsilon)
@@ -63,26 +67,74 @@ def client_optimizer(config: AlgorithmConfig) -> tff.learning.optimizers.Optimiz
   return tff.learning.optimizers.build_sgdm(config.client_lr, momentum=config.client_momentum)
 
 
+def build_client_work(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    config: AlgorithmConfig,
+    metrics_aggregator=None,
+) -> tff.learning.templates.ClientWorkProcess:
+  """The FedAvg family's client work: the one that training, corruption and the RFA weight replay run.
+
+  TFF's model-delta client work (FedProx's with its proximal term), as `build_weighted_fed_avg` and
+  `build_weighted_fed_prox` build it: SGD with momentum at `client_lr`, example-count weights. FedAdam and
+  FedYogi differ only at the server.
+  """
+  if not isinstance(config, AlgorithmConfig):
+    raise ValueError(f'config must be a simulation.AlgorithmConfig, got {config!r}')
+  kwargs = dict(
+      # TFF's default DATASET_REDUCE loop costs about twice the worker CPU per round of DATASET_ITERATOR, for
+      # identical weights (measured by the benchmark's loop comparison).
+      loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR,
+      metrics_aggregator=metrics_aggregator,
+  )
+  weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
+  if config.name == 'fedprox':
+    return proximal_client_work.build_model_delta_client_work(
+        model_fn, client_optimizer(config), weighting, delta_l2_regularizer=config.proximal_strength, **kwargs)
+  return tff.learning.templates.build_model_delta_client_work(model_fn, client_optimizer(config), weighting, **kwargs)
+
+
 def build_learning_process(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     config: AlgorithmConfig,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     metrics_aggregator=None,
+    client_work: Optional[tff.learning.templates.ClientWorkProcess] = None,
 ) -> tff.learning.templates.LearningProcess:
-  """TFF's own FedAvg/FedProx process with `model_aggregator` in place of the weighted mean."""
-  kwargs = dict(
-      # TFF's default DATASET_REDUCE loop costs about twice the worker CPU per round of DATASET_ITERATOR, for
-      # identical weights (measured by scripts/bench.py's --loop comparison).
-      loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR,
-      client_optimizer_fn=client_optimizer(config),
-      server_optimizer_fn=server_optimizer(config),
-      model_aggregator=model_aggregator,
-      metrics_aggregator=metrics_aggregator,
-  )
-  if config.name == 'fedprox':
-    return tff.learning.algorithms.build_weighted_fed_prox(
-        model_fn, proximal_strength=config.proximal_strength, **kwargs)
-  return tff.learning.algorithms.build_weighted_fed_avg(model_fn, **kwargs)
+  """FedAvg/FedProx/FedAdam/FedYogi with `model_aggregator` in place of the weighted mean.
+
+  Composed from TFF's templates as `build_weighted_fed_avg` composes it (broadcast, `build_client_work`, the
+  aggregator with example-count weights, the server optimizer's finalizer); `client_work` replaces the client
+  work (e.g. the corrupted one, which wraps `build_client_work`'s).
+  """
+  if client_work is None:
+    client_work = build_client_work(model_fn, config, metrics_aggregator)
+
+  @tff.tensorflow.computation()
+  def initial_weights_fn():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  weights_type = initial_weights_fn.type_signature.result
+  aggregator = (model_aggregator or tff.aggregators.MeanFactory()).create(
+      weights_type.trainable, tff.TensorType(np.float32))
+  return tff.learning.templates.compose_learning_process(
+      initial_weights_fn, tff.learning.templates.build_broadcast_process(weights_type), client_work, aggregator,
+      tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer(config), weights_type))
+
+
+def build_client_results(client_work: tff.learning.templates.ClientWorkProcess) -> tff.Computation:
+  """`(model_weights@SERVER, client_data@CLIENTS) -> ClientResult@CLIENTS`: the client work alone, no aggregation.
+
+  SIMULATION ONLY: every client's update at once is what the omniscient attacker and the RFA weight replay need;
+  no deployed computation does this. Starts from the client work's initial state, as every round of the FedAvg
+  family does (its state is the client optimizer's hyperparameters).
+  """
+  _, weights_type, data_type = client_work.next.type_signature.parameter
+
+  @tff.federated_computation(tff.FederatedType(weights_type.member, tff.SERVER), data_type)
+  def client_results(model_weights, client_data):
+    return client_work.next(client_work.initialize(), tff.federated_broadcast(model_weights), client_data).result
+
+  return client_results
 
 
 def _round_seed(seed: int, round_num: int, index: int = 0) -> int:
@@ -108,47 +160,6 @@ def client_dataset(
   index = client_data.client_ids.index(client_id)
   return (ds.shuffle(10_000, seed=_round_seed(seed, round_num, index + 1), reshuffle_each_iteration=True)
           .repeat(local_epochs).batch(batch_size))
-
-
-@dataclasses.dataclass
-class CentralEvaluator:
-  """Evaluates a `ModelWeights` on held-out arrays with a local Keras copy of the model (no TFF round-trip).
-
-  With `pad_id` (sequence targets), positions whose target is `pad_id` count in neither loss nor accuracy.
-  """
-  build_keras: Callable[[], tf.keras.Model]
-  x: np.ndarray
-  y: np.ndarray
-  batch_size: int = 512
-  pad_id: Optional[int] = None
-
-  def __call__(self, model_weights: tff.learning.models.ModelWeights) -> dict[str, float]:
-    return self.evaluate_arrays(model_weights, self.x, self.y)
-
-  def evaluate_arrays(self, model_weights: tff.learning.models.ModelWeights, x: np.ndarray,
-                      y: np.ndarray) -> dict[str, float]:
-    logits = self.logits(model_weights, x).astype(np.float64)
-    # A diverged model (e.g. plain averaging under the omniscient attack) has non-finite logits: its loss is
-    # reported as NaN and its accuracy is what argmax picks (index 0 for a NaN row), without numpy warnings.
-    with np.errstate(invalid='ignore', over='ignore'):
-      shifted = logits - logits.max(axis=-1, keepdims=True)
-      log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    nll = -np.take_along_axis(log_probs, np.asarray(y)[..., None].astype(np.int64), axis=-1)[..., 0]
-    correct = np.argmax(logits, axis=-1) == y
-    mask = np.ones_like(correct) if self.pad_id is None else (np.asarray(y) != self.pad_id)
-    count = max(int(mask.sum()), 1)
-    return {'accuracy': float((correct * mask).sum() / count), 'loss': float((nll * mask).sum() / count)}
-
-  def logits(self, model_weights: tff.learning.models.ModelWeights, x: np.ndarray) -> np.ndarray:
-    # A fresh Keras model per call, called directly: a Keras model kept across TFF's tracing of other Keras models
-    # (TFF builds them inside graphs) can end up refusing eager calls ("invalid state"); building one costs ms.
-    model = self.build_keras()
-    model(x[:1], training=False)
-    model_weights.assign_weights_to(model)
-    return np.concatenate([
-        model(x[i:i + self.batch_size], training=False).numpy()
-        for i in range(0, len(x), self.batch_size)
-    ])
 
 
 def flatten_metrics(metrics, prefix: str = '') -> dict[str, float]:

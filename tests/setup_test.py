@@ -1,0 +1,77 @@
+"""The installable package: exactly `tff_gma`, every third-party import declared, no harness behind the library."""
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+import tests
+
+# Import name -> distribution name, for the third-party packages the library may import.
+_DISTRIBUTIONS = {
+    'absl': 'absl-py', 'grpc': 'grpcio', 'numpy': 'numpy', 'portpicker': 'portpicker', 'sklearn': 'scikit-learn',
+    'tensorflow': 'tensorflow', 'tensorflow_datasets': 'tensorflow-datasets',
+    'tensorflow_federated': 'tensorflow-federated',
+}
+
+
+def _library_imports() -> set[str]:
+  """Top-level names of every module that some file of `tff_gma/` imports (at any depth of the file)."""
+  names = set()
+  for folder, _, files in os.walk(os.path.join(tests.ROOT, 'tff_gma')):
+    for name in files:
+      if name.endswith('.py'):
+        with open(os.path.join(folder, name)) as f:
+          tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+          if isinstance(node, ast.Import):
+            names.update(alias.name.split('.')[0] for alias in node.names)
+          elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split('.')[0])
+  return names
+
+
+def _declared_requirements() -> set[str]:
+  """The distribution names in setup.py's install_requires."""
+  with open(os.path.join(tests.ROOT, 'setup.py')) as f:
+    tree = ast.parse(f.read())
+  (requirements,) = [k.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                     for k in node.keywords if k.arg == 'install_requires']
+  return {re.split(r'[<>=~!]', ast.literal_eval(e))[0] for e in requirements.elts}
+
+
+def test_setup_declares_every_third_party_package_the_library_imports():
+  third_party = {n for n in _library_imports() if n not in sys.stdlib_module_names and n != 'tff_gma'}
+  unknown = third_party - set(_DISTRIBUTIONS)
+  assert not unknown, f'tff_gma imports {sorted(unknown)}: add them to setup.py and to _DISTRIBUTIONS here'
+  assert {_DISTRIBUTIONS[n] for n in third_party} <= _declared_requirements()
+  assert 'training' not in _library_imports() and 'matplotlib' not in _library_imports()
+
+
+def test_importing_the_library_brings_in_no_harness_and_no_plotting():
+  # TFF itself imports scikit-learn (tensorflow_privacy's logistic regression), so what matters is what the
+  # library adds to `import tensorflow_federated`.
+  code = ('import sys; import tensorflow_federated; before = set(sys.modules); '
+          'import tff_gma.aggregators, tff_gma.learning, tff_gma.audit; '
+          'added = sorted(m for m in set(sys.modules) - before '
+          'if m.split(".")[0] in ("training", "matplotlib", "sklearn")); print("ADDED", added)')
+  process = subprocess.run([sys.executable, '-c', code], cwd=tests.ROOT, capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert process.returncode == 0, process.stderr[-2000:]
+  assert 'ADDED []' in process.stdout, process.stdout
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_exactly_one_top_level_package(tmp_path):
+  process = subprocess.run(
+      [sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '-q', '-w', str(tmp_path),
+       tests.ROOT], capture_output=True, text=True, timeout=600)
+  assert process.returncode == 0, process.stderr[-2000:]
+  (wheel,) = [p for p in tmp_path.iterdir() if p.suffix == '.whl']
+  with zipfile.ZipFile(wheel) as archive:
+    top_level = {name.split('/')[0] for name in archive.namelist()}
+  assert {t for t in top_level if not t.endswith('.dist-info')} == {'tff_gma'}
