@@ -18,6 +18,10 @@ Example::
     process = tff.learning.algorithms.build_weighted_fed_avg(model_fn, client_optimizer_fn,
                                                              model_aggregator=aggregator)
 
+Weights: every weighted factory accepts a scalar `weight_type` of any float or integer dtype, as TFF's
+`MeanFactory` does (integer weights, e.g. example counts, are cast to float32 on the clients; float64 weights
+are kept in float64).
+
 The non-private baselines of the robustness study (coordinate-wise median, trimmed mean, multi-Krum) collect
 every client's update at the server; they are not exported here (see `tff_gma.aggregators.robust_baselines`).
 

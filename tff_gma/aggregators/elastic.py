@@ -26,6 +26,17 @@ Privacy. The two weighted means are the only flows of client values: `federated_
 `federated_secure_sum_bitwidth` (`secure=True`, see `secure_mean.SecureWeightedMeanFactory`; the sensitivity has
 its own bound `sensitivity_bound`). Dropped clients are counted with a secure sum.
 
+Secure-mode error (`scaled_update_error_bound`). Per tensor, with the exact means Omega and Delta, their secure
+errors |Omega' - Omega| <= E_O and |Delta' - Delta| <= E_D per coordinate (`secure_mean.error_bound`), the
+tensor's max Omega_max and E = max E_O: if Omega_max > E, the computed max is positive and within E of Omega_max,
+so the ratio r = Omega / Omega_max is computed within
+    dr = (E_O + r E + eps (Omega + E_O)) / (Omega_max - E)       (the division rounds once)
+and zeta within dz = 1.0001 (dr + eps (2 + 3 tau)) (tau and 1 + tau round, and the subtraction; 1.0001 covers
+the second-order terms); the product rounds once more:
+    |out' - zeta Delta| <= (dz + eps (zeta + dz)) (|Delta| + E_D) + zeta E_D.
+A tensor with Omega_max = E = 0 (all sensitivities exactly 0, which quantize exactly) keeps zeta = 1 exactly:
+|out' - Delta| <= E_D + eps (|Delta| + E_D). Otherwise (Omega_max <= E) the bound is infinite.
+
 Bad input. A client with a NaN/Inf in its update or sensitivity, or a non-finite or negative weight, is dropped
 (zero value, zero weight) and counted in `dropped_clients`; a round without weight returns a zero update.
 """
@@ -36,6 +47,7 @@ import collections
 import math
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -54,7 +66,7 @@ def elastic_scale(omega: tf.Tensor, tau: float) -> tf.Tensor:
   """zeta = 1 + tau - omega / max(omega) for one tensor; all ones when max(omega) <= 0 (see module docstring)."""
   top = tf.reduce_max(omega) if omega.shape.num_elements() != 0 else tf.zeros([], omega.dtype)
   ratio = tf.math.divide_no_nan(omega, top)
-  scaled = 1.0 + tf.cast(tau, omega.dtype) - ratio
+  scaled = 1.0 + tf.constant(tau, omega.dtype) - ratio
   return tf.where(top > 0, scaled, tf.ones_like(omega))
 
 
@@ -72,6 +84,30 @@ def scale_statistics(scales) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
   """(min, max, mean) of zeta over all coordinates of the structure (float32)."""
   flat = tf.concat([tf.reshape(tf.cast(z, tf.float32), [-1]) for z in tf.nest.flatten(scales)], axis=0)
   return tf.reduce_min(flat), tf.reduce_max(flat), tf.reduce_mean(flat)
+
+
+def scaled_update_error_bound(omega, delta, omega_error, delta_error, tau: float, eps: float = 2.0**-24):
+  """Per-coordinate bound on |out' - zeta * Delta| for one tensor in secure mode (NumPy; module docstring).
+
+  Args:
+    omega, delta: the exact weighted means of the sensitivity and of the update, for one tensor.
+    omega_error, delta_error: per-coordinate bounds on their secure errors (`secure_mean.error_bound`).
+    tau: the elasticity.
+    eps: the unit roundoff of the tensor's dtype (float32).
+  """
+  omega, delta = np.asarray(omega, np.float64), np.asarray(delta, np.float64)
+  omega_error = np.broadcast_to(np.asarray(omega_error, np.float64), omega.shape)
+  delta_error = np.broadcast_to(np.asarray(delta_error, np.float64), delta.shape)
+  top, top_error = float(np.max(omega)), float(np.max(omega_error))
+  if top <= 0 and top_error == 0:
+    return delta_error + eps * (np.abs(delta) + delta_error)
+  if top <= top_error:
+    return np.full(delta.shape, np.inf)
+  ratio = omega / top
+  zeta = 1 + tau - ratio
+  ratio_error = (omega_error + ratio * top_error + eps * (omega + omega_error)) / (top - top_error)
+  zeta_error = 1.0001 * (ratio_error + eps * (2 + 3 * tau))
+  return (zeta_error + eps * (zeta + zeta_error)) * (np.abs(delta) + delta_error) + zeta * delta_error
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -146,8 +182,10 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     update_type, sensitivity_type = paired_values.split_paired_value_type(value_type, UPDATE, SENSITIVITY)
     secure_mean.check_weight_type(weight_type)
-    update_process = self._update_mean.create(update_type, weight_type)
-    sensitivity_process = self._sensitivity_mean.create(sensitivity_type, weight_type)
+    # The clients cast their weights to float (`secure_mean.drop_invalid_clients`); the means get those.
+    float_weight_type = secure_mean.float_weight_type(weight_type)
+    update_process = self._update_mean.create(update_type, float_weight_type)
+    sensitivity_process = self._sensitivity_mean.create(sensitivity_type, float_weight_type)
     tau = self._tau
 
     @tff.federated_computation()

@@ -57,7 +57,7 @@ def agreement_threshold(mask_threshold: float) -> float:
 
 def fedgma_server_update(mean_update, masked_mean_gradient, server_step_size: float):
   """Delta + eta_s * masked mean gradient: what the server optimizer applies (module docstring)."""
-  return tf.nest.map_structure(lambda d, g: d + tf.cast(server_step_size, d.dtype) * g,
+  return tf.nest.map_structure(lambda d, g: d + tf.constant(server_step_size, d.dtype) * g,
                                mean_update, masked_mean_gradient)
 
 
@@ -99,6 +99,7 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
       gradient_bound: bound on |coordinate| of a client gradient when `secure=True`; defaults to `value_bound`.
       weight_bound: largest client weight in secure mode.
       model_aggregator: weighted factory for the model updates (default: the weighted mean chosen by `secure`).
+        It gets the client weights as given to `create` (the default means accept any float or integer dtype).
 
     Raises:
       ValueError: for an invalid argument (the message names it).

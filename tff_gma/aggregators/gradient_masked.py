@@ -120,7 +120,8 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     secure_mean.check_float_structure(value_type)
     secure_mean.check_weight_type(weight_type)
-    mean_process = self._mean_factory.create(value_type, weight_type)
+    # The clients cast their weights to float (`secure_mean.drop_invalid_clients`); the mean gets those.
+    mean_process = self._mean_factory.create(value_type, secure_mean.float_weight_type(weight_type))
     tau, mask = self._tau, self._mask
 
     @tff.tensorflow.computation(value_type, weight_type)

@@ -17,17 +17,40 @@ factories they use and the client-side steps they share:
   `a_i w_i` itself, so a client weight of 90 would clip an update of 0.02); the common factor `1 / weight_bound`
   cancels in the division.
 
-Discretization error of the secure mean. The quantized secure sum maps each float in `[lo, hi]` to one of
-`2**32 - 1` evenly spaced integers by rounding to nearest, so each client adds at most
-`(hi - lo) / (2 * (2**32 - 1))` of error to a sum: `value_bound / (2**32 - 1)` per coordinate of
-`sum u_i w_i` and `1 / (2 * (2**32 - 1))` to `sum u_i`. With `N` clients, `U = sum_i a_i / weight_bound` and the exact mean `m`, the returned mean therefore
-differs from the weighted mean of the clipped values by at most about
+Error of the secure mean. Per coordinate, let `m` be the exact weighted mean of the clipped values `w_i` with
+the clipped weights `a_i` (real arithmetic), `M = max_i |w_i|`, `N` the number of clients in the round,
+`U = sum_i a_i / weight_bound`, `B = value_bound`, `L = 2**32 - 1` (`SECAGG_LEVELS`) and `eps` the unit
+roundoff of the coarser of the value's dtype and the weight's float dtype (2**-24 for float32). The result
+differs from `m` by two kinds of error:
 
-    N * (value_bound + |m| / 2) / ((2**32 - 1) * U)      (`discretization_error_bound`)
+* Quantization. TFF's quantized secure sum maps a float `x` in `[lo, hi]` to the integer nearest to
+  `x * L / (hi - lo)`, sums the integers exactly and scales the sum back, so each client adds at most
+  `(hi - lo) / (2 L)` to a sum: `B / L` to each coordinate of `sum u_i w_i`, `1 / (2 L)` to `sum u_i`. The
+  float64 arithmetic of that scaling adds less than 4e-6 of this, relative (TFF's
+  `_client_tensor_shift_for_secure_sum` rounds `x * scale` in float64, at most 2**-20 of the 1/2 step; the
+  decoding makes 3 float64 roundings of a sum of size at most `N * max(|lo|, |hi|)`, i.e. 3 * 2**-53 * L = 1.4e-6
+  of `N (hi - lo) / (2 L)` for the values, twice that for the weights); `QUANTIZATION_SLACK = 1 + 1e-5` covers
+  it. Dividing the two perturbed sums, with `s = QUANTIZATION_SLACK`:
 
-per coordinate, plus float32 rounding of the sums (about 1e-7 relative). Example: 10 clients of weight 100,
-`weight_bound=1e4`, `value_bound=1`, |m| << 1: `U = 0.1`, error about 2.3e-8. Keep `weight_bound` near the
-largest real weight: the error grows as `weight_bound / sum a_i`.
+      |mean - m| <= s N (B + |m| / 2) / (L U - s N / 2)            (`discretization_error_bound`)
+
+* Float rounding. Each client rounds its weight up to three times (cast to float, divide by `weight_bound`,
+  cast to the value's dtype; the weight of the weight sum twice) and `u_i w_i` once; the server rounds the two
+  sums to their dtypes and the quotient, at most twice in casts and once in the division. The per-client
+  relative errors of the weights move the mean by at most `4 eps M + 2 eps |m|` (`sum_i a_i (w_i - m) = 0`
+  cancels the rest), the final roundings scale it by at most `1 + 4 eps`.
+
+Together, to first order, `N (B + |m| / 2) / (L U) + eps (4 M + 6 |m|)`; `error_bound` computes the full
+bound, with every higher-order term and rounded-up constant (they add less than a relative 1e-4). Example: 10
+clients of weight 100, `weight_bound=1e4`, `value_bound=1`, values of size about 1: `U = 0.1`, quantization
+2.3e-8, rounding about 6e-7 (float32 rounding dominates). Keep `weight_bound` near the largest real weight: the
+quantization error grows as `weight_bound / sum a_i`.
+
+Weight dtypes. A client weight is a scalar of any float or integer dtype (`check_weight_type`: what TFF's
+`MeanFactory` accepts, less bool and complex). The clients cast it to `float_weight_dtype` (float32, or float64
+for float64 weights) before anything else, so clipping to `weight_bound` and normalizing happen in float: the
+bounds logic is the same for every weight dtype, and an integer weight gives the result of the same weight as a
+float32.
 
 Non-finite input. `drop_invalid_clients` replaces a client whose value has a NaN/Inf, or whose weight is
 non-finite or negative, by a zero value with zero weight, and flags it so that the factories can count it with a
@@ -49,6 +72,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 SECAGG_LEVELS = 2**32 - 1  # Quantization levels of TFF's float secure sum (`primitives.secure_quantized_sum`).
+QUANTIZATION_SLACK = 1 + 1e-5  # Covers the float64 arithmetic of that quantization (module docstring: < 4e-6).
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -63,13 +87,21 @@ def all_finite(value) -> tf.Tensor:
   return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(x)) for x in leaves]))
 
 
+def float_weight(weight) -> tf.Tensor:
+  """A client weight of any accepted dtype (`check_weight_type`) as a float tensor of `float_weight_dtype`."""
+  weight = tf.convert_to_tensor(weight)
+  return tf.cast(weight, float_weight_dtype(weight.dtype.as_numpy_dtype))
+
+
 def drop_invalid_clients(value, weight):
   """Zeroes a client that must not reach the server; returns `(value, weight, keep)`.
 
-  A client is dropped when any element of `value` is NaN/Inf or its `weight` is non-finite or negative. A
-  dropped client returns zeros of the value's structure and weight 0 (so that `0 * value` cannot produce NaN
-  downstream). `keep` is an int32 scalar, 1 for a kept client, 0 for a dropped one.
+  The weight is first cast to `float_weight_dtype` (integer weights become float32), and the returned weight
+  has that dtype. A client is dropped when any element of `value` is NaN/Inf or its `weight` is non-finite or
+  negative. A dropped client returns zeros of the value's structure and weight 0 (so that `0 * value` cannot
+  produce NaN downstream). `keep` is an int32 scalar, 1 for a kept client, 0 for a dropped one.
   """
+  weight = float_weight(weight)
   weight_ok = tf.logical_and(tf.math.is_finite(weight), weight >= 0)
   keep = tf.logical_and(all_finite(value), weight_ok)
   clean_value = tf.nest.map_structure(lambda x: tf.where(keep, x, tf.zeros_like(x)), value)
@@ -81,36 +113,88 @@ def clip_to_bounds(value, weight, value_bound: float, weight_bound: float):
   """Clips `value` to `[-value_bound, value_bound]` and `weight` to `[0, weight_bound]`.
 
   Returns `(value, weight, value_clipped, weight_clipped)`, the last two int32 0/1 flags saying whether any
-  coordinate of the value, resp. the weight, was changed.
+  coordinate of the value, resp. the weight, was changed. The bounds become constants of each tensor's dtype
+  directly (`tf.cast` of a Python float would round it to float32 first, and clip a float64 value at the bound).
   """
   clipped = tf.nest.map_structure(
-      lambda x: tf.clip_by_value(x, tf.cast(-value_bound, x.dtype), tf.cast(value_bound, x.dtype)), value)
+      lambda x: tf.clip_by_value(x, tf.constant(-value_bound, x.dtype), tf.constant(value_bound, x.dtype)), value)
   changed = [tf.reduce_any(tf.not_equal(x, c)) for x, c in zip(tf.nest.flatten(value), tf.nest.flatten(clipped))]
   value_clipped = tf.reduce_any(tf.stack(changed)) if changed else tf.constant(False)
-  clipped_weight = tf.clip_by_value(weight, tf.zeros_like(weight), tf.cast(weight_bound, weight.dtype))
+  clipped_weight = tf.clip_by_value(weight, tf.zeros_like(weight), tf.constant(weight_bound, weight.dtype))
   weight_clipped = tf.not_equal(weight, clipped_weight)
   return clipped, clipped_weight, tf.cast(value_clipped, tf.int32), tf.cast(weight_clipped, tf.int32)
 
 
 def discretization_error_bound(
-    num_clients: int, total_weight: float, value_bound: float, weight_bound: float, mean_abs: float = 0.0,
-) -> float:
+    num_clients: int, total_weight: float, value_bound: float, weight_bound: float, mean_abs=0.0,
+):
   """Worst-case per-coordinate quantization error of `SecureWeightedMeanFactory` (see the module docstring).
 
+  `s N (B + |m| / 2) / (L U - s N / 2)`: the error of the mean if the secure sums' quantization were the only
+  error (`error_bound` adds float rounding).
+
   Args:
-    num_clients: the number of clients in the round.
+    num_clients: N, the number of clients in the round.
     total_weight: `sum_i a_i` over kept clients (after clipping to `weight_bound`).
-    value_bound: the secure value bound.
+    value_bound: the secure value bound B.
     weight_bound: the secure weight bound.
-    mean_abs: `|m|` for the coordinate (or its maximum over coordinates).
+    mean_abs: `|m|` for the coordinate (a number or an array of them; or its maximum over coordinates).
 
   Returns:
-    The bound; float32 rounding of the sums (about 1e-7 relative) comes on top.
+    The bound (0 for zero total weight, whose result is 0; inf if the quantization could swamp the weight sum).
   """
   normalized_total = total_weight / weight_bound
   if normalized_total <= 0:
     return 0.0
-  return num_clients * (value_bound + mean_abs / 2) / (SECAGG_LEVELS * normalized_total)
+  value_error = QUANTIZATION_SLACK * num_clients * value_bound / SECAGG_LEVELS
+  weight_error = QUANTIZATION_SLACK * num_clients / (2 * SECAGG_LEVELS)
+  if weight_error >= normalized_total:
+    return float('inf')
+  return (value_error + np.asarray(mean_abs) * weight_error) / (normalized_total - weight_error)
+
+
+def error_bound(
+    num_clients: int, total_weight: float, value_bound: float, weight_bound: float, mean_abs, max_abs_value,
+    dtype=np.float32,
+):
+  """Worst-case per-coordinate error of `SecureWeightedMeanFactory`'s result: quantization and float rounding.
+
+  Against the exact weighted mean `m` of the clipped values with the clipped weights (module docstring). With
+  `U_f` the normalized total weight as the clients compute it (within `eps` of `U`), the perturbed sums'
+  quotient is off by at most
+
+      E'' = (U / (1 - eps) ((4 eps + 7 eps^2) M + (2 eps + eps^2) |m|) + s N B / L + |m| s N / (2 L))
+            / (U (1 - eps) (1 - 2 eps - eps^2) - s N / (2 L))
+
+  and the final roundings add `((1 + eps)^2 / (1 - eps)^2 - 1) (|m| + E'') <= 4.0001 eps (|m| + E'')`.
+
+  Args:
+    num_clients: N, the number of clients in the round.
+    total_weight: `sum_i a_i` over kept clients (after clipping to `weight_bound`).
+    value_bound: the secure value bound B.
+    weight_bound: the secure weight bound.
+    mean_abs: `|m|` per coordinate (a number or an array).
+    max_abs_value: `M = max_i |w_i|` per coordinate over the clients (clipped values; a number or an array).
+    dtype: the coarser of the value's dtype and the weight's float dtype (`float_weight_dtype`), which sets
+      `eps`: float32 unless both are float64.
+
+  Returns:
+    The bound, a float or an array shaped like `mean_abs` and `max_abs_value`.
+  """
+  normalized_total = total_weight / weight_bound
+  if normalized_total <= 0:
+    return 0.0 * np.asarray(mean_abs)
+  eps = float(np.finfo(dtype).eps) / 2
+  mean_abs, max_abs_value = np.asarray(mean_abs, np.float64), np.asarray(max_abs_value, np.float64)
+  value_error = QUANTIZATION_SLACK * num_clients * value_bound / SECAGG_LEVELS
+  weight_error = QUANTIZATION_SLACK * num_clients / (2 * SECAGG_LEVELS)
+  denominator = normalized_total * (1 - eps) * (1 - 2 * eps - eps**2) - weight_error
+  if denominator <= 0:
+    return np.full(np.broadcast(mean_abs, max_abs_value).shape, np.inf)
+  rounding = (4 * eps + 7 * eps**2) * max_abs_value + (2 * eps + eps**2) * mean_abs
+  numerator = normalized_total / (1 - eps) * rounding + value_error + mean_abs * weight_error
+  quotient_error = numerator / denominator
+  return quotient_error + 4.0001 * eps * (mean_abs + quotient_error)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -141,9 +225,31 @@ def check_float_structure(value_type, name: str = 'value_type') -> None:
 
 
 def check_weight_type(weight_type, name: str = 'weight_type') -> None:
-  if not (isinstance(weight_type, tff.TensorType) and np.issubdtype(weight_type.dtype, np.floating)
-          and len(weight_type.shape) == 0):  # pylint: disable=g-explicit-length-test
-    raise TypeError(f'{name} must be a scalar float tff.TensorType, got {weight_type}')
+  """Raises TypeError unless `weight_type` is an unplaced scalar of a real number dtype (float or integer).
+
+  The weight dtypes TFF's `tff.aggregators.MeanFactory` accepts and runs, less bool (which TFF refuses too) and
+  complex (a weight must be comparable with 0). TFF also accepts a non-scalar weight (multiplied elementwise
+  into the value); a client weight here is one number per client.
+  """
+  if not (isinstance(weight_type, tff.TensorType) and weight_type.shape is not None
+          and len(weight_type.shape) == 0  # pylint: disable=g-explicit-length-test
+          and (np.issubdtype(weight_type.dtype, np.floating) or np.issubdtype(weight_type.dtype, np.integer))):
+    raise TypeError(f'{name} must be an unplaced scalar tff.TensorType of a float or integer dtype, '
+                    f'got {weight_type}')
+
+
+def float_weight_dtype(weight_dtype) -> np.dtype:
+  """The dtype client weights are computed in: float64 for float64 weights, float32 for every other dtype.
+
+  Integer weights (example counts) are cast to float inside the client-side computation, before any check,
+  clipping or normalization (a `weight_bound` of 1e4 does not fit an int8 or a float16 weight).
+  """
+  return np.dtype(np.float64) if np.dtype(weight_dtype) == np.float64 else np.dtype(np.float32)
+
+
+def float_weight_type(weight_type) -> tff.TensorType:
+  """The scalar `tff.TensorType` of `float_weight_dtype(weight_type.dtype)`: what inner weighted processes get."""
+  return tff.TensorType(float_weight_dtype(weight_type.dtype))
 
 
 def num_elements(value_type) -> int:
@@ -192,12 +298,15 @@ class FederatedMeanFactory(tff.aggregators.WeightedAggregationFactory):
     check_float_structure(value_type)
     check_weight_type(weight_type)
 
-    # The weight's mean is carried in the widest float dtype of the values (float64 values keep their precision).
+    # The weight's mean is carried in the widest float dtype of the values (float64 values keep their precision)
+    # or of the weight (`float_weight_dtype`: integer weights are averaged as float32, float64 ones as float64).
     leaf_dtypes = {np.dtype(t.dtype) for t in _leaves(value_type)}
-    pair_weight_dtype = tf.float64 if np.dtype(np.float64) in leaf_dtypes else tf.as_dtype(weight_type.dtype)
+    float64 = np.dtype(np.float64)
+    pair_weight_dtype = float64 if float64 in leaf_dtypes else float_weight_dtype(weight_type.dtype)
 
     @tff.tensorflow.computation(value_type, weight_type)
     def weighted_pair(value, weight):
+      weight = float_weight(weight)
       weighted = tf.nest.map_structure(lambda x: x * tf.cast(weight, x.dtype), value)
       return weighted, tf.cast(weight, pair_weight_dtype)
 
@@ -255,7 +364,7 @@ class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
     check_float_structure(value_type)
     check_weight_type(weight_type)
     value_bound, weight_bound = self._value_bound, self._weight_bound
-    weight_dtype = np.dtype(weight_type.dtype)
+    weight_dtype = float_weight_dtype(weight_type.dtype)  # Clipped and normalized as a float (`float_weight`).
 
     def bounds(bound_value, weight_limit):
       per_leaf = tff.types.structure_from_tensor_type_tree(
@@ -264,8 +373,9 @@ class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
 
     @tff.tensorflow.computation(value_type, weight_type)
     def prepare(value, weight):
+      weight = float_weight(weight)
       value, weight, value_clipped, weight_clipped = clip_to_bounds(value, weight, value_bound, weight_bound)
-      normalized = weight / tf.cast(weight_bound, weight.dtype)
+      normalized = weight / tf.constant(weight_bound, weight.dtype)
       weighted = tf.nest.map_structure(lambda x: x * tf.cast(normalized, x.dtype), value)
       return (weighted, normalized), (value_clipped, weight_clipped)
 

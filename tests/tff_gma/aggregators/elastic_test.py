@@ -8,6 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma.aggregators import elastic
+from tff_gma.aggregators import secure_mean
 
 F32 = np.float32
 
@@ -105,8 +106,18 @@ def test_secure_mode_matches_reference_within_quantization():
   process = factory.create(value_type(shapes), tff.TensorType(F32))
   values = [collections.OrderedDict(update=u, sensitivity=s) for u, s in zip(updates, sensitivities)]
   output = process.next(process.initialize(), values, [F32(w) for w in weights])
-  for got, want in zip(output.result, reference_elastic(updates, sensitivities, weights, 0.5)):
-    np.testing.assert_allclose(got, want, atol=1e-5)
+  # The documented propagation (`elastic.scaled_update_error_bound`) of the two secure means' documented errors.
+  w = np.asarray(weights, np.float64)
+  for leaf, (got, want) in enumerate(zip(output.result, reference_elastic(updates, sensitivities, weights, 0.5))):
+    leaf_updates = np.stack([u[leaf] for u in updates]).astype(np.float64)
+    leaf_sensitivities = np.stack([s[leaf] for s in sensitivities]).astype(np.float64)
+    omega, delta = w @ leaf_sensitivities / w.sum(), w @ leaf_updates / w.sum()
+    omega_error = secure_mean.error_bound(3, w.sum(), 1.0, 50.0, np.abs(omega), np.abs(leaf_sensitivities).max(0))
+    delta_error = secure_mean.error_bound(3, w.sum(), 1.0, 50.0, np.abs(delta), np.abs(leaf_updates).max(0))
+    bound = elastic.scaled_update_error_bound(omega, delta, omega_error, delta_error, 0.5)
+    assert np.max(bound) < 1e-6  # Far below the values' scale (0.5): a wrong scale would fail the check below.
+    error = np.abs(np.asarray(got, np.float64) - want)
+    assert np.all(error <= bound), (error, bound)
   assert output.measurements['update']['value_clipped_clients'] == 0
 
 

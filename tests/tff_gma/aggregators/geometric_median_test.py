@@ -10,6 +10,7 @@ import tensorflow_federated as tff
 
 from tff_gma import aggregators
 from tff_gma.aggregators import secure_mean
+from tff_gma.aggregators import weiszfeld
 
 VALUE_TYPE = tff.to_type(collections.OrderedDict(
     a=tff.TensorType(np.float32, [2, 3]),
@@ -53,10 +54,11 @@ def unflatten(vector):
 
 
 class Reference(collections.namedtuple(
-    'Reference', ['estimate', 'objectives', 'smoothings', 'pass_weights', 'client_weights'])):
+    'Reference', ['estimate', 'objectives', 'smoothings', 'pass_weights', 'client_weights', 'estimates',
+                  'points'])):
   """NumPy RFA: flat estimate, objectives D(v_0), D(v_1), ..., smoothing c of each reweighting pass, the
-  weights b'_i = a_i * c / max(c, d_i) each pass sends (a_i for the plain first pass), and the a_i of the kept
-  (in secure mode: clipped) clients."""
+  weights b'_i = a_i * c / max(c, d_i) each pass sends (a_i for the plain first pass), the a_i of the kept
+  (in secure mode: clipped) clients, the iterates v_0 = 0, v_1, ..., v_R and the kept (clipped) points."""
 
 
 def rfa_reference(values, weights, num_passes, one_step=False, secure=False, final_objective=False,
@@ -98,30 +100,69 @@ def rfa_reference(values, weights, num_passes, one_step=False, secure=False, fin
   else:
     pass_weights.append(a)
     estimate = weighted_mean(points, a)
+  estimates = [zero, estimate]
   for _ in range(num_passes - 1):
     c = max(NU, objectives[-1] / RATIO) if secure else NU
     objectives.append(objective(estimate))
     estimate = reweight(estimate, c)
+    estimates.append(estimate)
   if final_objective:
     objectives.append(objective(estimate))
-  return Reference(estimate, objectives, smoothings, pass_weights, a)
+  return Reference(estimate, objectives, smoothings, pass_weights, a, estimates, points)
 
 
-def secure_tolerances(values, weights, num_passes, one_step, init='mean'):
-  """(estimate, objective) absolute tolerances in secure mode from the documented discretization bounds.
+def secure_error_bounds(values, weights, num_passes, one_step=False, final_objective=False, init='mean'):
+  """(estimate, objectives, smoothings) error bounds in secure mode: the propagation documented in `weiszfeld`.
 
-  The estimate: the per-average bound of each pass (its total weight sum b'_i), summed over the passes; the
-  objective: the bound of one mean of distances (bound 2 B sqrt(n)). A safety factor of 10 for propagation.
+  Composed along the NumPy reference, step by step as `weiszfeld`'s docstring derives it: the estimate's error
+  e_k (a bound on the Euclidean norm of the error of v_k), each measured objective's and each smoothing's. Every
+  secure mean's own error is `secure_mean.error_bound` with all the round's clients counted in N.
   """
-  reference = rfa_reference(values, weights, num_passes, one_step, secure=True, init=init)
-  num_clients = len(values)
-  estimate_bound = sum(
-      secure_mean.discretization_error_bound(num_clients, b.sum(), VALUE_BOUND, WEIGHT_BOUND, VALUE_BOUND)
-      for b in reference.pass_weights)
-  distance_bound = 2 * VALUE_BOUND * np.sqrt(DIM)
-  objective_bound = secure_mean.discretization_error_bound(
-      num_clients, reference.client_weights.sum(), distance_bound, WEIGHT_BOUND, distance_bound)
-  return 10 * estimate_bound + 1e-5, 10 * objective_bound + 1e-5
+  eps = weiszfeld.FLOAT32_ROUNDOFF
+  reference = rfa_reference(values, weights, num_passes, one_step, secure=True, final_objective=final_objective,
+                            init=init)
+  points, a, estimates = reference.points, reference.client_weights, reference.estimates
+  num_clients, max_abs = len(values), np.max(np.abs(reference.points), axis=0)
+  distance_bound = weiszfeld.distance_bound(VALUE_BOUND, DIM)
+
+  def objective_error(estimate, estimate_error):
+    distances = np.linalg.norm(points - estimate, axis=1)
+    distance_errors = weiszfeld.distance_error_bound(distances, estimate_error, DIM)
+    moved = float(np.max(distance_errors))
+    secure_error = secure_mean.error_bound(
+        num_clients, a.sum(), distance_bound, WEIGHT_BOUND, a @ distances / a.sum() + moved,
+        np.max(distances + distance_errors))
+    return moved + float(secure_error), distance_errors
+
+  def reweighted_pass(k, estimate_error, distance_errors, smoothing, smoothing_error):
+    shift, least_total = weiszfeld.reweighting_error_bound(
+        points, a, estimates[k - 1], estimates[k], smoothing, distance_errors, smoothing_error)
+    secure_error = secure_mean.error_bound(num_clients, least_total, VALUE_BOUND, WEIGHT_BOUND,
+                                           np.abs(estimates[k]) + shift, max_abs)
+    return shift + float(np.linalg.norm(secure_error))
+
+  objective_errors, smoothing_errors = [], []
+  # Round 1: distances to v_0 = 0 (exact), D(v_0), and pass 1.
+  error, distance_errors = objective_error(estimates[0], 0.0)
+  objective_errors.append(error)
+  if one_step or init == 'zero':  # A constant smoothing, rounded to float32.
+    smoothing = reference.smoothings[0]
+    smoothing_errors.append(eps * smoothing)
+    estimate_error = reweighted_pass(1, 0.0, distance_errors, smoothing, smoothing_errors[-1])
+  else:  # The weighted mean with the weights a_i.
+    estimate_error = float(np.linalg.norm(secure_mean.error_bound(
+        num_clients, a.sum(), VALUE_BOUND, WEIGHT_BOUND, np.abs(estimates[1]), max_abs)))
+  # Rounds 2..R: distances to v_{k-1}, D(v_{k-1}), smoothing from D(v_{k-2}), pass k.
+  for k in range(2, num_passes + 1):
+    previous_objective, previous_error = reference.objectives[k - 2], objective_errors[k - 2]
+    error, distance_errors = objective_error(estimates[k - 1], estimate_error)
+    objective_errors.append(error)
+    smoothing = reference.smoothings[len(smoothing_errors)]
+    smoothing_errors.append(max(eps * NU, (previous_error + eps * (previous_objective + previous_error)) / RATIO))
+    estimate_error = reweighted_pass(k, estimate_error, distance_errors, smoothing, smoothing_errors[-1])
+  if final_objective:
+    objective_errors.append(objective_error(estimates[num_passes], estimate_error)[0])
+  return estimate_error, np.array(objective_errors), np.array(smoothing_errors)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,18 +188,34 @@ def run(proc, values, weights):
   return output.result, output.measurements
 
 
+def assert_within_secure_bounds(result, measurements, values, weights, num_passes, one_step=False,
+                                final_objective=False, init='mean'):
+  """Secure mode: estimate, objectives and smoothings within `secure_error_bounds` (nothing added to them)."""
+  reference = rfa_reference(values, weights, num_passes, one_step, True, final_objective, init)
+  estimate_bound, objective_bounds, smoothing_bounds = secure_error_bounds(
+      values, weights, num_passes, one_step, final_objective, init)
+  error = np.linalg.norm(to_flat(result) - reference.estimate)
+  assert error <= estimate_bound, f'estimate error {error} above the propagated bound {estimate_bound}'
+  objective_error = np.abs(np.asarray(measurements['objective'], np.float64) - reference.objectives)
+  assert np.all(objective_error <= objective_bounds), (objective_error, objective_bounds)
+  smoothing_error = np.abs(np.asarray(measurements['smoothing'], np.float64) - reference.smoothings)
+  assert np.all(smoothing_error <= smoothing_bounds), (smoothing_error, smoothing_bounds)
+  return estimate_bound
+
+
 def check_against_reference(proc, values, weights, num_passes, one_step, secure, final_objective=False,
                             init='mean'):
   result, measurements = run(proc, values, weights)
   reference = rfa_reference(values, weights, num_passes, one_step, secure, final_objective, init)
-  atol, objective_atol = (secure_tolerances(values, weights, num_passes, one_step, init) if secure
-                          else (2e-6, 2e-6))
   assert isinstance(result, collections.OrderedDict) and list(result) == ['a', 'b']
   for got, want in zip(tf.nest.flatten(result), unflatten(reference.estimate)):
     assert np.shape(got) == want.shape
-    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=atol)
-  np.testing.assert_allclose(measurements['objective'], reference.objectives, rtol=1e-5, atol=objective_atol)
-  np.testing.assert_allclose(measurements['smoothing'], reference.smoothings, rtol=1e-4)
+  if secure:
+    assert_within_secure_bounds(result, measurements, values, weights, num_passes, one_step, final_objective, init)
+  else:  # federated_mean in float32 against a float64 reference (no documented bound: a plain tolerance).
+    np.testing.assert_allclose(to_flat(result), reference.estimate, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(measurements['objective'], reference.objectives, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(measurements['smoothing'], reference.smoothings, rtol=1e-4)
   return result, measurements
 
 
@@ -347,9 +404,11 @@ def test_non_finite_clients_are_dropped_and_counted(secure):
   clean = [v for i, v in enumerate(values) if i not in (0, 3, 5)]
   clean_weights = [w for i, w in enumerate(weights) if i not in (0, 3, 5)]
   np.testing.assert_allclose(reference.estimate, rfa_reference(clean, clean_weights, num_passes, secure=secure)[0])
-  atol, objective_atol = secure_tolerances(values, weights, num_passes, False) if secure else (2e-6, 2e-6)
-  np.testing.assert_allclose(to_flat(result), reference.estimate, rtol=1e-5, atol=atol)
-  np.testing.assert_allclose(measurements['objective'], reference.objectives, rtol=1e-5, atol=objective_atol)
+  if secure:
+    assert_within_secure_bounds(result, measurements, values, weights, num_passes)
+  else:
+    np.testing.assert_allclose(to_flat(result), reference.estimate, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(measurements['objective'], reference.objectives, rtol=1e-5, atol=2e-6)
   assert measurements['dropped_clients'] == 3
   assert measurements['participating_clients'] == 3
 
@@ -376,9 +435,7 @@ def test_secure_bounds_clip_and_count():
   values[1]['a'][0, 0] = np.float32(1e4)
   weights[2] = np.float32(50.0)
   result, measurements = run(process(2, False, True), values, weights)
-  expected = rfa_reference(values, weights, 2, secure=True).estimate
-  atol, _ = secure_tolerances(values, weights, 2, False)
-  np.testing.assert_allclose(to_flat(result), expected, rtol=1e-5, atol=atol)
+  assert_within_secure_bounds(result, measurements, values, weights, 2)
   assert measurements['value_clipped_clients'] == 1
   assert measurements['weight_clipped_clients'] == 1
 

@@ -63,6 +63,18 @@ def test_federated_mean_factory():
   np.testing.assert_array_equal(flat(result), 0.0)  # Zero total weight: zeros, not NaN.
 
 
+def assert_within_documented_bound(result, values, weights, value_bound, weight_bound):
+  """|result - m| <= `secure_mean.error_bound` in every coordinate, m the weighted mean of the clipped values."""
+  clipped = np.clip(np.stack([flat(v) for v in values]), -value_bound, value_bound)
+  clipped_weights = np.minimum(np.asarray(weights, np.float64), weight_bound)
+  expected = clipped_weights @ clipped / clipped_weights.sum()
+  bound = secure_mean.error_bound(len(values), clipped_weights.sum(), value_bound, weight_bound, np.abs(expected),
+                                  np.max(np.abs(clipped), axis=0))
+  error = np.abs(flat(result) - expected)
+  assert np.all(error <= bound), f'error {error} above the documented bound {bound}'
+  return expected, bound
+
+
 def test_secure_mean_matches_reference_within_documented_bound():
   value_bound, weight_bound = 2.0, 10.0
   proc = secure_mean.SecureWeightedMeanFactory(value_bound, weight_bound).create(VALUE_TYPE, WEIGHT_TYPE)
@@ -70,11 +82,16 @@ def test_secure_mean_matches_reference_within_documented_bound():
   for n in (1, 3, 8):
     values, weights = random_values(rng, n, scale=0.5), [np.float32(w) for w in rng.uniform(1, 9, n)]
     output = proc.next(proc.initialize(), values, weights)
-    expected = weighted_mean(values, weights)
-    bound = secure_mean.discretization_error_bound(
-        n, float(np.sum(weights)), value_bound, weight_bound, float(np.max(np.abs(expected))))
-    assert bound < 1e-8
-    np.testing.assert_allclose(flat(output.result), expected, rtol=0, atol=bound + 1e-6 * np.max(np.abs(expected)))
+    expected, bound = assert_within_documented_bound(output.result, values, weights, value_bound, weight_bound)
+    # The bound is far below the values' scale (float32 rounding dominates; quantization is below 1e-8) ...
+    assert np.max(bound) < 2e-6
+    assert secure_mean.discretization_error_bound(n, float(np.sum(weights)), value_bound, weight_bound,
+                                                  float(np.max(np.abs(expected)))) < 1e-8
+    # ... and tight enough to catch one client's weight off by 1e-4 (so the check above can fail).
+    off = np.asarray(weights, np.float64) * np.where(np.arange(n) == 0, 1 + 1e-4, 1.0)
+    points = np.stack([flat(v) for v in values])
+    if n > 1:
+      assert np.any(np.abs(off @ points / off.sum() - expected) > bound)
     assert output.measurements['value_clipped_clients'] == 0
     assert output.measurements['weight_clipped_clients'] == 0
   # Out-of-bound values and weights are clipped (never wrap) and counted.
@@ -83,13 +100,27 @@ def test_secure_mean_matches_reference_within_documented_bound():
   values[2]['b'][0][0, 0] = np.float32(-5.0)
   weights = [np.float32(1.0), np.float32(50.0), np.float32(2.0)]
   output = proc.next(proc.initialize(), values, weights)
-  clipped = [tf.nest.map_structure(lambda x: np.clip(x, -value_bound, value_bound), v) for v in values]
-  np.testing.assert_allclose(flat(output.result), weighted_mean(clipped, [1.0, weight_bound, 2.0]), atol=1e-6)
+  assert_within_documented_bound(output.result, values, weights, value_bound, weight_bound)
   assert output.measurements['value_clipped_clients'] == 2
   assert output.measurements['weight_clipped_clients'] == 1
   # Zero total weight: zeros.
   result = proc.next(proc.initialize(), random_values(rng, 2), [np.float32(0)] * 2).result
   np.testing.assert_array_equal(flat(result), 0.0)
+
+
+def test_float64_values_at_the_bound_are_not_clipped():
+  """The clip bound is exactly `value_bound` in float64 (not `value_bound` rounded to float32)."""
+  value_bound = 0.01  # Not a float32 number: float32(0.01) < 0.01.
+  proc = secure_mean.SecureWeightedMeanFactory(value_bound, 1.0).create(
+      tff.TensorType(np.float64, [3]), tff.TensorType(np.float64))
+  values = [np.array([0.01, -0.01, 0.004]), np.array([0.002, 0.01, -0.01])]
+  output = proc.next(proc.initialize(), values, [1.0, 1.0])
+  assert output.measurements['value_clipped_clients'] == 0
+  expected = np.mean(values, axis=0)
+  bound = secure_mean.error_bound(2, 2.0, value_bound, 1.0, np.abs(expected), np.max(np.abs(values), axis=0),
+                                  np.float64)
+  assert np.all(np.abs(output.result - expected) <= bound)
+  assert np.max(bound) < 1e-11  # Quantization only: float32 rounding of the bound would be 1e-10 off.
 
 
 def test_secure_mean_equals_tff_mean_factory_with_secure_sums():
@@ -105,15 +136,31 @@ def test_secure_mean_equals_tff_mean_factory_with_secure_sums():
   weights = [np.float32(w) for w in rng.uniform(1, 8, 6)]
   got = ours.next(ours.initialize(), values, weights).result
   want = tffs.next(tffs.initialize(), values, [np.float32(w / weight_bound) for w in weights]).result
-  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  # The same float32 operations in the same order (weight / weight_bound, value * weight, the quantized sums,
+  # the division): the same numbers.
+  np.testing.assert_array_equal(got, want)
 
 
-def test_error_bound_grows_with_weight_bound():
-  assert secure_mean.discretization_error_bound(10, 1000.0, 1.0, 1e4) == pytest.approx(
-      10 / ((2**32 - 1) * 0.1))
+def test_error_bounds_are_the_documented_formulas():
+  levels, slack = 2**32 - 1, secure_mean.QUANTIZATION_SLACK
+  # s N (B + |m| / 2) / (L U - s N / 2); to first order N (B + |m| / 2) / (L U).
+  quantization = secure_mean.discretization_error_bound(10, 1000.0, 1.0, 1e4, 0.5)
+  assert quantization == pytest.approx(slack * 10 * 1.25 / (levels * 0.1 - slack * 10 / 2), rel=1e-12)
+  assert quantization == pytest.approx(10 * 1.25 / (levels * 0.1), rel=2e-5)
+  # It grows as weight_bound / sum a_i (up to the denominator's s N / 2, 1e-6 of L U at U = 0.001).
   assert (secure_mean.discretization_error_bound(10, 1000.0, 1.0, 1e6)
-          == pytest.approx(100 * secure_mean.discretization_error_bound(10, 1000.0, 1.0, 1e4)))
+          == pytest.approx(100 * secure_mean.discretization_error_bound(10, 1000.0, 1.0, 1e4), rel=2e-6))
   assert secure_mean.discretization_error_bound(3, 0.0, 1.0, 1.0) == 0.0
+  # error_bound: to first order the quantization plus eps (4 M + 6 |m|); the rest adds less than 1e-4 of it.
+  eps = 2.0**-24
+  total = secure_mean.error_bound(10, 1000.0, 1.0, 1e4, np.array([0.5, 0.0]), np.array([1.0, 0.3]))
+  first_order = secure_mean.discretization_error_bound(10, 1000.0, 1.0, 1e4, np.array([0.5, 0.0])) + eps * (
+      4 * np.array([1.0, 0.3]) + 6 * np.array([0.5, 0.0]))
+  np.testing.assert_allclose(total, first_order, rtol=1e-4)
+  assert np.all(total >= first_order)
+  eps64 = 2.0**-53
+  total64 = secure_mean.error_bound(10, 1000.0, 1.0, 1e4, 0.5, 1.0, np.float64)
+  assert total64 == pytest.approx(quantization + eps64 * 7, rel=1e-4)
 
 
 def test_as_unweighted():

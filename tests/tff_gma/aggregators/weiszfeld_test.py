@@ -102,3 +102,49 @@ def test_weiszfeld_iteration_decreases_the_objective_and_reaches_the_geometric_m
   diffs = flat_points - v
   gradient = (a[:, None] * diffs / np.linalg.norm(diffs, axis=1)[:, None]).sum(axis=0)
   assert np.linalg.norm(gradient) < 1e-3 * a.sum()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Error propagation (the bounds geometric_median_test checks the secure factory against).
+
+
+def test_distance_error_bound_covers_float32_distances_of_a_perturbed_estimate():
+  rng = np.random.default_rng(5)
+  dim = 11
+  for scale in (1e-6, 1e-3, 1.0):
+    for _ in range(10):
+      v, w = np.float32(rng.normal(size=dim)), np.float32(rng.normal(size=dim))  # What the clients hold.
+      perturbed = np.float32(v + scale * rng.normal(size=dim))  # The estimate the server broadcasts.
+      estimate_error = np.linalg.norm(perturbed.astype(np.float64) - v)
+      exact = np.linalg.norm(v.astype(np.float64) - w)
+      computed = float(weiszfeld.flat_distance([tf.constant(perturbed)], [tf.constant(w)]))
+      assert abs(computed - exact) <= weiszfeld.distance_error_bound(exact, estimate_error, dim)
+  # e + (n + 4) eps (d + e).
+  assert weiszfeld.distance_error_bound(2.0, 0.0, 11) == pytest.approx(2.0 * 15 * 2.0**-24)
+
+
+def test_reweighting_error_bound_covers_every_perturbation_within_its_assumptions():
+  """Distances and smoothing moved anywhere within their bounds: the reweighted mean stays within P of v_{k+1},
+  and the clients' total weight above the least total; the bound is not vacuous (a large share of it is used)."""
+  rng = np.random.default_rng(6)
+  points, a = rng.normal(size=(7, 5)), rng.uniform(0.5, 2.0, size=7)
+  estimate, c = points.mean(axis=0) + 0.1, 0.05
+  distances = np.linalg.norm(points - estimate, axis=1)
+  exact_weights = a * c / np.maximum(c, distances)
+  next_estimate = exact_weights @ points / exact_weights.sum()
+  distance_errors, smoothing_error = 1e-3 * np.ones(7), 1e-3
+  shift, least_total = weiszfeld.reweighting_error_bound(
+      points, a, estimate, next_estimate, c, distance_errors, smoothing_error, eps=0.0)
+  worst = 0.0
+  for _ in range(200):
+    c_moved = c + smoothing_error * rng.uniform(-1, 1)
+    d_moved = distances + distance_errors * rng.choice([-1.0, 1.0], size=7)
+    weights = a * c_moved / np.maximum(c_moved, d_moved)
+    moved = np.linalg.norm(weights @ points / weights.sum() - next_estimate)
+    assert moved <= shift
+    assert weights.sum() >= least_total
+    worst = max(worst, moved)
+  assert worst > 0.1 * shift
+  # A point sitting at v_{k+1} moves nothing whatever its weight; the convex hull caps the shift.
+  single, _ = weiszfeld.reweighting_error_bound(points[:1], a[:1], estimate, points[0], c, 1.0, 0.0)
+  assert single == 0.0
