@@ -2,13 +2,16 @@
 
 `audit_computation(comp, policy=AuditPolicy())` walks a computation's building blocks and returns an `AuditReport`
 (`.ok`, `.violations`, `.flows`, `.aggregation_passes`, `.to_markdown()`, `.to_json()`); the command line
-`python -m tff_gma.audit module:attr [--value_type float32[10]]` prints that report and exits non-zero on
-violations. See `tff_gma.audit.static` for what is analysed and how.
+`python -m tff_gma.audit module:attr [--value_type float32[10]]` prints that report and exits 0 (PASS), 1
+(violations) or 2 (an error: no verdict). See `tff_gma.audit.static` for what is analysed and how, and
+`AUDIT_SCOPE` (in every report) for what a PASS establishes and what it does not: it says which intrinsics carry
+client data to the server, not that an allowed aggregate reveals little about one client.
 
 The empirical checks that retrain clients (RFA's effective weights, membership inference) belong to the
 experiment harness (`training.rfa_weights`, `training.membership`), not to this static audit.
 """
 
+from tff_gma.audit.static import AUDIT_SCOPE
 from tff_gma.audit.static import AuditPolicy
 from tff_gma.audit.static import AuditReport
 from tff_gma.audit.static import ComputationAudit
@@ -24,6 +27,7 @@ from tff_gma.audit.static import Violation
 from tff_gma.audit.static import audit_computation
 
 __all__ = [
+    'AUDIT_SCOPE',
     'AuditPolicy',
     'AuditReport',
     'ComputationAudit',

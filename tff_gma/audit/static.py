@@ -31,6 +31,9 @@ selected values come back).
 What it does not see: what the TensorFlow inside `federated_map` computes (an aggregate of an encoding of the raw
 data is still an aggregate, and is reported as such), and the runtime's deployment (whether `federated_mean` is
 computed by a trusted aggregator is outside the building block; the default policy trusts it, as the issue asks).
+So a PASS says which intrinsics carry client data, not how much an aggregate reveals: a `federated_mean` of vectors
+in which each client writes its value into its own coordinate passes, and hands the server every client's value.
+Every report states this scope in a fixed paragraph, `AUDIT_SCOPE`.
 """
 
 from __future__ import annotations
@@ -73,6 +76,19 @@ DYNAMIC = 'dynamic'
 # Traced federated computations name their locals `fc_<python function>_symbol_<i>`.
 _TRACED_LOCAL_NAME = re.compile(r'^fc_(?P<function>.+)_symbol_(?P<index>\d+)$')
 _MIN_RECURSION_LIMIT = 20000
+
+# What a verdict establishes and what it does not; every report carries it (markdown: the Scope paragraph; JSON:
+# `scope`).
+AUDIT_SCOPE = (
+    'A PASS establishes two things, read from the computation\'s building blocks: every flow of client-placed data '
+    'to the server goes through an intrinsic the policy allows, and one call needs the reported number of '
+    'sequential client-to-server aggregation passes. It does not establish that an allowed aggregate reveals '
+    'little about any one client: a computation in which each client writes its value into its own coordinate of '
+    'a `federated_mean` (zeros elsewhere) passes, and the server reads every client\'s value off the mean. Nor '
+    'does it establish differential privacy (no noise, clipping or privacy budget is checked), anything about the '
+    'client-side code (the TensorFlow inside `federated_map` is not inspected, nor what clients do outside the '
+    'computation), or anything about the runtime and transport (that the deployed aggregator or secure-sum '
+    'protocol keeps individual values hidden, who sees the messages in transit).')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +269,7 @@ class AuditReport:
         },
         'main': self.main,
         'aggregation_passes': self.aggregation_passes,
+        'scope': AUDIT_SCOPE,
         'computations': [c.to_dict() for c in self.computations],
         'violations': [v.to_dict() for v in self.violations],
         'notes': self.notes,
@@ -262,7 +279,7 @@ class AuditReport:
     return json.dumps(self.to_dict(), indent=indent, default=_json_default)
 
   def to_markdown(self) -> str:
-    """The report as markdown: verdict, one table of flows per computation, violations, notes."""
+    """The report as markdown: verdict, passes, scope, one table of flows per computation, violations, notes."""
     verdict = 'PASS' if self.ok else f'FAIL ({len(self.violations)} violation{"s" * (len(self.violations) != 1)})'
     lines = [
         f'## Aggregation audit: {self.subject}',
@@ -270,6 +287,8 @@ class AuditReport:
         f'**Verdict: {verdict}.** Policy: {self.policy.describe()}.',
         '',
         f'Client-to-server aggregation passes per call of `{self.main}`: **{self.aggregation_passes}**.',
+        '',
+        f'**Scope.** {AUDIT_SCOPE}',
         '',
     ]
     if self.flows:

@@ -3,9 +3,11 @@
 import tests
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -16,13 +18,13 @@ from tff_gma.audit import __main__ as cli
 _REPO = tests.ROOT
 
 
-def _run_python(argv, tmp_path):
+def _run_python(argv, tmp_path, extra_env=None):
   """Runs `python ARGV` in its own session; fails (after killing them) if any process it started outlives it.
 
   Output goes to files, not pipes: a leftover TFF worker inherits its parent's stdout/stderr, and reading a pipe
   to its end would wait for the worker instead of reporting it.
   """
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', **(extra_env or {}))
   stdout_path, stderr_path = tmp_path / 'stdout', tmp_path / 'stderr'
   with open(stdout_path, 'w') as stdout, open(stderr_path, 'w') as stderr:
     process = subprocess.Popen([sys.executable, *argv], cwd=_REPO, env=env, stdout=stdout, stderr=stderr,
@@ -43,8 +45,17 @@ def _run_python(argv, tmp_path):
   return subprocess.CompletedProcess(argv, process.returncode, stdout_path.read_text(), stderr_path.read_text())
 
 
-def _run_cli(tmp_path, *args):
-  return _run_python(['-m', 'tff_gma.audit', *args], tmp_path)
+def _run_cli(tmp_path, *args, extra_env=None):
+  return _run_python(['-m', 'tff_gma.audit', *args], tmp_path, extra_env)
+
+
+# TensorFlow's C++ start-up log lines (`2026-01-01 12:00:00.000000: E tensorflow/...] ...`), printed on import.
+_TF_LOG_LINE = re.compile(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+\] ')
+
+
+def _messages(stderr):
+  """stderr without TensorFlow's own start-up log lines."""
+  return [line for line in stderr.splitlines() if line.strip() and not _TF_LOG_LINE.match(line)]
 
 
 def test_clean_computation_exits_zero_and_prints_the_report(tmp_path):
@@ -65,6 +76,26 @@ def test_leaky_factory_exits_nonzero_and_writes_json(tmp_path):
   assert report['ok'] is False
   assert [v['intrinsic'] for v in report['violations']] == ['federated_sum']
   assert report['subject'] == 'tests.tff_gma.audit.targets:plain_sum_factory (SumFactory.create(float32[3]))'
+
+
+# A target module that cannot be imported is an error (2), not a verdict (1): the whole program, in a subprocess.
+
+
+@pytest.mark.parametrize('source, problem', [
+    ('computation = (\n', "SyntaxError: '(' was never closed ({path}, line 1)"),
+    ('import no_such_dependency_xyz\n', "ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
+], ids=['syntax_error', 'import_error'])
+def test_unimportable_target_module_exits_two_with_one_message(tmp_path, source, problem):
+  modules = tmp_path / 'modules'
+  modules.mkdir()
+  path = modules / 'broken_target.py'
+  path.write_text(source)
+  process = _run_cli(tmp_path, 'broken_target:computation', extra_env={'PYTHONPATH': str(modules)})
+  assert process.returncode == cli.EXIT_ERROR, process.stderr
+  assert process.stdout == ''
+  assert _messages(process.stderr) == [
+      "error: cannot import module 'broken_target' of target broken_target:computation: "
+      + problem.format(path=path)]
 
 
 # In-process `main` (no subprocess start-up): options and errors. `tests/` is on sys.path under pytest.
@@ -96,15 +127,99 @@ def test_rfa_report_shows_one_pass_per_weiszfeld_pass(capsys):
 
 @pytest.mark.parametrize('argv, message', [
     (['no_colon_here'], 'MODULE:ATTR'),
-    (['tests.tff_gma.audit.targets:no_such_target'], 'AttributeError'),
+    (['tests.tff_gma.audit.targets:no_such_target'], "has no attribute 'no_such_target'"),
     (['no_such_module_xyz:target'], 'ModuleNotFoundError'),
     (['tests.tff_gma.audit.targets:plain_sum_factory'], 'value_type is required'),
     (['tests.tff_gma.audit.targets:plain_sum_factory', '--value_type', 'float32[x]'], 'bad dimension'),
     (['tests.tff_gma.audit.targets:plain_sum_factory', '--value_type', 'notadtype[3]'], 'unknown dtype'),
 ])
 def test_errors_exit_two(capsys, argv, message):
-  assert cli.main(argv) == cli.EXIT_USAGE
+  assert cli.main(argv) == cli.EXIT_ERROR
   assert message in capsys.readouterr().err
+
+
+@pytest.fixture
+def module_dir(tmp_path, monkeypatch):
+  """A directory on sys.path for target modules; the modules imported from it are forgotten afterwards."""
+  directory = tmp_path / 'modules'
+  directory.mkdir()
+  monkeypatch.syspath_prepend(str(directory))
+  before = set(sys.modules)
+  yield directory
+  for name in set(sys.modules) - before:
+    if getattr(sys.modules[name], '__file__', None) and sys.modules[name].__file__.startswith(str(directory)):
+      del sys.modules[name]
+
+
+def _failing_audit(*args, **kwargs):
+  raise RuntimeError('walk failed')
+
+
+# Every failure that is not a verdict: exit 2, one line on stderr naming the problem, no traceback, no report.
+@pytest.mark.parametrize('source, argv, message', [
+    ('raise RuntimeError("no data here")\n', ['audit_case_raises:x'],
+     "cannot import module 'audit_case_raises' of target audit_case_raises:x: RuntimeError: no data here"),
+    ('import sys\nsys.exit(0)\n', ['audit_case_exits:x'],
+     "cannot import module 'audit_case_exits' of target audit_case_exits:x: it called sys.exit(0) while being "
+     'imported'),
+    ('x = 1\n', ['audit_case_attribute:y'],
+     "target audit_case_attribute:y: module 'audit_case_attribute' has no attribute 'y'"),
+    ('def build():\n  raise RuntimeError("cannot build")\n', ['audit_case_builder:build'],
+     'target audit_case_builder:build: calling the builder raised RuntimeError: cannot build'),
+    ('x = 3\n', ['audit_case_int:x'],
+     'target audit_case_int:x is int, which the audit cannot read: expected a tff.Computation, a '
+     'tff.templates.IterativeProcess (e.g. an AggregationProcess or LearningProcess), an aggregation factory, or '
+     'a zero-argument callable returning one'),
+    ('def build():\n  return [1]\n', ['audit_case_returns_list:build'],
+     'target audit_case_returns_list:build() returned list, which the audit cannot read: expected'),
+    ('import tensorflow_federated as tff\n@tff.federated_computation\ndef f(x):\n  return x\n',
+     ['audit_case_polymorphic:f'],
+     'target audit_case_polymorphic:f is a polymorphic computation (no parameter type yet)'),
+    ('', ['tests.tff_gma.audit.targets:weighted_mean', '--output', '{dir}'], '--output {dir}: is a directory'),
+    ('', ['tests.tff_gma.audit.targets:weighted_mean', '--output', '{dir}/missing/audit.md'],
+     '--output {dir}/missing/audit.md: directory {dir}/missing does not exist'),
+    ('', ['tests.tff_gma.audit.targets:weighted_mean', '--value_type', 'float32[3]'],
+     'cannot audit tests.tff_gma.audit.targets:weighted_mean: ValueError: value_type/weight_type are only used '
+     'with aggregation factories; got a'),
+], ids=['import_raises', 'import_exits', 'missing_attribute', 'builder_raises', 'not_auditable',
+        'builder_returns_not_auditable', 'polymorphic', 'output_is_a_directory', 'output_directory_missing',
+        'value_type_for_a_computation'])
+def test_failures_that_are_not_verdicts_exit_two(capsys, module_dir, source, argv, message):
+  if source:
+    (module_dir / f'{argv[0].partition(":")[0]}.py').write_text(textwrap.dedent(source))
+  argv = [a.format(dir=module_dir) for a in argv]
+  assert cli.main(argv) == cli.EXIT_ERROR
+  captured = capsys.readouterr()
+  assert captured.out == ''
+  (line,) = captured.err.splitlines()
+  assert line.startswith('error: ' + message.format(dir=module_dir)), line
+
+
+def test_an_exception_inside_the_audit_exits_two(capsys, monkeypatch):
+  from tff_gma.audit import static  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(static, 'audit_computation', _failing_audit)
+  assert cli.main(['tests.tff_gma.audit.targets:weighted_mean']) == cli.EXIT_ERROR
+  captured = capsys.readouterr()
+  assert captured.out == ''
+  assert captured.err.splitlines() == [
+      'error: cannot audit tests.tff_gma.audit.targets:weighted_mean: RuntimeError: walk failed']
+  # --traceback adds the traceback for debugging.
+  assert cli.main(['tests.tff_gma.audit.targets:weighted_mean', '--traceback']) == cli.EXIT_ERROR
+  err = capsys.readouterr().err
+  assert 'Traceback (most recent call last)' in err and 'walk failed' in err
+
+
+def test_report_states_the_scope_of_a_pass(capsys):
+  # The slotted mean passes (only federated_mean carries client data) although the server reads every client's
+  # value off it; the report says what its PASS does and does not establish.
+  from tff_gma.audit import static  # pylint: disable=g-import-not-at-top
+  assert cli.main(['tests.tff_gma.audit.targets:slotted_mean']) == cli.EXIT_OK
+  out = capsys.readouterr().out
+  assert '**Verdict: PASS.**' in out
+  assert f'**Scope.** {static.AUDIT_SCOPE}' in out
+  assert 'its own coordinate of a `federated_mean`' in out
+  assert cli.main(['tests.tff_gma.audit.targets:slotted_mean', '--format', 'json']) == cli.EXIT_OK
+  assert json.loads(capsys.readouterr().out)['scope'] == static.AUDIT_SCOPE
 
 
 @pytest.mark.parametrize('spec, expected', [

@@ -86,6 +86,22 @@ def test_returning_client_values_is_not_a_flow_but_is_noted():
   assert len(report.notes) == 1 and 'CLIENTS-placed' in report.notes[0]
 
 
+def test_slotted_mean_passes_although_the_server_reads_every_client_value():
+  # The limitation every report states in its scope: a PASS is about which intrinsics carry client data, not about
+  # what an allowed aggregate reveals. Each client puts its value in its own coordinate of a federated_mean ...
+  report = audit.audit_computation(targets.slotted_mean)
+  assert report.ok
+  (flow,) = report.flows
+  assert (flow.intrinsic, flow.value_type, flow.allowed) == ('federated_mean', '{float32[4]}@CLIENTS', True)
+  # ... and the server recovers every client's value exactly from the mean.
+  client_values = np.array([0.5, -1.25, 3.0, 2.0], np.float32)
+  mean = np.asarray(targets.slotted_mean(list(client_values), [0, 1, 2, 3]))
+  np.testing.assert_allclose(mean * len(client_values), client_values, rtol=1e-6)
+  # The report says so: its scope names this case.
+  assert f'**Scope.** {audit.AUDIT_SCOPE}' in report.to_markdown()
+  assert json.loads(report.to_json())['scope'] == audit.AUDIT_SCOPE
+
+
 # --- Policies. ---------------------------------------------------------------------------------------------------
 
 
@@ -384,6 +400,22 @@ def test_to_json_round_trips(default_fed_avg_report):
   assert decoded['policy']['allow_plain_sum'] is False
   bounded = json.loads(audit.audit_computation(targets.secure_sum_factory, value_type=targets.VALUE).to_json())
   assert {f['parameters']['bitwidth'] for f in bounded['computations'][1]['flows']} == {1, 32}
+
+
+def test_every_report_states_what_a_pass_establishes_and_what_it_does_not():
+  scope = audit.AUDIT_SCOPE
+  # What a PASS means: the allowed intrinsics and the number of sequential passes ...
+  assert 'through an intrinsic the policy allows' in scope and 'sequential' in scope
+  # ... and what it does not: an aggregate revealing little (the slotted federated_mean), differential privacy,
+  # the client-side code, the runtime and transport.
+  for caveat in ('its own coordinate of a `federated_mean`', 'differential privacy', 'client-side',
+                 'runtime', 'transport'):
+    assert caveat in scope, caveat
+  for report in (audit.audit_computation(targets.weighted_mean), audit.audit_computation(targets.plain_sum)):
+    markdown = report.to_markdown()
+    assert f'\n**Scope.** {scope}\n' in markdown
+    assert markdown.index('**Scope.**') < markdown.index('| computation | intrinsic |')  # Next to the verdict.
+    assert report.to_dict()['scope'] == scope
 
 
 def test_to_markdown_has_verdict_and_tables():

@@ -227,3 +227,25 @@ def rfa_secure_learning_process() -> tff.learning.templates.LearningProcess:
       _model_fn(), client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
       model_aggregator=secure_rfa(2),
       metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)
+
+
+# --- Passes the audit and leaks anyway: what a PASS does not establish. ------------------------------------------
+
+NUM_SLOTS = 4
+
+
+@tff.tensorflow.computation(np.float32, np.int32)
+def _into_own_slot(value, slot):
+  # Zeros everywhere except the client's own coordinate `slot`, which holds its value.
+  return tf.one_hot(slot, NUM_SLOTS, dtype=tf.float32) * value
+
+
+@tff.federated_computation(CLIENT_SCALARS, CLIENT_INTS)
+def slotted_mean(values, slots):
+  """Each client writes its value into its own coordinate of a `federated_mean`.
+
+  Only an allowed intrinsic carries client data to the server, so the audit PASSES; yet the mean is
+  `[v_0, v_1, ...] / n` and the server reads every client's value off it. The audit checks which intrinsics carry
+  client data, not what the clients encode into them (the limitation stated in every report's scope).
+  """
+  return tff.federated_mean(tff.federated_map(_into_own_slot, (values, slots)))
