@@ -71,15 +71,6 @@ def test_federated_train_data_is_the_train_split_of_federated_data():
     np.testing.assert_array_equal(a.client_arrays(cid)[1], b.client_arrays(cid)[1])
 
 
-def test_serializable_dataset_fn_matches_client_arrays():
-  fd = digits.federated_data('quantity_skew', 5, 0)
-  for cid in fd.train.client_ids:
-    got = list(fd.train.serializable_dataset_fn(tf.constant(cid)).as_numpy_iterator())
-    x, y = fd.train.client_arrays(cid)
-    np.testing.assert_array_equal(np.stack([e['x'] for e in got]), x)
-    np.testing.assert_array_equal(np.array([e['y'] for e in got]), y)
-
-
 @pytest.mark.parametrize('name', ['feature_skew', 'mixed_skew'])
 def test_colored_partitions_keep_the_digits(name):
   split = digits.load_split()

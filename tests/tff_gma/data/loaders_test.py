@@ -10,7 +10,6 @@ from tensorflow_federated.python.simulation.baselines.shakespeare import char_pr
 from tff_gma.data import digits
 from tff_gma.data import loaders
 from tff_gma.data import partition
-from tff_gma.data import shakespeare
 
 MOCK_EXAMPLES = 40
 
@@ -131,30 +130,6 @@ def _tff_baseline_sequences(ds, sequence_length):
   spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=10_000, shuffle_buffer_size=1)
   batches = list(char_prediction_preprocessing.create_preprocess_fn(spec, sequence_length)(ds).as_numpy_iterator())
   return np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches])
-
-
-def test_shakespeare_tokenisation_matches_tffs_baseline():
-  synthetic = tff.simulation.datasets.shakespeare.get_synthetic()
-  for cid in synthetic.client_ids:
-    ds = synthetic.create_tf_dataset_for_client(cid)
-    x_ref, y_ref = _tff_baseline_sequences(ds, 12)
-    x, y = shakespeare.to_sequences([e['snippets'] for e in ds.as_numpy_iterator()], 12)
-    np.testing.assert_array_equal(x, x_ref)
-    np.testing.assert_array_equal(y, y_ref)
-  assert shakespeare.VOCAB_SIZE == len(char_prediction_preprocessing.CHAR_VOCAB) + 4
-  assert (shakespeare.PAD, shakespeare.OOV, shakespeare.BOS, shakespeare.EOS) == (
-      char_prediction_preprocessing.get_special_tokens())
-
-
-def test_shakespeare_to_sequences_by_hand():
-  x, y = shakespeare.to_sequences([b'ab', 'dh\x01'], sequence_length=3)
-  a, b = 1 + shakespeare.CHAR_VOCAB.index('a'), 1 + shakespeare.CHAR_VOCAB.index('b')
-  bos, eos, oov = shakespeare.BOS, shakespeare.EOS, shakespeare.OOV
-  # 'ab' -> [BOS a b EOS] (one chunk of 4); 'dh\x01' -> [BOS d h OOV EOS] padded to 8 (two chunks).
-  np.testing.assert_array_equal(x, [[bos, a, b], [bos, 1, 2], [eos, 0, 0]])
-  np.testing.assert_array_equal(y, [[a, b, eos], [1, 2, oov], [0, 0, 0]])
-  with pytest.raises(ValueError, match='sequence_length'):
-    shakespeare.to_sequences([b'a'], 0)
 
 
 def test_shakespeare_by_writer_keeps_the_roles():
