@@ -38,6 +38,10 @@ def from_client_arrays(arrays: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> A
   ids = list(arrays)
   if any(len(arrays[i][1]) == 0 for i in ids):
     raise ValueError('every client needs at least one example')
+  mismatched = [i for i in ids if len(arrays[i][0]) != len(arrays[i][1])]
+  if mismatched:  # The pool is sliced by the y counts: a mismatch would shift examples into the next client.
+    raise ValueError(f'client {mismatched[0]!r} has {len(arrays[mismatched[0]][0])} inputs but '
+                     f'{len(arrays[mismatched[0]][1])} labels')
   return ArrayClientData(
       ids, np.concatenate([arrays[i][0] for i in ids]), np.concatenate([arrays[i][1] for i in ids]),
       [len(arrays[i][1]) for i in ids])

@@ -116,7 +116,7 @@ def check_fraction(value, name: str, *, low_open: bool = False, high_open: bool 
     raise ValueError(f'{name} must be a number in [0, 1], got {value!r}') from None
   low_ok = number > 0 if low_open else number >= 0
   high_ok = number < 1 if high_open else number <= 1
-  if isinstance(value, bool) or math.isnan(number) or not (low_ok and high_ok):
+  if isinstance(value, (bool, np.bool_)) or math.isnan(number) or not (low_ok and high_ok):
     interval = ('(' if low_open else '[') + '0, 1' + (')' if high_open else ']')
     raise ValueError(f'{name} must lie in {interval}, got {value!r}')
   return number

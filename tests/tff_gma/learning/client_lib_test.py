@@ -78,11 +78,8 @@ def test_check_fraction_rejects_non_numbers(value):
     client_lib.check_fraction(value, 'my_rate')
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'BUG: check_fraction rejects Python bools (isinstance(value, bool)) but accepts NumPy bools: '
-    'check_fraction(np.bool_(True), ...) returns 1.0.'))
 def test_check_fraction_rejects_numpy_bools():
-  with pytest.raises(ValueError):
+  with pytest.raises(ValueError, match='my_rate'):
     client_lib.check_fraction(np.bool_(True), 'my_rate')
 
 
