@@ -19,8 +19,8 @@ Example::
                                                              model_aggregator=aggregator)
 
 Weights: every weighted factory accepts a scalar `weight_type` of any float or integer dtype, as TFF's
-`MeanFactory` does (integer weights, e.g. example counts, are cast to float32 on the clients; float64 weights
-are kept in float64).
+`MeanFactory` does. The clients cast integer weights (e.g. example counts) to float32 before anything else
+(`secure_mean.float_weight_dtype`), so an integer weight gives the result of the same weight as a float32.
 
 The non-private baselines of the robustness study (coordinate-wise median, trimmed mean, multi-Krum) collect
 every client's update at the server; they are not exported here (see `tff_gma.aggregators.robust_baselines`).

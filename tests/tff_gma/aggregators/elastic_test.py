@@ -1,6 +1,7 @@
 """ElasticFactory and its plain-TF math against NumPy references (Elastic Aggregation paper, Algorithm 1)."""
 
 import collections
+import functools
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import tensorflow_federated as tff
 
 from tff_gma.aggregators import elastic
 from tff_gma.aggregators import secure_mean
+from tests.tff_gma.aggregators import aggregator_test_utils as utils
 
 F32 = np.float32
 
@@ -139,3 +141,61 @@ def test_invalid_arguments():
       update=[tff.TensorType(F32, [3])], sensitivity=[tff.TensorType(F32, [4])]))
   with pytest.raises(TypeError, match='same structure'):
     factory.create(mismatched, tff.TensorType(F32))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Contract (as TFF's mean_test.py): process types and weight dtypes (Elastic takes no inner factory).
+
+CLIP_COUNTS = collections.OrderedDict(value_clipped_clients=np.int32, weight_clipped_clients=np.int32)
+
+
+def elastic_measurements(mean_measurements):
+  return collections.OrderedDict(zeta_min=np.float32, zeta_max=np.float32, zeta_mean=np.float32,
+                                 dropped_clients=np.int32, update=mean_measurements, sensitivity=mean_measurements)
+
+
+def paired(part_type):
+  return tff.to_type(collections.OrderedDict(update=part_type, sensitivity=part_type))
+
+
+@pytest.mark.parametrize('weight_dtype', utils.WEIGHT_DTYPES)
+@pytest.mark.parametrize('part_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
+def test_type_properties(part_type, weight_dtype):
+  factory = elastic.ElasticFactory()
+  assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+  weight_type = tff.TensorType(weight_dtype)
+  utils.assert_process_types(
+      factory.create(paired(part_type), weight_type), state_type=collections.OrderedDict(update=(), sensitivity=()),
+      value_type=paired(part_type), weight_type=weight_type, measurements_type=elastic_measurements(()),
+      result_type=part_type)
+
+
+@pytest.mark.parametrize('weight_dtype', [np.float32, np.int32])
+def test_type_properties_secure(weight_dtype):
+  weight_type = tff.TensorType(weight_dtype)
+  process = elastic.ElasticFactory(secure=True, value_bound=1.0).create(paired(utils.STRUCT_TYPE), weight_type)
+  utils.assert_process_types(
+      process, state_type=collections.OrderedDict(update=(), sensitivity=()), value_type=paired(utils.STRUCT_TYPE),
+      weight_type=weight_type, measurements_type=elastic_measurements(CLIP_COUNTS), result_type=utils.STRUCT_TYPE)
+
+
+@functools.lru_cache(maxsize=None)
+def _process(secure, weight_dtype):
+  factory = elastic.ElasticFactory(tau=0.5, secure=secure, value_bound=1.0 if secure else None, weight_bound=8.0)
+  return factory.create(value_type([(3,), (2, 2)]), tff.TensorType(weight_dtype))
+
+
+@pytest.mark.parametrize('weight_dtype', [np.int32, np.int64])
+@pytest.mark.parametrize('secure', [False, True])
+def test_int_weights_give_the_float32_result(secure, weight_dtype):
+  rng = np.random.default_rng(13)
+  values = [collections.OrderedDict(update=[rng.uniform(-0.5, 0.5, size=s).astype(F32) for s in [(3,), (2, 2)]],
+                                    sensitivity=[rng.uniform(0, 0.9, size=s).astype(F32) for s in [(3,), (2, 2)]])
+            for _ in range(4)]
+  int_weights = [weight_dtype(w) for w in (5, 1, 12, 0)]  # 12 is above weight_bound: clipped in secure mode.
+  got = _process(secure, weight_dtype).next(_process(secure, weight_dtype).initialize(), values, int_weights)
+  want = _process(secure, np.float32).next(_process(secure, np.float32).initialize(), values,
+                                           [F32(w) for w in int_weights])
+  for g, w in zip(got.result, want.result):
+    np.testing.assert_array_equal(g, w)
+  assert got.measurements == want.measurements

@@ -1,12 +1,14 @@
 """`FedGMAFactory`, FedGMA's server step, against a NumPy reference (moved here from tests/tff_gma/learning/)."""
 
 import collections
+import functools
 
 import numpy as np
 import pytest
 import tensorflow_federated as tff
 
 from tff_gma.aggregators import fedgma
+from tests.tff_gma.aggregators import aggregator_test_utils as utils
 
 F32 = np.float32
 
@@ -84,3 +86,82 @@ def test_invalid_arguments():
     fedgma.FedGMAFactory(server_step_size=-1.0)
   with pytest.raises(ValueError, match='value_bound'):
     fedgma.FedGMAFactory(secure=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Contract (as TFF's mean_test.py): process types, the model aggregator's state and measurements, weight dtypes.
+
+GMA_MEASUREMENTS = collections.OrderedDict(masked_fraction=np.float32, mean_agreement=np.float32,
+                                           participating_clients=np.int32, dropped_clients=np.int32, mean=())
+
+
+def paired(part_type):
+  return tff.to_type(collections.OrderedDict(update=part_type, gradient=part_type))
+
+
+@pytest.mark.parametrize('weight_dtype', utils.WEIGHT_DTYPES)
+@pytest.mark.parametrize('part_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
+def test_type_properties(part_type, weight_dtype):
+  factory = fedgma.FedGMAFactory()
+  assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+  weight_type = tff.TensorType(weight_dtype)
+  utils.assert_process_types(
+      factory.create(paired(part_type), weight_type), state_type=collections.OrderedDict(update=(), gradient=()),
+      value_type=paired(part_type), weight_type=weight_type,
+      measurements_type=collections.OrderedDict(update=(), gradient=GMA_MEASUREMENTS), result_type=part_type)
+
+
+def test_type_properties_secure():
+  weight_type = tff.TensorType(np.int32)
+  clip_counts = collections.OrderedDict(value_clipped_clients=np.int32, weight_clipped_clients=np.int32)
+  gradient_measurements = collections.OrderedDict(GMA_MEASUREMENTS, mean=clip_counts)
+  process = fedgma.FedGMAFactory(secure=True, value_bound=1.0).create(paired(utils.STRUCT_TYPE), weight_type)
+  utils.assert_process_types(
+      process, state_type=collections.OrderedDict(update=(), gradient=()), value_type=paired(utils.STRUCT_TYPE),
+      weight_type=weight_type,
+      measurements_type=collections.OrderedDict(update=clip_counts, gradient=gradient_measurements),
+      result_type=utils.STRUCT_TYPE)
+
+
+def test_model_aggregator_state_and_measurements_pass_through():
+  """state['update'] is the model aggregator's state, measurements['update'] its measurements; with
+  server_step_size=0 the result is its result (here the weighted mean plus one)."""
+  weight_type = tff.TensorType(np.int32)
+  process = fedgma.FedGMAFactory(server_step_size=0.0, model_aggregator=utils.WeightedMeanPlusOneFactory()).create(
+      paired(utils.STRUCT_TYPE), weight_type)
+  utils.assert_process_types(
+      process, state_type=collections.OrderedDict(update=np.int32, gradient=()),
+      value_type=paired(utils.STRUCT_TYPE), weight_type=weight_type,
+      measurements_type=collections.OrderedDict(update=np.int32, gradient=GMA_MEASUREMENTS),
+      result_type=utils.STRUCT_TYPE)
+  state = process.initialize()
+  assert state['update'] == 0
+  parts = [(np.array([1.0, 2.0], F32), 3.0), (np.array([3.0, -2.0], F32), 5.0)]
+  values = [collections.OrderedDict(update=p, gradient=p) for p in parts]
+  weights = [np.int32(1), np.int32(3)]
+  output = process.next(state, values, weights)
+  assert output.state['update'] == 1
+  assert output.measurements['update'] == utils.MEASUREMENT_CONSTANT
+  np.testing.assert_allclose(output.result[0], [3.5, 0.0], rtol=1e-6)
+  assert output.result[1] == pytest.approx(5.5)
+  assert process.next(output.state, values, weights).state['update'] == 2
+
+
+@functools.lru_cache(maxsize=None)
+def _process(weight_dtype):
+  return fedgma.FedGMAFactory(server_step_size=0.5, mask_threshold=0.6).create(
+      value_type([(6,), (2, 3)]), tff.TensorType(weight_dtype))
+
+
+@pytest.mark.parametrize('weight_dtype', [np.int32, np.int64])
+def test_int_weights_give_the_float32_result(weight_dtype):
+  rng = np.random.default_rng(3)
+  values = [collections.OrderedDict(update=[rng.normal(size=s).astype(F32) for s in [(6,), (2, 3)]],
+                                    gradient=[rng.normal(size=s).astype(F32) for s in [(6,), (2, 3)]])
+            for _ in range(5)]
+  int_weights = [weight_dtype(w) for w in (1, 4, 2, 3, 5)]
+  got = _process(weight_dtype).next(_process(weight_dtype).initialize(), values, int_weights)
+  want = _process(np.float32).next(_process(np.float32).initialize(), values, [F32(w) for w in int_weights])
+  for g, w in zip(got.result, want.result):
+    np.testing.assert_array_equal(g, w)
+  assert got.measurements == want.measurements

@@ -11,6 +11,7 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import weiszfeld
+from tests.tff_gma.aggregators import aggregator_test_utils as utils
 
 VALUE_TYPE = tff.to_type(collections.OrderedDict(
     a=tff.TensorType(np.float32, [2, 3]),
@@ -460,3 +461,121 @@ def test_defaults():
   assert not factory.report_final_objective and factory.num_rounds == 3
   assert aggregators.GeometricMedianFactory(num_passes=2, report_final_objective=True).num_rounds == 3
   assert aggregators.GeometricMedianFactory(one_step=True).num_passes == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Contract (as TFF's mean_test.py): process types, an inner factory's state and measurements, weight dtypes.
+
+CLIP_COUNTS = collections.OrderedDict(value_clipped_clients=np.int32, weight_clipped_clients=np.int32)
+
+
+def rfa_types(num_passes, num_rounds, num_smoothings, pass_type, objective_type):
+  """(state, measurements) types: per pass the inner process's state/measurements, per round the objective's."""
+  state = collections.OrderedDict(passes=(pass_type[0],) * num_passes,
+                                  objectives=(objective_type[0],) * num_rounds)
+  measurements = collections.OrderedDict(
+      objective=tff.TensorType(np.float32, [num_rounds]), smoothing=tff.TensorType(np.float32, [num_smoothings]),
+      aggregation_calls=np.int32, participating_clients=np.int32, dropped_clients=np.int32,
+      value_clipped_clients=np.int32, weight_clipped_clients=np.int32,
+      passes=(pass_type[1],) * num_passes, objectives=(objective_type[1],) * num_rounds)
+  return state, measurements
+
+
+@pytest.mark.parametrize('weight_dtype', utils.WEIGHT_DTYPES)
+@pytest.mark.parametrize('value_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
+def test_type_properties(value_type, weight_dtype):
+  factory = aggregators.GeometricMedianFactory()
+  assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+  weight_type = tff.TensorType(weight_dtype)
+  state, measurements = rfa_types(3, 3, 2, ((), ()), ((), ()))
+  utils.assert_process_types(factory.create(value_type, weight_type), state_type=state, value_type=value_type,
+                             weight_type=weight_type, measurements_type=measurements)
+
+
+@pytest.mark.parametrize('kwargs,num_passes,num_rounds,num_smoothings', [
+    (dict(one_step=True), 1, 1, 1),
+    (dict(num_passes=2, report_final_objective=True), 2, 3, 1),
+    (dict(num_passes=2, init='zero'), 2, 2, 2),
+])
+def test_type_properties_of_other_budgets(kwargs, num_passes, num_rounds, num_smoothings):
+  weight_type = tff.TensorType(np.int32)
+  state, measurements = rfa_types(num_passes, num_rounds, num_smoothings, ((), ()), ((), ()))
+  utils.assert_process_types(aggregators.GeometricMedianFactory(**kwargs).create(utils.STRUCT_TYPE, weight_type),
+                             state_type=state, value_type=utils.STRUCT_TYPE, weight_type=weight_type,
+                             measurements_type=measurements)
+
+
+@pytest.mark.parametrize('weight_dtype', [np.float32, np.int32])
+def test_type_properties_secure(weight_dtype):
+  weight_type = tff.TensorType(weight_dtype)
+  process = aggregators.GeometricMedianFactory(num_passes=2, secure=True, value_bound=1.0).create(
+      utils.STRUCT_TYPE, weight_type)
+  state, measurements = rfa_types(2, 2, 1, ((), CLIP_COUNTS), ((), CLIP_COUNTS))
+  utils.assert_process_types(process, state_type=state, value_type=utils.STRUCT_TYPE, weight_type=weight_type,
+                             measurements_type=measurements)
+
+
+@pytest.mark.parametrize('value_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
+def test_type_properties_unweighted(value_type):
+  factory = aggregators.UnweightedGeometricMedianFactory()
+  assert isinstance(factory, tff.aggregators.UnweightedAggregationFactory)
+  state, measurements = rfa_types(3, 3, 2, ((), ()), ((), ()))
+  utils.assert_process_types(factory.create(value_type), state_type=state, value_type=value_type, weight_type=None,
+                             measurements_type=measurements)
+
+
+@pytest.mark.parametrize('weighted', [True, False])
+def test_inner_factory_state_and_measurements_pass_through(weighted):
+  """Each pass has its own inner process: its state in state['passes'][k] (incremented by every next), its
+  measurements in measurements['passes'][k]."""
+  inner = utils.WeightedMeanPlusOneFactory()
+  if weighted:
+    weight_type = tff.TensorType(np.int64)
+    process = aggregators.GeometricMedianFactory(mean_factory=inner).create(utils.STRUCT_TYPE, weight_type)
+  else:
+    weight_type = None
+    process = aggregators.UnweightedGeometricMedianFactory(mean_factory=inner).create(utils.STRUCT_TYPE)
+  state_type, measurements_type = rfa_types(3, 3, 2, (np.int32, np.int32), ((), ()))
+  utils.assert_process_types(process, state_type=state_type, value_type=utils.STRUCT_TYPE, weight_type=weight_type,
+                             measurements_type=measurements_type)
+  state = process.initialize()
+  assert tuple(state['passes']) == (0, 0, 0)
+  values = [(np.array([1.0, 2.0], np.float32), 3.0), (np.array([3.0, -2.0], np.float32), 5.0),
+            (np.array([0.5, 0.0], np.float32), -1.0)]
+  weights = [[np.int64(w) for w in (1, 3, 2)]] if weighted else []
+  output = process.next(state, values, *weights)
+  assert tuple(output.state['passes']) == (1, 1, 1)
+  assert tuple(output.measurements['passes']) == (utils.MEASUREMENT_CONSTANT,) * 3
+  assert tuple(process.next(output.state, values, *weights).state['passes']) == (2, 2, 2)
+
+
+def test_single_pass_returns_the_inner_result():
+  """num_passes=1 from the mean: the result is the inner process's (the weighted mean plus one)."""
+  process = aggregators.GeometricMedianFactory(num_passes=1, mean_factory=utils.WeightedMeanPlusOneFactory()).create(
+      utils.STRUCT_TYPE, tff.TensorType(np.int32))
+  values = [(np.array([1.0, 2.0], np.float32), 3.0), (np.array([3.0, -2.0], np.float32), 5.0)]
+  output = process.next(process.initialize(), values, [np.int32(1), np.int32(3)])
+  np.testing.assert_allclose(output.result[0], [3.5, 0.0], rtol=1e-6)
+  assert output.result[1] == pytest.approx(5.5)
+
+
+@functools.lru_cache(maxsize=None)
+def _weighted_process(secure, weight_dtype):
+  factory = aggregators.GeometricMedianFactory(
+      num_passes=2, smoothing=NU, secure=secure, value_bound=VALUE_BOUND if secure else None,
+      weight_bound=WEIGHT_BOUND, max_weight_ratio=RATIO)
+  return factory.create(VALUE_TYPE, tff.TensorType(weight_dtype))
+
+
+@pytest.mark.parametrize('weight_dtype', [np.int32, np.int64])
+@pytest.mark.parametrize('secure', [False, True])
+def test_int_weights_give_the_float32_result(secure, weight_dtype):
+  rng = np.random.default_rng(97)
+  values = random_values(rng, 5, center=0.5)
+  int_weights = [weight_dtype(w) for w in (2, 1, 7, 0, 3)]  # Weight 7 is above WEIGHT_BOUND: clipped in secure mode.
+  got = run(_weighted_process(secure, weight_dtype), values, int_weights)
+  want = run(_weighted_process(secure, np.float32), values, [np.float32(w) for w in int_weights])
+  for g, w in zip(tf.nest.flatten(got[0]), tf.nest.flatten(want[0])):
+    np.testing.assert_array_equal(g, w)
+  for key in ('objective', 'smoothing', 'participating_clients', 'weight_clipped_clients'):
+    np.testing.assert_array_equal(got[1][key], want[1][key])

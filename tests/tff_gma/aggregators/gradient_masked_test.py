@@ -10,6 +10,7 @@ import tensorflow_federated as tff
 
 from tff_gma import aggregators
 from tff_gma.aggregators import secure_mean
+from tests.tff_gma.aggregators import aggregator_test_utils as utils
 
 VALUE_TYPE = tff.to_type(collections.OrderedDict(
     a=tff.TensorType(np.float32, [2, 3]),
@@ -318,3 +319,88 @@ def test_invalid_types_raise_type_error():
     factory.create(tff.TensorType(np.float32, [3]), tff.TensorType(np.float32, [2]))
   with pytest.raises(TypeError):
     factory.create(tff.FederatedType(tff.TensorType(np.float32, [3]), tff.CLIENTS), WEIGHT_TYPE)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Contract (as TFF's mean_test.py): process types, an inner factory's state and measurements, weight dtypes.
+
+GMA_MEASUREMENTS = collections.OrderedDict(
+    masked_fraction=np.float32, mean_agreement=np.float32, participating_clients=np.int32, dropped_clients=np.int32)
+CLIP_COUNTS = collections.OrderedDict(value_clipped_clients=np.int32, weight_clipped_clients=np.int32)
+
+
+def gma_measurements(mean_measurements):
+  return collections.OrderedDict(**GMA_MEASUREMENTS, mean=mean_measurements)
+
+
+@pytest.mark.parametrize('weight_dtype', utils.WEIGHT_DTYPES)
+@pytest.mark.parametrize('value_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
+def test_type_properties(value_type, weight_dtype):
+  factory = aggregators.GradientMaskedFactory()
+  assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+  weight_type = tff.TensorType(weight_dtype)
+  utils.assert_process_types(factory.create(value_type, weight_type), state_type=(), value_type=value_type,
+                             weight_type=weight_type, measurements_type=gma_measurements(()))
+
+
+@pytest.mark.parametrize('weight_dtype', [np.float32, np.int32])
+def test_type_properties_secure(weight_dtype):
+  weight_type = tff.TensorType(weight_dtype)
+  process = aggregators.GradientMaskedFactory(secure=True, value_bound=1.0).create(utils.STRUCT_TYPE, weight_type)
+  utils.assert_process_types(process, state_type=(), value_type=utils.STRUCT_TYPE, weight_type=weight_type,
+                             measurements_type=gma_measurements(CLIP_COUNTS))
+
+
+@pytest.mark.parametrize('value_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
+def test_type_properties_unweighted(value_type):
+  factory = aggregators.UnweightedGradientMaskedFactory()
+  assert isinstance(factory, tff.aggregators.UnweightedAggregationFactory)
+  utils.assert_process_types(factory.create(value_type), state_type=(), value_type=value_type, weight_type=None,
+                             measurements_type=gma_measurements(()))
+
+
+@pytest.mark.parametrize('weighted', [True, False])
+def test_inner_factory_state_and_measurements_pass_through(weighted):
+  """GMA's state is its inner mean's, and its `mean` measurement the inner's; with tau = 0 (mask 1) the result
+  is the inner result (here the weighted mean plus one)."""
+  inner = utils.WeightedMeanPlusOneFactory()
+  if weighted:
+    process = aggregators.GradientMaskedFactory(tau=0.0, mean_factory=inner).create(
+        utils.STRUCT_TYPE, tff.TensorType(np.int32))
+    weight_type, weights = tff.TensorType(np.int32), [np.int32(1), np.int32(3)]
+  else:
+    process = aggregators.UnweightedGradientMaskedFactory(tau=0.0, mean_factory=inner).create(utils.STRUCT_TYPE)
+    weight_type, weights = None, [1.0, 1.0]
+  utils.assert_process_types(process, state_type=np.int32, value_type=utils.STRUCT_TYPE, weight_type=weight_type,
+                             measurements_type=gma_measurements(np.int32))
+  state = process.initialize()
+  assert state == 0
+  values = [(np.array([1.0, 2.0], np.float32), 3.0), (np.array([3.0, -2.0], np.float32), 5.0)]
+  output = process.next(state, values, *([weights] if weighted else []))
+  assert output.state == 1
+  assert output.measurements['mean'] == utils.MEASUREMENT_CONSTANT
+  w = np.asarray(weights, np.float64) / np.sum(weights)
+  np.testing.assert_allclose(output.result[0], w @ np.array([[1.0, 2.0], [3.0, -2.0]]) + 1, rtol=1e-6)
+  assert output.result[1] == pytest.approx(w @ [3.0, 5.0] + 1)
+  assert process.next(output.state, values, *([weights] if weighted else [])).state == 2
+
+
+@functools.lru_cache(maxsize=None)
+def _weighted_process(secure, weight_dtype):
+  factory = aggregators.GradientMaskedFactory(
+      tau=TAU, secure=secure, value_bound=VALUE_BOUND if secure else None, weight_bound=WEIGHT_BOUND)
+  return factory.create(VALUE_TYPE, tff.TensorType(weight_dtype))
+
+
+@pytest.mark.parametrize('weight_dtype', [np.int32, np.int64])
+@pytest.mark.parametrize('secure', [False, True])
+def test_int_weights_give_the_float32_result(secure, weight_dtype):
+  rng = np.random.default_rng(29)
+  values = random_values(rng, 5)
+  int_weights = [weight_dtype(w) for w in (2, 1, 7, 0, 3)]  # Weight 7 is above WEIGHT_BOUND: clipped in secure mode.
+  got = run(_weighted_process(secure, weight_dtype), values, int_weights)
+  want = run(_weighted_process(secure, np.float32), values, [np.float32(w) for w in int_weights])
+  for g, w in zip(flat(got[0]), flat(want[0])):
+    np.testing.assert_array_equal(g, w)
+  assert got[1] == want[1]
+  assert got[1]['participating_clients'] == 4  # The weight-0 client does not vote, as with float weights.

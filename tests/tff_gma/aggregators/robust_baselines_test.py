@@ -8,6 +8,7 @@ import tensorflow_federated as tff
 
 from tff_gma import audit
 from tff_gma.aggregators import robust_baselines
+from tests.tff_gma.aggregators import aggregator_test_utils as utils
 from training import registry
 
 _VALUE_TYPE = tff.to_type(collections.OrderedDict(
@@ -153,3 +154,43 @@ def test_tff_norm_factories_bound_an_outlier(name):
       np.float32)
   result, _ = _run(registry.build(name), points, np.ones(6))
   assert np.linalg.norm(result) < 1.0 < np.linalg.norm(points.mean(axis=0))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Contract (as TFF's mean_test.py): process types and weight dtypes (these factories take no inner factory).
+
+_CONTRACT = {
+    'median': (robust_baselines.CoordinateMedianFactory, {}),
+    'trimmed_mean': (lambda: robust_baselines.TrimmedMeanFactory(0.25), {'trimmed_per_side': np.int32}),
+    'krum': (lambda: robust_baselines.MultiKrumFactory(0.25), {'selected_clients': np.int32}),
+}
+
+
+@pytest.mark.parametrize('weight_dtype', utils.WEIGHT_DTYPES)
+@pytest.mark.parametrize('value_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
+@pytest.mark.parametrize('name', list(_CONTRACT))
+def test_type_properties(name, value_type, weight_dtype):
+  build, extra = _CONTRACT[name]
+  factory = build()
+  assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+  weight_type = tff.TensorType(weight_dtype)
+  measurements = collections.OrderedDict(participating_clients=np.int32, dropped_clients=np.int32, **extra)
+  utils.assert_process_types(factory.create(value_type, weight_type), state_type=(), value_type=value_type,
+                             weight_type=weight_type, measurements_type=measurements)
+
+
+@pytest.mark.parametrize('weight_dtype', [np.int32, np.int64])
+@pytest.mark.parametrize('name', list(_CONTRACT))
+def test_int_weights_give_the_float32_result(name, weight_dtype):
+  rng = np.random.default_rng(8)
+  points = rng.normal(size=(6, 10)).astype(np.float32)
+  int_weights = [weight_dtype(w) for w in (2, 1, 0, 5, 3, 1)]  # The weight-0 client is dropped.
+  factory = _CONTRACT[name][0]()
+  values = [_structure(p) for p in points]
+  got_process = factory.create(_VALUE_TYPE, tff.TensorType(weight_dtype))
+  got = got_process.next(got_process.initialize(), values, int_weights)
+  want_process = factory.create(_VALUE_TYPE, tff.TensorType(np.float32))
+  want = want_process.next(want_process.initialize(), values, [np.float32(w) for w in int_weights])
+  np.testing.assert_array_equal(_flat(got.result), _flat(want.result))
+  assert got.measurements == want.measurements
+  assert got.measurements['dropped_clients'] == 1

@@ -1,6 +1,7 @@
 """The weighted means GMA and RFA are built from, and their shared client-side helpers."""
 
 import collections
+import functools
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma.aggregators import secure_mean
+from tests.tff_gma.aggregators import aggregator_test_utils as utils
 
 VALUE_TYPE = tff.to_type(collections.OrderedDict(
     a=tff.TensorType(np.float32, [3]), b=[tff.TensorType(np.float32, [2, 2])]))
@@ -181,3 +183,127 @@ def test_as_unweighted():
 def test_secure_mean_invalid_arguments(kwargs, name):
   with pytest.raises(ValueError, match=name):
     secure_mean.SecureWeightedMeanFactory(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Contract (as TFF's mean_test.py): process types, an inner factory's state and measurements, weight dtypes.
+
+
+@pytest.mark.parametrize('weight_dtype', utils.WEIGHT_DTYPES)
+@pytest.mark.parametrize('value_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
+def test_federated_mean_type_properties(value_type, weight_dtype):
+  factory = secure_mean.FederatedMeanFactory()
+  assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+  process = factory.create(value_type, tff.TensorType(weight_dtype))
+  utils.assert_process_types(process, state_type=(), value_type=value_type, weight_type=tff.TensorType(weight_dtype),
+                             measurements_type=())
+
+
+@pytest.mark.parametrize('weight_dtype', utils.WEIGHT_DTYPES)
+def test_secure_mean_type_properties(weight_dtype):
+  factory = secure_mean.SecureWeightedMeanFactory(1.0)
+  assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+  process = factory.create(utils.STRUCT_TYPE, tff.TensorType(weight_dtype))
+  utils.assert_process_types(
+      process, state_type=(), value_type=utils.STRUCT_TYPE, weight_type=tff.TensorType(weight_dtype),
+      measurements_type=collections.OrderedDict(value_clipped_clients=np.int32, weight_clipped_clients=np.int32))
+
+
+@pytest.mark.parametrize('value_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
+def test_as_unweighted_type_properties(value_type):
+  factory = secure_mean.as_unweighted(secure_mean.FederatedMeanFactory())
+  utils.assert_process_types(factory.create(value_type), state_type=(), value_type=value_type, weight_type=None,
+                             measurements_type=())
+
+
+def test_as_unweighted_passes_the_inner_state_and_measurements_through():
+  process = secure_mean.as_unweighted(utils.WeightedMeanPlusOneFactory()).create(utils.STRUCT_TYPE)
+  utils.assert_process_types(process, state_type=np.int32, value_type=utils.STRUCT_TYPE, weight_type=None,
+                             measurements_type=np.int32)
+  state = process.initialize()
+  assert state == 0
+  values = [(np.array([1.0, 2.0], np.float32), 3.0), (np.array([3.0, -2.0], np.float32), 5.0)]
+  output = process.next(state, values)
+  assert output.state == 1 and output.measurements == utils.MEASUREMENT_CONSTANT
+  np.testing.assert_allclose(output.result[0], [3.0, 1.0])  # Unit weights: the mean, plus one.
+  assert output.result[1] == pytest.approx(5.0)
+  assert process.next(output.state, values).state == 2
+
+
+def test_process_types_helper_rejects_wrong_signatures():
+  """The contract helper can fail: a wrong placement, dtype, measurement or weight is caught."""
+  process = secure_mean.FederatedMeanFactory().create(utils.FLOAT_TYPE, tff.TensorType(np.float32))
+  utils.assert_process_types(process, (), utils.FLOAT_TYPE, tff.TensorType(np.float32), ())
+  wrong = [
+      dict(state_type=np.int32, value_type=utils.FLOAT_TYPE, weight_type=tff.TensorType(np.float32),
+           measurements_type=()),
+      dict(state_type=(), value_type=tff.TensorType(np.float64), weight_type=tff.TensorType(np.float32),
+           measurements_type=()),
+      dict(state_type=(), value_type=utils.FLOAT_TYPE, weight_type=tff.TensorType(np.int32), measurements_type=()),
+      dict(state_type=(), value_type=utils.FLOAT_TYPE, weight_type=None, measurements_type=()),
+      dict(state_type=(), value_type=utils.FLOAT_TYPE, weight_type=tff.TensorType(np.float32),
+           measurements_type=collections.OrderedDict(mean_value=())),
+  ]
+  for kwargs in wrong:
+    with pytest.raises(AssertionError):
+      utils.assert_process_types(process, **kwargs)
+  _, next_type = utils.process_types((), utils.FLOAT_TYPE, tff.TensorType(np.float32), ())
+  clients_result = tff.FunctionType(next_type.parameter, tff.templates.MeasuredProcessOutput(
+      tff.FederatedType((), tff.SERVER), tff.FederatedType(utils.FLOAT_TYPE, tff.CLIENTS),
+      tff.FederatedType((), tff.SERVER)))
+  assert not process.next.type_signature.is_equivalent_to(clients_result)  # Placements count.
+
+
+@functools.lru_cache(maxsize=None)
+def _mean_process(secure, weight_dtype):
+  factory = (secure_mean.SecureWeightedMeanFactory(2.0, 10.0) if secure
+             else secure_mean.FederatedMeanFactory())
+  return factory.create(VALUE_TYPE, tff.TensorType(weight_dtype))
+
+
+@pytest.mark.parametrize('weight_dtype', [np.int32, np.int64])
+@pytest.mark.parametrize('secure', [False, True])
+def test_int_weights_give_the_float32_result(secure, weight_dtype):
+  """TFF's MeanFactory takes int weights; these do, cast to float32 on the clients: the same numbers."""
+  rng = np.random.default_rng(4)
+  values = random_values(rng, 5, scale=0.5)
+  int_weights = [weight_dtype(w) for w in (3, 1, 9, 4, 0)]
+  float_weights = [np.float32(w) for w in int_weights]
+  got = _mean_process(secure, weight_dtype).next(_mean_process(secure, weight_dtype).initialize(), values,
+                                                 int_weights)
+  want = _mean_process(secure, np.float32).next(_mean_process(secure, np.float32).initialize(), values,
+                                                float_weights)
+  for g, w in zip(tf.nest.flatten(got.result), tf.nest.flatten(want.result)):
+    np.testing.assert_array_equal(g, w)
+  if secure:
+    assert got.measurements == want.measurements
+
+
+def test_secure_bounds_hold_for_narrow_int_weights():
+  """Weights are clipped and normalized in float: a weight_bound no uint8 holds (1e4, which tf.cast to uint8 would
+  wrap), and int16 weights above the bound, clipped and counted as float32 weights are."""
+  rng = np.random.default_rng(5)
+  values = random_values(rng, 3, scale=0.5)
+  process = secure_mean.SecureWeightedMeanFactory(2.0, 1e4).create(VALUE_TYPE, tff.TensorType(np.uint8))
+  weights = (3, 200, 7)
+  output = process.next(process.initialize(), values, [np.uint8(w) for w in weights])
+  assert output.measurements['weight_clipped_clients'] == 0
+  assert_within_documented_bound(output.result, values, weights, 2.0, 1e4)
+  process = secure_mean.SecureWeightedMeanFactory(2.0, 10.0).create(VALUE_TYPE, tff.TensorType(np.int16))
+  weights = (1, 50, 2)
+  got = process.next(process.initialize(), values, [np.int16(w) for w in weights])
+  want = _mean_process(True, np.float32).next(_mean_process(True, np.float32).initialize(), values,
+                                              [np.float32(w) for w in weights])
+  for g, w in zip(tf.nest.flatten(got.result), tf.nest.flatten(want.result)):
+    np.testing.assert_array_equal(g, w)
+  assert got.measurements['weight_clipped_clients'] == 1
+  assert_within_documented_bound(got.result, values, weights, 2.0, 10.0)
+
+
+@pytest.mark.parametrize('weight_type', [
+    tff.TensorType(np.bool_), tff.TensorType(np.complex64), tff.TensorType(np.float32, [2]),
+    tff.TensorType(np.str_), tff.FederatedType(np.float32, tff.CLIENTS)])
+def test_weight_types_refused(weight_type):
+  for factory in (secure_mean.FederatedMeanFactory(), secure_mean.SecureWeightedMeanFactory(1.0)):
+    with pytest.raises(TypeError):
+      factory.create(utils.FLOAT_TYPE, weight_type)
