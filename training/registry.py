@@ -20,14 +20,15 @@ import tensorflow_federated as tff
 
 from tff_gma import aggregators
 from tff_gma.aggregators import geometric_median
+from tff_gma.aggregators import gradient_masked
 from tff_gma.aggregators import robust_baselines
 
 
 @dataclasses.dataclass(frozen=True)
 class AggregatorParams:
-  tau: float = 0.4  # GMA agreement threshold (paper: 0.4).
-  num_passes: int = 3  # RFA secure averages per round (paper: 3).
-  smoothing: float = 1e-6  # RFA nu.
+  tau: float = gradient_masked.DEFAULT_TAU  # GMA agreement threshold.
+  num_passes: int = geometric_median.DEFAULT_NUM_PASSES  # RFA secure averages per round.
+  smoothing: float = geometric_median.DEFAULT_SMOOTHING  # RFA nu.
   rfa_init: str = geometric_median.DEFAULT_INIT  # Where RFA's Weiszfeld starts: 'mean' or 'zero'.
   secure: bool = False  # Float sums through secure sums as well (bounded, discretized).
   secure_bound: Optional[float] = None  # Per-coordinate bound for secure float sums (None: the factory's default).

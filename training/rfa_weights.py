@@ -52,8 +52,8 @@ from tff_gma.aggregators import geometric_median
 from training import simulation
 
 METRIC_PREFIX = 'rfa_audit'
-DEFAULT_WEIGHT_BOUND = 1e4  # GeometricMedianFactory's defaults.
-DEFAULT_MAX_WEIGHT_RATIO = 1e3
+DEFAULT_WEIGHT_BOUND = geometric_median.DEFAULT_WEIGHT_BOUND
+DEFAULT_MAX_WEIGHT_RATIO = geometric_median.DEFAULT_MAX_WEIGHT_RATIO
 
 
 class DominatedAggregateWarning(UserWarning):
@@ -86,8 +86,8 @@ def check_bound(bound) -> float:
 @dataclasses.dataclass(frozen=True)
 class RfaSettings:
   """The `GeometricMedianFactory` arguments the replay needs (same names, same defaults)."""
-  num_passes: int = 3
-  smoothing: float = 1e-6
+  num_passes: int = geometric_median.DEFAULT_NUM_PASSES
+  smoothing: float = geometric_median.DEFAULT_SMOOTHING
   one_step: bool = False
   secure: bool = False
   value_bound: Optional[float] = None

@@ -56,6 +56,7 @@ from tff_gma.aggregators import secure_mean
 
 UPDATE = 'update'
 SENSITIVITY = 'sensitivity'
+DEFAULT_TAU = 0.5  # The Elastic aggregation paper's tau.
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
 
   def __init__(
       self,
-      tau: float = 0.5,
+      tau: float = DEFAULT_TAU,
       secure: bool = False,
       value_bound: Optional[float] = None,
       sensitivity_bound: Optional[float] = None,

@@ -68,7 +68,10 @@ import tensorflow_federated as tff
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import weiszfeld
 
-DEFAULT_NUM_PASSES = 3
+DEFAULT_NUM_PASSES = 3  # The RFA paper's budget of secure averages per round.
+DEFAULT_SMOOTHING = 1e-6  # nu.
+DEFAULT_WEIGHT_BOUND = 1e4
+DEFAULT_MAX_WEIGHT_RATIO = 1e3
 INITS = ('mean', 'zero')
 DEFAULT_INIT = 'mean'
 
@@ -112,12 +115,12 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
   def __init__(
       self,
       num_passes: Optional[int] = None,
-      smoothing: float = 1e-6,
+      smoothing: float = DEFAULT_SMOOTHING,
       one_step: bool = False,
       secure: bool = False,
       value_bound: Optional[float] = None,
-      weight_bound: float = 1e4,
-      max_weight_ratio: float = 1e3,
+      weight_bound: float = DEFAULT_WEIGHT_BOUND,
+      max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO,
       mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
       report_final_objective: bool = False,
       init: Optional[str] = None,
@@ -325,9 +328,9 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
 class UnweightedGeometricMedianFactory(tff.aggregators.UnweightedAggregationFactory):
   """`GeometricMedianFactory` with a_i = 1 for every client (same arguments; `weight_bound` defaults to 1)."""
 
-  def __init__(self, num_passes: Optional[int] = None, smoothing: float = 1e-6, one_step: bool = False,
+  def __init__(self, num_passes: Optional[int] = None, smoothing: float = DEFAULT_SMOOTHING, one_step: bool = False,
                secure: bool = False, value_bound: Optional[float] = None, weight_bound: float = 1.0,
-               max_weight_ratio: float = 1e3,
+               max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO,
                mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
                report_final_objective: bool = False, init: Optional[str] = None):
     self._weighted = GeometricMedianFactory(num_passes, smoothing, one_step, secure, value_bound, weight_bound,

@@ -25,7 +25,7 @@ client that TFF's client work zeroed then counts as a zero update).
 
 Defaults: `tau=0.4` and `mask='soft'` as in the paper; `secure=False`, because TFF users expect the plain mean
 semantics of `tff.aggregators.MeanFactory` (no bounds to choose, no clipping, no quantization); the sign
-agreement is always securely summed. Set `secure=True` (with `value_bound`) to audit-proof the mean as well.
+agreement is always securely summed. Set `secure=True` (with `value_bound`) to move the mean through secure sums as well (what the audit checks).
 
 Unweighted use: `UnweightedGradientMaskedFactory` (same arguments) is a
 `tff.aggregators.UnweightedAggregationFactory` that runs the weighted process with weight 1 for every client,
@@ -45,6 +45,9 @@ import tensorflow_federated as tff
 
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import sign_agreement
+
+
+DEFAULT_TAU = 0.4  # The GMA paper's agreement threshold.
 
 
 def _int_codes_type(value_type):
@@ -67,7 +70,7 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
 
   def __init__(
       self,
-      tau: float = 0.4,
+      tau: float = DEFAULT_TAU,
       mask: str = 'soft',
       secure: bool = False,
       value_bound: Optional[float] = None,
@@ -164,7 +167,7 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
 class UnweightedGradientMaskedFactory(tff.aggregators.UnweightedAggregationFactory):
   """`GradientMaskedFactory` with weight 1 for every client (same arguments; `weight_bound` defaults to 1)."""
 
-  def __init__(self, tau: float = 0.4, mask: str = 'soft', secure: bool = False,
+  def __init__(self, tau: float = DEFAULT_TAU, mask: str = 'soft', secure: bool = False,
                value_bound: Optional[float] = None, weight_bound: float = 1.0,
                mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None):
     self._weighted = GradientMaskedFactory(tau, mask, secure, value_bound, weight_bound, mean_factory)

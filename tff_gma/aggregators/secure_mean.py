@@ -267,13 +267,18 @@ def check_positive_finite(value, name: str) -> float:
   return number
 
 
-def check_fraction(value, name: str) -> float:
-  """`float(value)` when it is a number in [0, 1]; ValueError naming `name` otherwise."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f'{name} must be a number in [0, 1], got {value!r}')
+def check_fraction(value, name: str, *, low_open: bool = False, high_open: bool = False) -> float:
+  """`float(value)` when it is a number in [0, 1] (bounds excluded where asked); ValueError naming `name`."""
+  interval = ('(' if low_open else '[') + '0, 1' + (')' if high_open else ']')
+  if isinstance(value, (bool, np.bool_)):
+    raise ValueError(f'{name} must lie in {interval}, got {value!r} (a bool, not a number)')
+  if not isinstance(value, numbers.Real):
+    raise ValueError(f'{name} must be a number in {interval}, got {value!r}')
   number = float(value)
-  if math.isnan(number) or not 0.0 <= number <= 1.0:
-    raise ValueError(f'{name} must lie in [0, 1], got {value!r}')
+  low_ok = number > 0 if low_open else number >= 0
+  high_ok = number < 1 if high_open else number <= 1
+  if math.isnan(number) or not (low_ok and high_ok):
+    raise ValueError(f'{name} must lie in {interval}, got {value!r}')
   return number
 
 

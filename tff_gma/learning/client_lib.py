@@ -22,6 +22,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.types import computation_types  # tensorflow_to_type: no public alias
 
+from tff_gma.aggregators import secure_mean
+
 
 BATCHES = 'batches'  # The key of a client's batches in the client data of a process with client state.
 
@@ -108,18 +110,7 @@ def check_optimizer(optimizer, name: str) -> tff.learning.optimizers.Optimizer:
   return optimizer
 
 
-def check_fraction(value, name: str, *, low_open: bool = False, high_open: bool = False) -> float:
-  """`float(value)` in [0, 1] (bounds excluded where asked); ValueError naming `name` otherwise."""
-  try:
-    number = float(value)
-  except (TypeError, ValueError):
-    raise ValueError(f'{name} must be a number in [0, 1], got {value!r}') from None
-  low_ok = number > 0 if low_open else number >= 0
-  high_ok = number < 1 if high_open else number <= 1
-  if isinstance(value, (bool, np.bool_)) or math.isnan(number) or not (low_ok and high_ok):
-    interval = ('(' if low_open else '[') + '0, 1' + (')' if high_open else ']')
-    raise ValueError(f'{name} must lie in {interval}, got {value!r}')
-  return number
+check_fraction = secure_mean.check_fraction  # One check for fractions, shared with the aggregators.
 
 
 def broadcast_process(types: ModelTypes) -> tff.learning.templates.DistributionProcess:

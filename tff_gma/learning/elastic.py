@@ -37,7 +37,7 @@ import tensorflow_federated as tff
 from tff_gma.aggregators import elastic as elastic_aggregator
 from tff_gma.learning import client_lib
 
-DEFAULT_TAU = 0.5  # The paper's tau.
+DEFAULT_TAU = elastic_aggregator.DEFAULT_TAU
 DEFAULT_MU = 0.95
 DEFAULT_SENSITIVITY_FRACTION = 0.1
 
