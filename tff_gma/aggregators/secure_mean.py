@@ -87,6 +87,15 @@ def all_finite(value) -> tf.Tensor:
   return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(x)) for x in leaves]))
 
 
+def squared_norm_is_finite(value) -> tf.Tensor:
+  """Scalar bool: the squared Euclidean norm of all elements of `value`, summed in float32, is finite."""
+  leaves = tf.nest.flatten(value)
+  if not leaves:
+    return tf.constant(True)
+  squares = tf.add_n([tf.reduce_sum(tf.square(tf.cast(x, tf.float32))) for x in leaves])
+  return tf.math.is_finite(squares)
+
+
 def float_weight(weight) -> tf.Tensor:
   """A client weight of any accepted dtype (`check_weight_type`) as a float tensor of `float_weight_dtype`."""
   weight = tf.convert_to_tensor(weight)
@@ -97,13 +106,14 @@ def drop_invalid_clients(value, weight):
   """Zeroes a client that must not reach the server; returns `(value, weight, keep)`.
 
   The weight is first cast to `float_weight_dtype` (integer weights become float32), and the returned weight
-  has that dtype. A client is dropped when any element of `value` is NaN/Inf or its `weight` is non-finite or
-  negative. A dropped client returns zeros of the value's structure and weight 0 (so that `0 * value` cannot
+  has that dtype. A client is dropped when any element of `value` is NaN/Inf, when the squared Euclidean norm of
+  its whole update overflows float32 (coordinates of about 1e19 and more: such an update cannot be averaged or
+  measured in float32 without overflowing), or when its `weight` is non-finite or negative. A dropped client returns zeros of the value's structure and weight 0 (so that `0 * value` cannot
   produce NaN downstream). `keep` is an int32 scalar, 1 for a kept client, 0 for a dropped one.
   """
   weight = float_weight(weight)
   weight_ok = tf.logical_and(tf.math.is_finite(weight), weight >= 0)
-  keep = tf.logical_and(all_finite(value), weight_ok)
+  keep = tf.logical_and(tf.logical_and(all_finite(value), squared_norm_is_finite(value)), weight_ok)
   clean_value = tf.nest.map_structure(lambda x: tf.where(keep, x, tf.zeros_like(x)), value)
   clean_weight = tf.where(keep, weight, tf.zeros_like(weight))
   return clean_value, clean_weight, tf.cast(keep, tf.int32)
@@ -318,8 +328,12 @@ class FederatedMeanFactory(tff.aggregators.WeightedAggregationFactory):
     @tff.tensorflow.computation(weighted_pair.type_signature.result)
     def divide(mean_pair):
       weighted_mean, mean_weight = mean_pair
+      # No client at all: federated_mean over an empty cohort is 0 / 0 = NaN for both; the result is zero then,
+      # as for a zero total weight.
+      has_weight = tf.logical_and(tf.math.is_finite(mean_weight), mean_weight > 0)
       return tf.nest.map_structure(
-          lambda x: tf.math.divide_no_nan(x, tf.cast(mean_weight, x.dtype)), weighted_mean)
+          lambda x: tf.where(has_weight, tf.math.divide_no_nan(x, tf.cast(mean_weight, x.dtype)), tf.zeros_like(x)),
+          weighted_mean)
 
     @tff.federated_computation()
     def init_fn():

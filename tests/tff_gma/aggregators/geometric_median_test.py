@@ -579,3 +579,21 @@ def test_int_weights_give_the_float32_result(secure, weight_dtype):
     np.testing.assert_array_equal(g, w)
   for key in ('objective', 'smoothing', 'participating_clients', 'weight_clipped_clients'):
     np.testing.assert_array_equal(got[1][key], want[1][key])
+
+
+@pytest.mark.parametrize('init', ['mean', 'zero'])
+def test_empty_cohort_returns_a_zero_update(init):
+  result, measurements = run(process(3, init=init), [], [])
+  np.testing.assert_array_equal(to_flat(result), 0.0)
+  assert measurements['participating_clients'] == 0
+
+
+def test_updates_whose_norm_overflows_are_dropped_and_counted():
+  rng = np.random.default_rng(97)
+  values, weights = random_values(rng, 4, center=0.5), random_weights(rng, 4)
+  values[1] = tf.nest.map_structure(lambda x: np.full_like(x, 3e38), values[1])  # Finite; norm overflows.
+  result, measurements = run(process(3), values, weights)
+  assert measurements['dropped_clients'] == 1 and measurements['participating_clients'] == 3
+  kept = [v for i, v in enumerate(values) if i != 1]
+  kept_weights = [w for i, w in enumerate(weights) if i != 1]
+  np.testing.assert_allclose(to_flat(result), rfa_reference(kept, kept_weights, 3).estimate, rtol=1e-5, atol=2e-6)

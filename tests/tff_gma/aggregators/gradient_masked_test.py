@@ -404,3 +404,25 @@ def test_int_weights_give_the_float32_result(secure, weight_dtype):
     np.testing.assert_array_equal(g, w)
   assert got[1] == want[1]
   assert got[1]['participating_clients'] == 4  # The weight-0 client does not vote, as with float weights.
+
+
+def _leaf(value):
+  return collections.OrderedDict(a=np.full((2, 3), value, np.float32),
+                                 b=[np.full((4,), value, np.float32), np.float32(value)])
+
+
+@pytest.mark.parametrize('secure', [False, True])
+def test_empty_cohort_returns_a_zero_update(secure):
+  result, measurements = run(process(secure=secure), [], [])
+  assert all(np.all(np.asarray(x) == 0) for x in tf.nest.flatten(result))
+  assert measurements['participating_clients'] == 0
+
+
+def test_updates_whose_norm_overflows_are_dropped_and_counted():
+  # 3e38 and 2e19 per coordinate: finite, but their squared norm overflows float32; the mean would be 1e38.
+  values = [_leaf(3e38), _leaf(1.0), _leaf(2e19), _leaf(1e18)]
+  result, measurements = run(process(), values, [np.float32(1.0)] * 4)
+  assert measurements['dropped_clients'] == 2 and measurements['participating_clients'] == 2
+  expected = (1.0 + 1e18) / 2  # The two kept clients agree on every sign: mask 1.
+  for x in tf.nest.flatten(result):
+    np.testing.assert_allclose(x, expected, rtol=1e-6)
