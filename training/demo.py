@@ -105,7 +105,7 @@ def main(argv):
         'seconds': time.monotonic() - start,
     }
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k != 'round', k))
-    with open(os.path.join(out_dir, f'metrics_{name}.csv'), 'w', newline='') as f:
+    with open(os.path.join(out_dir, f'metrics_{name.replace("/", "-")}.csv'), 'w', newline='') as f:
       writer = csv.DictWriter(f, fieldnames=keys)
       writer.writeheader()
       writer.writerows(rows)
