@@ -26,13 +26,24 @@ control variates likewise under `control_variate/`), and evaluations add `person
 held-out examples) and `personalized/shared_*` (w alone on them).
 
 Every method is built by the one registry, `training.methods`. Settings are checked once, by `prepare` (which
-`run` calls first), before anything is written: an invalid setting raises `ConfigError` naming it.
+`run` calls first), before anything is written: an invalid setting raises `ConfigError` naming it, and so does a
+`rounds` below the rounds the directory's run has already trained (its summary would describe fewer rounds than
+its checkpoint holds: pass at least those rounds to report or continue it).
+
+A run holds its output directory exclusively (`training.dir_lock`, taken once the checks have passed, released
+on every exit): a second run into it fails at once with `dir_lock.DirectoryLockedError`, naming the directory
+and the holder's pid; a lock left by a dead process is taken over. Resuming loads the newest checkpoint that loads
+(`training.checkpoints`): damaged newer ones are moved aside and the log says which round resumes and why; when
+none loads, `checkpoints.CheckpointError` names the damaged paths. Rows of `metrics.csv` after the resumed round
+are dropped, so the file always matches the checkpoint.
+
+A round in which every client was dropped as non-finite (a diverging run) logs one warning line and its row has
+`all_clients_dropped` = 1 (0 otherwise); see `all_clients_dropped`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import json
 import math
@@ -41,13 +52,16 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import models
 from tff_gma.data import loaders
+from training import checkpoints
 from training import corruption as corruption_lib
+from training import dir_lock
 from training import evaluation
 from training import membership
 from training import methods
@@ -65,6 +79,11 @@ _AGGREGATOR_DEFAULTS = registry.AggregatorParams()
 
 class ConfigError(ValueError):
   """A setting is unknown or inconsistent (the message names it); raised before anything is written."""
+
+
+# The output directory refuses the run (raised by `run` after the settings' checks, before training):
+DirectoryLockedError = dir_lock.DirectoryLockedError  # Another run holds it (names the directory and the pid).
+CheckpointError = checkpoints.CheckpointError  # Checkpoints exist and none loads (names the damaged paths).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,10 +211,17 @@ _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir',
 
 
 def check_resumable(config: ExperimentConfig) -> None:
-  """Raises `ConfigError` if `config.output_dir` holds a run with other settings (its checkpoint would not fit).
+  """Raises `ConfigError` if `config.output_dir` holds a run with other settings (its checkpoint would not fit),
+  or a run already trained past `config.rounds`.
 
   Reads only: the directory is created, and config.json written, by `run` once every check has passed.
   """
+  trained = max(checkpoints.saved_rounds(config.output_dir), default=0)
+  if trained > config.rounds:
+    raise ConfigError(
+        f'rounds: {config.output_dir} holds a run trained to round {trained}; rounds={config.rounds} would '
+        f'summarize only its first {config.rounds} rounds while its checkpoint stays at round {trained}. Pass '
+        f'--rounds={trained} (or more, to continue it) to report it, or use another --output_dir')
   path = os.path.join(config.output_dir, 'config.json')
   if not os.path.exists(path):
     return
@@ -287,6 +313,39 @@ def evaluate(setup: Setup, state, participants: list[str]) -> dict[str, float]:
   return out
 
 
+def all_clients_dropped(row: dict[str, float], num_clients: int) -> Optional[str]:
+  """Why the round whose flattened metrics are `row` counted no client's update, or None if some counted.
+
+  Clients are dropped as non-finite in two places, and the signals differ:
+  * TFF's model-delta client work (and `tff_gma.learning`'s, `client_lib.finish_client_update`) zero a client's
+    non-finite update, give it weight 0 and reset its metrics; an aggregator then sees a finite zero update of
+    weight 0, and does not count it as participating;
+  * `tff_gma`'s aggregators drop what still reaches them non-finite (an update corruption, a non-finite weight).
+  So a round dropped every client when its aggregator reports `participating_clients` = 0 (GMA, RFA, FedGMA's
+  mask, the robust baselines), or `dropped_clients` equal to the round's clients. Aggregators without these
+  measurements (TFF's `MeanFactory` behind mean, clip_mean and zeroing_mean; elastic, which reports only
+  `dropped_clients`; SCAFFOLD's client work counts clients that ran, not finite ones): the client work's
+  `train/num_examples` is 0, since it counts only the examples of the clients whose metrics were kept, i.e. the
+  update weight sum under example weighting. (With the mean, the 0/0 aggregate is then non-finite and the
+  server's finalizer skips it: `finalizer/update_non_finite` = 1.)
+  """
+  if num_clients < 1:
+    return None
+  aggregator = {k: v for k, v in row.items() if k.startswith('aggregator/')}
+  for key, value in sorted(aggregator.items()):
+    if key.endswith('/participating_clients') and value == 0:
+      dropped = [v for k, v in aggregator.items() if k.endswith('/dropped_clients')]
+      return (f'{key} = 0 of {num_clients} clients' + (f', dropped_clients = {dropped[0]:g}' if dropped else ''))
+  for key, value in sorted(aggregator.items()):
+    if key.endswith('/dropped_clients') and value >= num_clients:
+      return f'{key} = {value:g} of {num_clients} clients'
+  if not any(k.endswith('/participating_clients') for k in aggregator):
+    examples = row.get('client_work/train/num_examples')
+    if examples is not None and examples == 0:
+      return f'client_work/train/num_examples = 0 over {num_clients} clients: every update had weight 0'
+  return None
+
+
 def _plot(rows: list[dict[str, float]], path: str, title: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
@@ -334,36 +393,57 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
         on_round: Optional[Callable[[int, Any], None]] = None) -> RunResult:
   """Trains (or resumes) the experiment; returns the summary (also written to summary.json) and the final model.
 
-  Raises `ConfigError` before anything is written when a setting is invalid. `on_round(round_num, state)` is
-  called after each round's checkpoint is saved (tests use it to interrupt).
+  Raises `ConfigError` before anything is written when a setting is invalid; then holds `config.output_dir`
+  exclusively until it returns or raises (`DirectoryLockedError` at once if another run holds it);
+  `CheckpointError` if the directory's checkpoints exist and none loads. `on_round(round_num, state)` is called
+  after each round's checkpoint is saved (tests use it to interrupt).
   """
   prepare(config)
+  with dir_lock.DirectoryLock(config.output_dir) as lock:
+    if lock.stale_holder:
+      logging.warning('%s: took over the lock left by %s, which ended without releasing it',
+                      config.output_dir, lock.stale_holder)
+    # Again under the lock: another run may have written into the directory since `prepare` read it.
+    check_resumable(config)
+    return _run_locked(config, show_progress, on_round)
+
+
+def _run_locked(config: ExperimentConfig, show_progress: bool,
+                on_round: Optional[Callable[[int, Any], None]]) -> RunResult:
   setup = build_setup(config)
-  os.makedirs(config.output_dir, exist_ok=True)
-  with open(os.path.join(config.output_dir, 'config.json'), 'w') as f:
-    json.dump(dataclasses.asdict(config), f, indent=2)
   if config.workers is not None:
     from tff_gma import runtime  # pylint: disable=g-import-not-at-top
-    runtime.check_single_aggregation_stage(setup.process)
+    try:
+      runtime.check_single_aggregation_stage(setup.process)
+    except ConfigError:
+      raise
+    except ValueError as e:
+      raise ConfigError(f'workers: {e}') from None
     runtime.set_multi_worker_context([t for t in config.workers.split(',') if t])
+  # Every check has passed: only now is anything but the lock written.
+  with open(os.path.join(config.output_dir, 'config.json'), 'w') as f:
+    json.dump(dataclasses.asdict(config), f, indent=2)
   if config.audit:
     from tff_gma import audit  # pylint: disable=g-import-not-at-top
     report = audit.audit_computation(setup.process)
     with open(os.path.join(config.output_dir, 'audit.md'), 'w') as f:
       f.write(report.to_markdown())
 
-  state_manager = tff.program.FileProgramStateManager(os.path.join(config.output_dir, 'checkpoints'),
+  state_manager = tff.program.FileProgramStateManager(checkpoints.checkpoint_dir(config.output_dir),
                                                       keep_total=methods.KEEP_CHECKPOINTS)
-  csv_path = os.path.join(config.output_dir, 'metrics.csv')
-  csv_release = tff.program.CSVFileReleaseManager(csv_path, key_fieldname='round')
-  tb_release = tff.program.TensorBoardReleaseManager(os.path.join(config.output_dir, 'tensorboard'))
-
   initial_state = simulation.seeded_initial_state(setup.process, setup.build_keras, config.seed)
-  state, start_round = _run_async(state_manager.load_latest(initial_state))
+  resumed = checkpoints.resume(state_manager, config.output_dir, initial_state,
+                               lambda r: setup.method.restore_client_state(config.output_dir, r))
+  if resumed.message():
+    logging.warning('%s: %s', config.output_dir, resumed.message())
+  state, start_round = resumed.state, resumed.round_num
   if state is None:
     state, start_round = initial_state, 0
     _run_async(state_manager.save(state, 0))
-  setup.method.restore_client_state(config.output_dir, start_round)
+  csv_path = os.path.join(config.output_dir, 'metrics.csv')
+  checkpoints.truncate_rows(csv_path, 'round', start_round)  # Rows after the checkpoint: of another timeline.
+  csv_release = tff.program.CSVFileReleaseManager(csv_path, key_fieldname='round')
+  tb_release = tff.program.TensorBoardReleaseManager(os.path.join(config.output_dir, 'tensorboard'))
 
   monitor = None
   if config.rfa_weight_bound is not None:  # Simulation harness only: it replays RFA on the round's updates.
@@ -390,6 +470,12 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
     state, metrics = setup.method.run_round(state, participants, datasets, round_num)
     row = simulation.flatten_metrics(metrics)
     row.update(audit_row)
+    dropped_all = all_clients_dropped(row, len(participants))
+    row['all_clients_dropped'] = float(dropped_all is not None)
+    if dropped_all is not None:
+      logging.warning('round %d of %d: every client was dropped as non-finite (%s); no client update counted. A '
+                      'diverging run? Try a smaller --client_lr or --server_lr.', round_num, config.rounds,
+                      dropped_all)
     if config.corruption != corruption_lib.NONE:
       row['corrupted_participants'] = float(sum(c in setup.corrupted for c in participants))
     if round_num % config.eval_every == 0 or round_num == config.rounds:

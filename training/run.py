@@ -4,7 +4,10 @@
 
 Trains one federated experiment (see `training.experiment` for what is written to --output_dir). Rerunning the
 same command resumes from the last completed round; a larger --rounds continues training. Unknown flags and
-inconsistent settings fail before any training, naming the flag.
+inconsistent settings fail before any training, naming the flag (`invalid flags: ...`, exit 1, nothing written).
+An --output_dir that another run holds, or whose checkpoints are all damaged, fails in one line (`error: ...`,
+exit 1). Ctrl-C ends with one line saying after which round the run stopped and the command that resumes it
+(exit 130).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import dataclasses  # pylint: disable=g-import-not-at-top
 import json
+import shlex
+import signal
+import sys
 
 from absl import app
 from absl import flags
@@ -23,6 +29,7 @@ from absl import logging
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import loaders
+from training import checkpoints
 from training import corruption
 from training import experiment
 
@@ -84,17 +91,51 @@ def config_from_flags() -> experiment.ExperimentConfig:
                                         for f in dataclasses.fields(experiment.ExperimentConfig)})
 
 
+def interrupted_message(config: experiment.ExperimentConfig, args: list[str]) -> str:
+  """`interrupted after round N of R; resume with: python -m training.run <args>` (N: the last checkpoint)."""
+  saved = checkpoints.saved_rounds(config.output_dir)
+  done = max(saved, default=0)
+  if done >= config.rounds:
+    where = f'after round {done} of {config.rounds}, before summary.json was written'
+  elif done > 0:
+    where = f'after round {done} of {config.rounds}'
+  else:
+    where = f'before round 1 of {config.rounds} completed'
+  command = ' '.join(['python -m training.run'] + [shlex.quote(a) for a in args])
+  return f'interrupted {where}; resume with: {command}'
+
+
+def _stop_quietly(message: str) -> None:
+  """After Ctrl-C: one line, the workers stopped without their noise, exit 130 (no traceback)."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # A second Ctrl-C does not interrupt the shutdown.
+  print(message, file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  # The round's computation may still be in flight on the worker: stopping the worker makes that call fail in
+  # TFF's background thread, and nothing said after our line helps, so stderr is silenced from here on.
+  os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+  try:
+    runtime.stop_all_workers()
+  except Exception:  # pylint: disable=broad-except  # Exiting anyway; the atexit hook tries again.
+    pass
+  sys.exit(130)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
   config = config_from_flags()
-  if config.workers is None:
-    runtime.set_simulation_context()
   try:
+    if config.workers is None:
+      runtime.set_simulation_context()
     summary = experiment.run(config).summary  # Checks every setting first, before anything is written.
   except experiment.ConfigError as e:
     raise app.UsageError(f'invalid flags: {e}') from e
+  except (experiment.DirectoryLockedError, experiment.CheckpointError) as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
+  except KeyboardInterrupt:
+    _stop_quietly(interrupted_message(config, sys.argv[1:]))
   print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
   print(f'Outputs: {os.path.abspath(config.output_dir)}')
 

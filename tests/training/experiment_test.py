@@ -2,11 +2,15 @@
 
 import dataclasses
 import json
+import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
 
+from training import checkpoints
+from training import dir_lock
 from training import experiment
 from training import methods
 
@@ -33,6 +37,8 @@ def test_outputs_and_summary(tmp_path):
   assert [('test/accuracy' in r) for r in rows] == [False, True, True]
   assert 'participating/accuracy' in rows[1] and 'non_participating/accuracy' in rows[1]
   assert 'client_work/train/loss' in rows[0]
+  assert [r['all_clients_dropped'] for r in rows] == [0.0, 0.0, 0.0]
+  assert not (out / dir_lock.LOCK_FILE).exists()  # Released.
   saved = json.loads((out / 'summary.json').read_text())
   assert saved['rounds_completed'] == 3
   assert saved['final_accuracy'] == pytest.approx(np.mean([rows[1]['test/accuracy'], rows[2]['test/accuracy']]))
@@ -138,6 +144,8 @@ def test_algorithm_with_aggregator(algorithm, aggregator, tmp_path):
   key = 'final_personalized_accuracy' if algorithm == 'personalized' else 'best_accuracy'
   assert result.summary[key] > 0.3, result.summary
   assert all(np.all(np.isfinite(w)) for w in _weights(result))
+  rows = experiment._read_rows(str(tmp_path / 'run' / 'metrics.csv'))
+  assert [r['all_clients_dropped'] for r in rows] == [0.0, 0.0]  # No false alarm, whatever the measurements.
 
 
 def test_scaffold_run_resumes_exactly_with_client_control_variates(tmp_path):
@@ -197,3 +205,128 @@ def test_membership_inference_option_writes_the_attack(tmp_path):
   assert summary['membership_attack_accuracy'] == pytest.approx(attack['attack_accuracy'])
   saved = json.loads((tmp_path / 'run' / 'summary.json').read_text())
   assert saved['membership_attack_accuracy'] == pytest.approx(attack['attack_accuracy'])
+
+
+def _warnings(caplog, text):
+  return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+@pytest.mark.slow
+def test_a_second_run_into_the_same_directory_fails_at_once_while_other_directories_run(tmp_path):
+  config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'run'), rounds=2)
+  seen = {}
+
+  def during_round_one(round_num, state):
+    del state
+    if round_num != 1:
+      return
+    with pytest.raises(experiment.DirectoryLockedError) as raised:  # Before any training or writing.
+      experiment.run(config, show_progress=False)
+    seen['refusal'] = str(raised.value)
+    # A study runs many runs in one process: another directory is not blocked.
+    seen['other'] = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'other'), rounds=1),
+                                   show_progress=False).summary['rounds_completed']
+    raise KeyboardInterrupt()  # Ctrl-C: the lock is released on the way out too.
+
+  with pytest.raises(KeyboardInterrupt):
+    experiment.run(config, show_progress=False, on_round=during_round_one)
+  assert str(tmp_path / 'run') in seen['refusal'] and f'pid {os.getpid()}' in seen['refusal']
+  assert seen['other'] == 1
+  assert not (tmp_path / 'run' / dir_lock.LOCK_FILE).exists()
+  summary = experiment.run(config, show_progress=False).summary  # Resumes: the refused run wrote nothing.
+  rows = experiment._read_rows(str(tmp_path / 'run' / 'metrics.csv'))
+  assert [r['round'] for r in rows] == [1, 2] and summary['rounds_completed'] == 2
+
+
+_DAMAGES = ('empty saved_model.pb', 'truncated variables', 'missing variables/')
+
+
+@pytest.mark.slow
+def test_a_damaged_latest_checkpoint_resumes_from_the_newest_that_loads(tmp_path, caplog):
+  from tests.training import checkpoints_test  # pylint: disable=g-import-not-at-top
+  whole = experiment.run(dataclasses.replace(_TOY, output_dir=str(tmp_path / 'whole')), show_progress=False)
+  assert checkpoints.saved_rounds(str(tmp_path / 'whole')) == [0, 2, 3]
+  for i, how in enumerate(_DAMAGES):
+    out = tmp_path / f'damaged_{i}'
+    shutil.copytree(tmp_path / 'whole', out)
+    latest = str(out / 'checkpoints' / 'program_state_3')
+    checkpoints_test._damage(latest, how)
+    caplog.clear()
+    rounds_seen = []
+    resumed = experiment.run(dataclasses.replace(_TOY, output_dir=str(out)), show_progress=False,
+                             on_round=lambda r, s: rounds_seen.append(r))
+    assert rounds_seen == [3], how  # Round 3 is trained again, from round 2's checkpoint.
+    (message,) = _warnings(caplog, 'resuming from round 2')
+    assert latest in message, message
+    for a, b in zip(_weights(whole), _weights(resumed)):
+      np.testing.assert_array_equal(a, b)
+    assert [r['round'] for r in experiment._read_rows(str(out / 'metrics.csv'))] == [1, 2, 3]
+    assert (out / 'checkpoints' / 'damaged' / 'program_state_3').is_dir()
+
+  # None loads: the error names the damaged checkpoints, and nothing is moved or written.
+  out = tmp_path / 'all_damaged'
+  shutil.copytree(tmp_path / 'whole', out)
+  paths = [str(out / 'checkpoints' / f'program_state_{r}') for r in (0, 2, 3)]
+  for path in paths:
+    checkpoints_test._damage(path, 'missing variables/')
+  with pytest.raises(experiment.CheckpointError) as raised:
+    experiment.run(dataclasses.replace(_TOY, output_dir=str(out)), show_progress=False)
+  assert all(p in str(raised.value) for p in paths)
+  assert checkpoints.saved_rounds(str(out)) == [0, 2, 3]
+
+
+def test_a_finished_run_is_not_resummarized_with_fewer_rounds(tmp_path):
+  # What an 8-round run leaves (checkpoints 0, 7, 8); reading is all the check does.
+  config = dataclasses.replace(_TOY, output_dir=str(tmp_path), rounds=8)
+  (tmp_path / 'config.json').write_text(json.dumps(dataclasses.asdict(config)))
+  for r in (0, 7, 8):
+    (tmp_path / 'checkpoints' / f'program_state_{r}').mkdir(parents=True)
+  (tmp_path / 'summary.json').write_text('{"rounds_completed": 8}')
+  with pytest.raises(experiment.ConfigError, match='rounds: .* trained to round 8; rounds=4 .* --rounds=8'):
+    experiment.prepare(dataclasses.replace(config, rounds=4))
+  experiment.prepare(config)  # The same rounds (reports it) or more (continues it) are fine.
+  experiment.prepare(dataclasses.replace(config, rounds=9))
+  assert (tmp_path / 'summary.json').read_text() == '{"rounds_completed": 8}'
+
+
+@pytest.mark.slow
+def test_a_refused_start_writes_nothing_and_the_corrected_command_runs(tmp_path):
+  # RFA aggregates in several stages: refused with workers (a check that needs the built process).
+  refused = dataclasses.replace(_TOY, aggregator='rfa', rounds=1, workers='127.0.0.1:1',
+                                output_dir=str(tmp_path / 'new' / 'run'))
+  with pytest.raises(experiment.ConfigError, match='workers: .*sequential'):
+    experiment.run(refused, show_progress=False)
+  assert not (tmp_path / 'new').exists()
+  summary = experiment.run(dataclasses.replace(refused, workers=None), show_progress=False).summary
+  assert summary['rounds_completed'] == 1
+
+
+def test_all_clients_dropped_reads_the_aggregator_or_the_client_work():
+  dropped = experiment.all_clients_dropped
+  # tff_gma's aggregators: no participating client (TFF's client work zeroed the non-finite ones' weights).
+  assert 'aggregator/participating_clients = 0 of 3' in dropped(
+      {'aggregator/participating_clients': 0.0, 'aggregator/dropped_clients': 0.0}, 3)
+  assert dropped({'aggregator/participating_clients': 2.0, 'aggregator/dropped_clients': 1.0,
+                  'client_work/train/num_examples': 0.0}, 3) is None
+  assert 'gradient/participating_clients' in dropped({'aggregator/gradient/participating_clients': 0.0}, 3)
+  # Dropped by the aggregator itself (elastic reports only dropped_clients).
+  assert 'aggregator/dropped_clients = 3 of 3' in dropped({'aggregator/dropped_clients': 3.0}, 3)
+  # TFF's MeanFactory reports nothing: the client work's example count (the weight sum) is 0.
+  assert 'num_examples = 0' in dropped({'client_work/train/num_examples': 0.0,
+                                        'finalizer/update_non_finite': 1.0}, 3)
+  assert dropped({'client_work/train/num_examples': 1438.0, 'aggregator/dropped_clients': 1.0}, 3) is None
+  assert dropped({}, 3) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('aggregator', ['mean', 'gma', 'elastic'])
+def test_a_round_that_drops_every_client_warns_once_and_its_row_records_it(tmp_path, caplog, aggregator):
+  # A client learning rate near float32's largest value: every client's update overflows to inf/NaN.
+  config = dataclasses.replace(_TOY, aggregator=aggregator, client_lr=1e38, rounds=2, eval_every=2,
+                               output_dir=str(tmp_path / 'run'))
+  caplog.set_level(logging.WARNING)
+  experiment.run(config, show_progress=False)
+  warned = _warnings(caplog, 'dropped as non-finite')
+  assert [w.split(':')[0] for w in warned] == ['round 1 of 2', 'round 2 of 2'], warned
+  rows = experiment._read_rows(str(tmp_path / 'run' / 'metrics.csv'))
+  assert [r['all_clients_dropped'] for r in rows] == [1.0, 1.0]

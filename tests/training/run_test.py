@@ -1,12 +1,18 @@
-"""The runner's command line: invalid flags end in one message and a non-zero exit, with nothing written."""
+"""The runner's command line: invalid flags end in one message and a non-zero exit, with nothing written; a run
+holds its directory; Ctrl-C ends in one line with the command that resumes."""
 
+import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 import tests
+from training import dir_lock
 
 
 def _run(tmp_path, *flags):
@@ -30,3 +36,69 @@ def test_invalid_flags_end_in_one_message_and_write_nothing(tmp_path, flags, nam
   assert 'invalid flags: ' in process.stderr and named in process.stderr, process.stderr[-2000:]
   assert 'Traceback' not in process.stderr + process.stdout, process.stderr[-3000:]
   assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.slow
+def test_a_refused_start_then_the_corrected_command_runs(tmp_path):
+  refused = _run(tmp_path, '--model=logistic', '--seed=-1')
+  assert refused.returncode != 0 and 'invalid flags: ' in refused.stderr and 'seed' in refused.stderr
+  assert not (tmp_path / 'out').exists()
+  corrected = _run(tmp_path, '--model=logistic', '--seed=1')
+  assert corrected.returncode == 0, corrected.stderr[-3000:]
+  assert json.loads((tmp_path / 'out' / 'summary.json').read_text())['rounds_completed'] == 1
+
+
+_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+
+
+def _wait_for(path, process, timeout=240):
+  deadline = time.monotonic() + timeout
+  while not os.path.exists(path):
+    assert process.poll() is None, process.communicate()[1][-3000:]
+    assert time.monotonic() < deadline, f'{path} did not appear'
+    time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_second_run_is_refused_and_ctrl_c_says_how_to_resume(tmp_path):
+  out = tmp_path / 'out'
+  flags = [f'--output_dir={out}', '--rounds=8', '--model=logistic', '--num_clients=4', '--clients_per_round=3',
+           '--eval_every=4']
+  first = subprocess.Popen([sys.executable, '-m', 'training.run', *flags], cwd=tests.ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_ENV)
+  try:
+    _wait_for(out / 'checkpoints' / 'program_state_2', first)
+    first.send_signal(signal.SIGSTOP)  # Paused (still holding the directory) while the second one starts up.
+    # The same command again, while the first is in the middle of its run: refused, naming the directory and the
+    # holder, before any training.
+    second = subprocess.run([sys.executable, '-m', 'training.run', *flags], cwd=tests.ROOT, capture_output=True,
+                            text=True, timeout=300, stdin=subprocess.DEVNULL, env=_ENV)
+    assert second.returncode == 1
+    assert f'{out} is in use by another run (pid {first.pid}' in second.stderr, second.stderr[-3000:]
+    assert 'Traceback' not in second.stderr
+    first.send_signal(signal.SIGINT)  # Ctrl-C, delivered as it continues.
+    first.send_signal(signal.SIGCONT)
+    stdout, stderr = first.communicate(timeout=120)
+  finally:
+    if first.poll() is None:
+      first.send_signal(signal.SIGCONT)
+      first.kill()
+      first.wait()
+  assert first.returncode == 130, stderr[-3000:]
+  assert 'Traceback' not in stderr + stdout, stderr[-3000:]
+  (line,) = [l for l in stderr.splitlines() if l.strip()]
+  done = max(int(name.rpartition('_')[2]) for name in os.listdir(out / 'checkpoints')
+             if name.startswith('program_state_') and name.rpartition('_')[2].isdigit())
+  assert 2 <= done < 8
+  assert line == f'interrupted after round {done} of 8; resume with: python -m training.run ' + ' '.join(
+      shlex.quote(f) for f in flags), line
+  assert not (out / dir_lock.LOCK_FILE).exists()
+
+  command = shlex.split(line.partition('resume with: ')[2])
+  assert command[:3] == ['python', '-m', 'training.run']
+  resumed = subprocess.run([sys.executable, *command[1:]], cwd=tests.ROOT, capture_output=True, text=True,
+                           timeout=300, stdin=subprocess.DEVNULL, env=_ENV)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert json.loads((out / 'summary.json').read_text())['rounds_completed'] == 8
+  with open(out / 'metrics.csv') as f:
+    assert [row.split(',')[0] for row in f.read().splitlines()[1:]] == [str(r) for r in range(1, 9)]

@@ -1,0 +1,141 @@
+"""Resuming a run from its checkpoints: the newest one that loads, with its client state and metrics rows.
+
+`tff.program.FileProgramStateManager` keeps the learning-process state of a round in `checkpoints/program_state_<round>`
+(a SavedModel, written to a temporary directory and renamed, so a crash while saving leaves no partial one; the
+first and the latest `KEEP_CHECKPOINTS - 1` are kept). A checkpoint damaged afterwards (an emptied
+`saved_model.pb`, a truncated variables file, a missing `variables/`) makes its `load_latest` fail with errors of
+TensorFlow's loader that name no checkpoint, although the previous checkpoint is intact. `resume` instead tries
+the checkpoints newest first; a round resumes only if its server state and its client state (`Method.
+restore_client_state`, for the methods whose clients keep values) both load. Damaged newer checkpoints are moved
+aside into `checkpoints/damaged/` (kept for inspection; the round is then trained again and saved anew), and the
+caller is told which round it resumes from and why. When none loads, `CheckpointError` names every damaged path
+and what failed, and nothing is moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import dataclasses
+import os
+import re
+import shutil
+from collections.abc import Callable
+from typing import Any, Optional
+
+import tensorflow_federated as tff
+
+CHECKPOINT_DIR = 'checkpoints'
+DAMAGED_DIR = 'damaged'  # Under checkpoints/: not `program_state_*`, so TFF's manager ignores it.
+PREFIX = 'program_state_'
+_VERSION = re.compile(re.escape(PREFIX) + r'(\d+)')
+
+
+class CheckpointError(RuntimeError):
+  """No checkpoint of the output directory loads (the message names each damaged path and why)."""
+
+
+def checkpoint_dir(output_dir: str) -> str:
+  return os.path.join(output_dir, CHECKPOINT_DIR)
+
+
+def saved_rounds(output_dir: str) -> list[int]:
+  """The rounds of the checkpoints in `output_dir` (ascending; by name, not checked to load). Reads only."""
+  directory = checkpoint_dir(output_dir)
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(m.group(1)) for name in os.listdir(directory)
+                if (m := _VERSION.fullmatch(name)) and os.path.isdir(os.path.join(directory, name)))
+
+
+def _reason(error: BaseException) -> str:
+  lines = [line for line in str(error).splitlines() if line.strip()]
+  return f'{type(error).__name__}: {lines[0] if lines else "(no message)"}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+  state: Any  # None: no checkpoint yet.
+  round_num: int  # The round the state is of (0: the initial state, or no checkpoint).
+  damaged: tuple[tuple[str, str], ...] = ()  # (path, reason) of each newer checkpoint that did not load.
+  moved_to: Optional[str] = None  # Where the damaged ones were moved.
+
+  def message(self) -> Optional[str]:
+    """What to tell the user when newer checkpoints were skipped; None otherwise."""
+    if not self.damaged:
+      return None
+    skipped = '; '.join(f'{path} ({reason})' for path, reason in self.damaged)
+    return (f'resuming from round {self.round_num}, the newest checkpoint that loads: the newer ones are damaged: '
+            f'{skipped}. They were moved to {self.moved_to}; their rounds are trained again.')
+
+
+def resume(manager: tff.program.FileProgramStateManager, output_dir: str, structure: Any,
+           restore_client_state: Callable[[int], None]) -> Resumed:
+  """Loads the newest checkpoint of `output_dir` that loads, with its client state (see the module docstring).
+
+  Args:
+    manager: the run's state manager (rooted at `checkpoint_dir(output_dir)`).
+    output_dir: the run's output directory.
+    structure: the state structure to load into (the process's initial state).
+    restore_client_state: restores the clients' values of a round (raises if they do not load).
+  Raises:
+    CheckpointError: checkpoints exist but none loads (nothing is moved).
+  """
+  directory = checkpoint_dir(output_dir)
+  damaged = []
+  for round_num in reversed(saved_rounds(output_dir)):
+    path = os.path.join(directory, f'{PREFIX}{round_num}')
+    try:
+      state = asyncio.run(manager.load(round_num, structure))
+    except Exception as e:  # pylint: disable=broad-except  # TF's loader raises many types; all mean damaged.
+      damaged.append((path, _reason(e)))
+      continue
+    try:
+      restore_client_state(round_num)
+    except Exception as e:  # pylint: disable=broad-except
+      damaged.append((path, f'its client state does not load: {_reason(e)}'))
+      continue
+    moved_to = _move_aside([p for p, _ in damaged], directory) if damaged else None
+    return Resumed(state, round_num, tuple(damaged), moved_to)
+  if damaged:
+    details = '; '.join(f'{path}: {reason}' for path, reason in damaged)
+    raise CheckpointError(f'no checkpoint of {output_dir} loads: {details}. Move the damaged checkpoints away to '
+                          f'train from the start, or use another --output_dir.')
+  restore_client_state(0)
+  return Resumed(None, 0)
+
+
+def _move_aside(paths: list[str], directory: str) -> str:
+  target = os.path.join(directory, DAMAGED_DIR)
+  os.makedirs(target, exist_ok=True)
+  for path in paths:
+    destination = os.path.join(target, os.path.basename(path))
+    if os.path.exists(destination):  # Damaged again at the same round: keep the newest copy.
+      shutil.rmtree(destination)
+    os.replace(path, destination)
+  return target
+
+
+def truncate_rows(csv_path: str, key_fieldname: str, last_key: int) -> int:
+  """Drops the rows of `csv_path` keyed after `last_key` (atomically); returns how many were dropped.
+
+  Resuming from round r, rows of later rounds come from a timeline the run no longer continues (a crash between a
+  round's row and its checkpoint, or a damaged checkpoint); `tff.program.CSVFileReleaseManager` would replace them
+  only once those rounds are released again.
+  """
+  if not os.path.exists(csv_path):
+    return 0
+  with open(csv_path, newline='') as f:
+    reader = csv.DictReader(f)
+    fieldnames = list(reader.fieldnames or [])
+    rows = list(reader)
+  kept = [r for r in rows if r.get(key_fieldname) not in (None, '') and int(float(r[key_fieldname])) <= last_key]
+  if len(kept) == len(rows):
+    return 0
+  tmp = f'{csv_path}.tmp'
+  with open(tmp, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(kept)
+  os.replace(tmp, csv_path)
+  return len(rows) - len(kept)

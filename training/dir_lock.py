@@ -1,0 +1,167 @@
+"""An exclusive lock on a run's output directory: one run at a time writes into it.
+
+Two runs writing into one `--output_dir` at once interleave their rounds in `metrics.csv` and their checkpoints,
+and end with a summary of neither. `DirectoryLock(directory)` takes `fcntl.flock(LOCK_EX | LOCK_NB)` on
+`directory/.run.lock`, a file holding the holder's pid (and host):
+
+* a second run (another process, or another `experiment.run` of the same process: flock locks belong to the open
+  file, not to the process) fails at once with `DirectoryLockedError`, naming the directory and the holder's pid;
+* the kernel drops the flock when its holder exits, however it exits (kill -9 included): a lock file left by a
+  dead process is stale, and the next run takes it over (and says so). A lock whose flock is held is never taken
+  over, even when its pid is not running here: the holder may be a process of another PID namespace (a
+  container sharing the directory) or a child that inherited the open file;
+* released on every exit path (`with`, or `release()` in a `finally`): the lock file is removed while the lock is
+  still held, and directories that acquiring created and that stayed empty are removed again. A process that
+  opened the old file before its removal sees, once it holds the flock, that the path no longer names that file,
+  and retries on the new one, so removing it cannot let two runs in.
+
+Different directories never block each other, so a study may run many runs in one process.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+from typing import Optional
+
+LOCK_FILE = '.run.lock'
+_RETRIES = 50
+
+
+class DirectoryLockedError(RuntimeError):
+  """Another run holds the output directory (the message names the directory and the holder's pid)."""
+
+
+def _read_holder(fd: int) -> dict[str, str]:
+  try:
+    text = os.pread(fd, 4096, 0).decode('utf-8', 'replace')
+  except OSError:
+    return {}
+  holder = {}
+  for line in text.splitlines():
+    key, sep, value = line.partition('=')
+    if sep:
+      holder[key.strip()] = value.strip()
+  return holder
+
+
+def _pid_running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def _describe(holder: dict[str, str]) -> str:
+  pid = holder.get('pid')
+  if not pid or not pid.isdigit():
+    return 'a process that has not written its pid yet'
+  host = holder.get('host')
+  text = f'pid {pid}'
+  if int(pid) == os.getpid() and host in (None, socket.gethostname()):
+    return text + ', this process'
+  if host and host != socket.gethostname():
+    return f'{text} on host {host}'
+  if not _pid_running(int(pid)):
+    # The flock is held, so someone holds it: a process of another PID namespace, or a child that inherited it.
+    return f'{text}, not running in this PID namespace (another container, or a child process holds the lock)'
+  return text
+
+
+class DirectoryLock:
+  """`with DirectoryLock(path):` holds `path/.run.lock` exclusively (see the module docstring)."""
+
+  def __init__(self, directory: str):
+    self.directory = directory
+    self.path = os.path.join(directory, LOCK_FILE)
+    self.stale_holder: Optional[str] = None  # Set by `acquire` when it took over a dead process's lock file.
+    self._fd: Optional[int] = None
+    self._created: list[str] = []  # Directories `acquire` created (deepest first), removed again if left empty.
+
+  @property
+  def held(self) -> bool:
+    return self._fd is not None
+
+  def _make_dirs(self) -> None:
+    missing = []
+    path = os.path.abspath(self.directory)
+    while not os.path.isdir(path):
+      missing.append(path)
+      parent = os.path.dirname(path)
+      if parent == path:
+        break
+      path = parent
+    os.makedirs(self.directory, exist_ok=True)
+    self._created = self._created or missing
+
+  def acquire(self) -> 'DirectoryLock':
+    """Takes the lock, or raises `DirectoryLockedError` at once. Creates the directory if needed."""
+    if self._fd is not None:
+      raise RuntimeError(f'{self.path} is already held by this DirectoryLock')
+    for _ in range(_RETRIES):
+      self._make_dirs()
+      try:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+      except FileNotFoundError:  # The directory was removed meanwhile (a released lock's cleanup): retry.
+        continue
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError as e:
+        holder = _read_holder(fd)
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+          raise
+        self._remove_created_dirs()
+        raise DirectoryLockedError(
+            f'{self.directory} is in use by another run ({_describe(holder)}; lock file {self.path}). Wait for '
+            f'it to end, or use another --output_dir.') from None
+      try:
+        same_file = os.path.samestat(os.fstat(fd), os.stat(self.path))
+      except FileNotFoundError:
+        same_file = False
+      if not same_file:  # Its holder removed the file on release before we got the flock: lock the new one.
+        os.close(fd)
+        continue
+      previous = _read_holder(fd)
+      if previous.get('pid'):
+        self.stale_holder = f'pid {previous["pid"]}' + (
+            f' on host {previous["host"]}' if previous.get('host') not in (None, socket.gethostname()) else '')
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f'pid={os.getpid()}\nhost={socket.gethostname()}\n'.encode(), 0)
+      self._fd = fd
+      return self
+    raise DirectoryLockedError(f'{self.directory}: could not take {self.path} ({_RETRIES} attempts; its file kept '
+                               'being replaced)')
+
+  def release(self) -> None:
+    """Removes the lock file and releases the lock (idempotent)."""
+    fd, self._fd = self._fd, None
+    if fd is None:
+      return
+    try:
+      try:
+        os.unlink(self.path)
+      except FileNotFoundError:  # The directory was moved or removed under the run.
+        pass
+    finally:
+      os.close(fd)  # Releases the flock.
+      self._remove_created_dirs()
+
+  def _remove_created_dirs(self) -> None:
+    for path in self._created:  # Deepest first; a directory that holds anything stays.
+      try:
+        os.rmdir(path)
+      except OSError:
+        break
+    self._created = []
+
+  def __enter__(self) -> 'DirectoryLock':
+    return self.acquire()
+
+  def __exit__(self, *exc_info) -> None:
+    self.release()
