@@ -419,7 +419,10 @@ def _run_locked(config: ExperimentConfig, show_progress: bool,
       raise
     except ValueError as e:
       raise ConfigError(f'workers: {e}') from None
-    runtime.set_multi_worker_context([t for t in config.workers.split(',') if t])
+    try:
+      runtime.set_multi_worker_context([t for t in config.workers.split(',') if t])
+    except (RuntimeError, ValueError) as e:  # No worker answers at an address: a flag error, nothing written.
+      raise ConfigError(f'workers: {e}') from None
   # Every check has passed: only now is anything but the lock written.
   with open(os.path.join(config.output_dir, 'config.json'), 'w') as f:
     json.dump(dataclasses.asdict(config), f, indent=2)

@@ -102,3 +102,12 @@ def test_a_second_run_is_refused_and_ctrl_c_says_how_to_resume(tmp_path):
   assert json.loads((out / 'summary.json').read_text())['rounds_completed'] == 8
   with open(out / 'metrics.csv') as f:
     assert [row.split(',')[0] for row in f.read().splitlines()[1:]] == [str(r) for r in range(1, 9)]
+
+
+@pytest.mark.slow
+def test_an_unreachable_worker_is_a_flag_error_naming_the_address(tmp_path):
+  process = _run(tmp_path, '--workers=127.0.0.1:1', '--aggregator=mean')
+  assert process.returncode != 0
+  assert 'invalid flags: workers:' in process.stderr and '127.0.0.1:1' in process.stderr, process.stderr[-2000:]
+  assert 'Traceback' not in process.stderr
+  assert not (tmp_path / 'out' / 'config.json').exists()
