@@ -107,10 +107,11 @@ def _pid_alive(pid: int) -> bool:
   except FileNotFoundError:
     return False
   except OSError:
-    return _pid_exists(pid)
+    return pid_exists(pid)
 
 
-def _pid_exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
+  """Whether a process `pid` exists (one of another user counts)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
@@ -147,7 +148,7 @@ def remove_stale_files(directory: Optional[str] = None) -> list[str]:
     path = os.path.join(directory, name)
     try:
       st = os.lstat(path)
-      if st.st_uid != os.geteuid() or _pid_exists(int(match.group(1))):
+      if st.st_uid != os.geteuid() or pid_exists(int(match.group(1))):
         continue
       if stat.S_ISDIR(st.st_mode):
         shutil.rmtree(path)  # Does not follow symbolic links inside.

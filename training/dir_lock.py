@@ -26,6 +26,8 @@ import os
 import socket
 from typing import Optional
 
+from tff_gma import runtime
+
 LOCK_FILE = '.run.lock'
 _RETRIES = 50
 
@@ -47,16 +49,6 @@ def _read_holder(fd: int) -> dict[str, str]:
   return holder
 
 
-def _pid_running(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
-
-
 def _describe(holder: dict[str, str]) -> str:
   pid = holder.get('pid')
   if not pid or not pid.isdigit():
@@ -67,7 +59,7 @@ def _describe(holder: dict[str, str]) -> str:
     return text + ', this process'
   if host and host != socket.gethostname():
     return f'{text} on host {host}'
-  if not _pid_running(int(pid)):
+  if not runtime.pid_exists(int(pid)):
     # The flock is held, so someone holds it: a process of another PID namespace, or a child that inherited it.
     return f'{text}, not running in this PID namespace (another container, or a child process holds the lock)'
   return text
