@@ -178,7 +178,9 @@ def finished_summary(config: experiment.ExperimentConfig) -> Optional[dict[str, 
     return None
   with open(path) as f:
     summary = json.load(f)
-  same_config = summary.get('config') == json.loads(json.dumps(dataclasses.asdict(config)))
+  # A setting missing from an older summary had its default value then (as for a resumed run's config.json).
+  saved = {**json.loads(json.dumps(dataclasses.asdict(experiment.ExperimentConfig()))), **summary.get('config', {})}
+  same_config = saved == json.loads(json.dumps(dataclasses.asdict(config)))
   if same_config and summary.get('rounds_completed') == config.rounds:
     return summary
   return None

@@ -127,6 +127,11 @@ def test_finished_cells_are_read_back_not_rerun(tmp_path):
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f)
   assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
+  # A summary written before a setting existed (at its default) still counts as the same cell.
+  older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'rfa_init'})
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(older, f)
+  assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
   # Another setting of the same cell directory, or a run stopped before its last round, must run (again).
   assert reproduce_rfa.finished_summary(dataclasses.replace(config, client_lr=0.1)) is None
   summary['rounds_completed'] = 3
