@@ -96,7 +96,7 @@ def test_from_client_arrays_keeps_the_mapping_order():
     (lambda x, y: client_data.from_partition(x, y, PARTS, ids=['a', 'b', 'a']), 'distinct'),
     (lambda x, y: client_data.from_client_arrays({}), 'at least one client'),
     (lambda x, y: client_data.from_client_arrays({'a': (x, y), 'b': (x[:0], y[:0])}), 'at least one example'),
-    (lambda x, y: client_data.from_client_arrays({'a': (x, y[:-1])}), 'sum to'),
+    (lambda x, y: client_data.from_client_arrays({'a': (x, y[:-1])}), 'has 10 inputs but 9 labels'),  # Per client.
     (lambda x, y: client_data.ArrayClientData(['a', 'b'], x, y, [10]), '1 sizes for 2 client ids'),
     (lambda x, y: client_data.ArrayClientData(['a', 'b'], x, y, [10, 0]), 'positive'),
     (lambda x, y: client_data.ArrayClientData(['a', 'b'], x, y, [4, 5]), 'sum to'),
