@@ -127,6 +127,11 @@ def test_finished_cells_are_read_back_not_rerun(tmp_path):
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f)
   assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
+  # Cells extracted from an archive into another directory are the same cells.
+  moved = dict(summary, config=dict(summary['config'], output_dir='/elsewhere/runs/cell'))
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(moved, f)
+  assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
   # A summary written before a setting existed (at its default) still counts as the same cell.
   older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'rfa_init'})
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
