@@ -62,37 +62,85 @@ def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
 
 def label_skew(
     labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int) -> list[np.ndarray]:
-  """Each client holds examples of exactly `classes_per_client` distinct classes (GMA paper: k=2 on MNIST).
+  """Label skew "#C = k" (Li et al., 2021a; GMA paper Table 1, k = 2 on (F)MNIST): each client holds examples of
+  exactly `classes_per_client` (k) distinct classes, drawn at random.
 
-  Classes are dealt round-robin over a seeded permutation of the classes (client c holds classes
-  perm[(c*k + j) mod C] for j < k), so every class is held by a client whenever num_clients * k >= C, and each
-  class's examples are split evenly among the clients that hold it. This is the "k shards of distinct classes"
-  variant of McMahan et al.'s shard split, which guarantees exactly k classes per client.
+  With C the number of distinct labels and a NumPy generator seeded with `seed`:
+  1. Draw: each client, in order, draws k distinct classes uniformly at random (`rng.choice(C, k, replace=False)`).
+  2. Coverage repair: for each class nobody drew, in increasing label order, and while some class has two or
+     more holders: take the class with the most holders (ties: the smallest label), pick one of its holders
+     uniformly at random, and replace that client's copy of it by the unheld class. The client still holds k
+     distinct classes (it did not hold the unheld one), the donor class keeps at least one holder, and each step
+     gives one more class a holder, so this ends after at most C steps. Hence every class is held whenever
+     num_clients * k >= C; when num_clients * k < C, the num_clients * k slots end up on distinct classes (no class
+     is shared) and the other C - num_clients * k classes, whichever the draw left out, are held by nobody: their
+     examples belong to no client.
+  3. Capacity repair (only when a class has fewer examples than holders, which would leave a holder without any
+     example of it): for each such class, in increasing label order, its holders in a random order are moved one
+     at a time, while the class still has too many holders, to the class with the most spare examples (examples
+     minus holders; ties: the smallest label) that the client does not hold yet; a holder with no such class
+     stays. A class loses holders only while it has more holders than examples, so coverage is kept. If a class
+     still has more holders than examples, a ValueError naming num_clients and classes_per_client is raised.
+  4. Split: each held class's examples are shuffled and cut into as many parts as it has holders, with sizes
+     differing by at most one (`np.array_split`), the parts going to its holders in a random order.
+  So the parts are disjoint and cover every held class, and every client has at least one example of each of its
+  k classes.
   """
   labels = np.asarray(labels)
   _check_clients(labels, num_clients)
   classes = np.unique(labels)
-  if (isinstance(classes_per_client, bool) or not isinstance(classes_per_client, (int, np.integer))
-      or not 1 <= classes_per_client <= len(classes)):
+  num_classes = len(classes)
+  k = classes_per_client
+  if (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= num_classes):
     raise ValueError(
-        f'classes_per_client must be an integer in [1, {len(classes)}] (the number of classes), '
-        f'got {classes_per_client!r}')
+        f'classes_per_client must be an integer in [1, {num_classes}] (the number of classes), got {k!r}')
+  k = int(k)
   rng = np.random.default_rng(seed)
-  class_order = rng.permutation(classes)
-  holders = {c: [] for c in classes}
-  for client in range(num_clients):
-    for j in range(classes_per_client):
-      holders[class_order[(client * classes_per_client + j) % len(classes)]].append(client)
-  parts = [[] for _ in range(num_clients)]
-  for c in classes:
-    if not holders[c]:
-      continue  # Fewer client slots than classes: this class is held by nobody.
-    members = rng.permutation(np.flatnonzero(labels == c))
-    if len(members) < len(holders[c]):
+  # held[client] lists the class indices (into `classes`) the client holds.
+  held = [list(rng.choice(num_classes, size=k, replace=False)) for _ in range(num_clients)]
+  holders = np.zeros(num_classes, np.int64)
+  for client_classes in held:
+    holders[client_classes] += 1
+
+  # 2. Coverage repair.
+  for unheld in np.flatnonzero(holders == 0):
+    if holders.max() < 2:
+      break  # Fewer slots than classes: every slot is on its own class; the rest stay unheld.
+    donor = int(np.argmax(holders))
+    candidates = [client for client, cs in enumerate(held) if donor in cs]
+    client = candidates[rng.integers(len(candidates))]
+    held[client][held[client].index(donor)] = unheld
+    holders[donor] -= 1
+    holders[unheld] += 1
+
+  # 3. Capacity repair.
+  counts = np.array([np.sum(labels == c) for c in classes])
+  for c in np.flatnonzero(holders > counts):
+    candidates = [client for client, cs in enumerate(held) if c in cs]
+    for client in rng.permutation(candidates):
+      if holders[c] <= counts[c]:
+        break
+      spare = counts - holders
+      spare[held[client]] = 0
+      target = int(np.argmax(spare))
+      if spare[target] <= 0:
+        continue
+      held[client][held[client].index(c)] = target
+      holders[c] -= 1
+      holders[target] += 1
+    if holders[c] > counts[c]:
       raise ValueError(
-          f'class {c} has {len(members)} examples for {len(holders[c])} clients; use fewer num_clients or '
-          'more classes_per_client')
-    for client, chunk in zip(holders[c], np.array_split(members, len(holders[c]))):
+          f'class {classes[c]} has {counts[c]} examples for {holders[c]} clients; use fewer num_clients or '
+          'fewer classes_per_client')
+
+  # 4. Split each held class among its holders.
+  parts = [[] for _ in range(num_clients)]
+  for c in range(num_classes):
+    owners = [client for client, cs in enumerate(held) if c in cs]
+    if not owners:
+      continue
+    members = rng.permutation(np.flatnonzero(labels == classes[c]))
+    for client, chunk in zip(rng.permutation(owners), np.array_split(members, len(owners))):
       parts[client].append(chunk)
   return _finish(parts)
 

@@ -60,28 +60,125 @@ def test_iid_sizes_differ_by_at_most_one():
   assert max(sizes) - min(sizes) <= 1
 
 
-@pytest.mark.parametrize('num_clients,k', [(10, 2), (5, 2), (20, 3), (4, 10), (3, 1)])
-def test_label_skew_holds_exactly_k_classes_and_splits_classes_evenly(num_clients, k):
+def _holdings(labels, parts, num_classes=NUM_CLASSES):
+  """[clients, classes] matrix: how many examples of each class each client holds (plain NumPy)."""
+  return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+
+
+def _check_label_skew(labels, parts, k, num_classes=NUM_CLASSES):
+  """The label-skew contract, checked independently of the partitioner from the held labels alone."""
+  held = _holdings(labels, parts, num_classes)
+  class_sizes = np.bincount(labels, minlength=num_classes)
+  np.testing.assert_array_equal((held > 0).sum(axis=1), k)  # Exactly k distinct classes, each non-empty.
+  everything = np.concatenate(parts)
+  assert len(np.unique(everything)) == len(everything)  # Disjoint.
+  for p in parts:
+    assert p.dtype == np.int64
+    np.testing.assert_array_equal(p, np.sort(p))
+  holders = (held > 0).sum(axis=0)
+  for c in range(num_classes):
+    if holders[c]:  # A held class is wholly dealt out, evenly among its holders.
+      assert held[:, c].sum() == class_sizes[c]
+      sizes = held[:, c][held[:, c] > 0]
+      assert sizes.max() - sizes.min() <= 1
+    else:  # An unheld class's examples belong to nobody.
+      assert not np.isin(np.flatnonzero(labels == c), everything).any()
+  return held
+
+
+@pytest.mark.parametrize('num_clients,k', [(10, 2), (5, 2), (20, 3), (4, 10), (3, 1), (7, 3), (100, 2)])
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_label_skew_holds_exactly_k_classes_and_splits_classes_evenly(num_clients, k, seed):
   labels = _labels()
-  parts = partition.label_skew(labels, num_clients, k, 0)
-  if num_clients * k >= NUM_CLASSES:
+  parts = partition.label_skew(labels, num_clients, k, seed)
+  assert len(parts) == num_clients
+  held = _check_label_skew(labels, parts, k)
+  if num_clients * k >= NUM_CLASSES:  # Every class held: the parts cover the pool.
+    assert (held > 0).any(axis=0).all()
     _assert_disjoint_cover(parts, len(labels))
-  holders = {c: [] for c in range(NUM_CLASSES)}
-  for client, p in enumerate(parts):
-    classes = np.unique(labels[p])
-    assert len(classes) == k
-    for c in classes:
-      holders[c].append(int(np.sum(labels[p] == c)))
-  for c, counts in holders.items():
-    if counts:  # The clients holding a class share its examples evenly.
-      assert sum(counts) == 100 and max(counts) - min(counts) <= 1
 
 
-def test_label_skew_with_fewer_slots_than_classes_leaves_classes_out():
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_label_skew_draws_class_sets_at_random_not_round_robin(seed):
+  # The old round-robin dealing gave 10 clients with k=2 only 5 distinct class pairs, each held by exactly two
+  # clients. Random draws (45 possible pairs) almost never collapse like that.
   labels = _labels()
-  parts = partition.label_skew(labels, 3, 2, 0)
-  held = np.unique(labels[np.concatenate(parts)])
-  assert len(held) == 6 and sum(len(p) for p in parts) == 600
+  parts = partition.label_skew(labels, 10, 2, seed)
+  held = _check_label_skew(labels, parts, 2)
+  pairs = [tuple(np.flatnonzero(row)) for row in held > 0]
+  assert len(set(pairs)) > 5
+  assert (held > 0).any(axis=0).all()  # Every class held (10 * 2 >= 10).
+  assert not all(pairs.count(pair) == 2 for pair in pairs)
+
+
+def test_label_skew_class_sets_vary_over_seeds():
+  # Client 0's class pair is a random draw: over 200 seeds it takes most of the 45 pairs, and every class
+  # appears in it.
+  labels = _labels()
+  pairs = [tuple(np.flatnonzero(_holdings(labels, partition.label_skew(labels, 10, 2, s))[0]))
+           for s in range(200)]
+  assert len(set(pairs)) >= 35
+  assert set(np.ravel(pairs)) == set(range(NUM_CLASSES))
+
+
+def test_label_skew_is_deterministic_per_seed_and_seeds_differ():
+  labels = _labels()
+  a, b = partition.label_skew(labels, 10, 2, 7), partition.label_skew(labels, 10, 2, 7)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)
+  for other in (0, 8):
+    c = partition.label_skew(labels, 10, 2, other)
+    assert any(len(x) != len(y) or np.any(x != y) for x, y in zip(a, c))
+
+
+def test_label_skew_with_k_equal_to_the_classes_gives_everyone_every_class():
+  labels = _labels()
+  parts = partition.label_skew(labels, 6, NUM_CLASSES, 0)
+  held = _check_label_skew(labels, parts, NUM_CLASSES)
+  _assert_disjoint_cover(parts, len(labels))
+  assert held.min() >= 100 // 6 and held.max() <= 100 // 6 + 1
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2, 3])
+def test_label_skew_with_fewer_slots_than_classes_leaves_classes_out(seed):
+  labels = _labels()
+  parts = partition.label_skew(labels, 3, 2, seed)
+  held = _check_label_skew(labels, parts, 2)
+  holders = (held > 0).sum(axis=0)
+  # The 6 slots go to 6 distinct classes, each wholly held by its one client; the other 4 classes are left out.
+  assert (holders == 1).sum() == 6 and (holders == 0).sum() == 4
+  assert sum(len(p) for p in parts) == 600
+  held_sets = {tuple(np.flatnonzero(_holdings(labels, partition.label_skew(labels, 3, 2, s)).any(axis=0)))
+               for s in range(10)}
+  assert len(held_sets) > 1  # Which classes are left out is random.
+
+
+def test_label_skew_gives_a_hundred_digits_clients_two_classes_each():
+  from tff_gma.data import digits
+  labels = digits.load_split().y_train.astype(np.int64)
+  for seed in range(3):
+    parts = partition.label_skew(labels, 100, 2, seed)
+    held = _check_label_skew(labels, parts, 2)
+    assert min(len(p) for p in parts) >= 2
+    assert (held > 0).any(axis=0).all()
+    _assert_disjoint_cover(parts, len(labels))
+
+
+def test_label_skew_moves_holders_off_a_class_with_too_few_examples():
+  # Class 0 has 3 examples; with 40 clients drawing 2 of 10 classes it would get about 8 holders, most of them
+  # with nothing of it. The capacity repair moves the extra holders to classes with examples to spare.
+  labels = np.concatenate([np.zeros(3, np.int32), np.repeat(np.arange(1, NUM_CLASSES), 50).astype(np.int32)])
+  for seed in range(5):
+    parts = partition.label_skew(labels, 40, 2, seed)
+    held = _check_label_skew(labels, parts, 2)
+    assert 1 <= (held[:, 0] > 0).sum() <= 3
+    _assert_disjoint_cover(parts, len(labels))
+
+
+def test_label_skew_refuses_when_a_class_cannot_reach_its_holders():
+  labels = np.array([0, 0, 1, 1, 1])  # Every client must hold both classes, and class 0 has 2 examples for 3.
+  with pytest.raises(ValueError, match='num_clients'):
+    partition.label_skew(labels, 3, 2, 0)
 
 
 def test_dirichlet_smaller_alpha_means_more_label_skew():
