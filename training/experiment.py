@@ -39,6 +39,16 @@ are dropped, so the file always matches the checkpoint.
 
 A round in which every client was dropped as non-finite (a diverging run) logs one warning line and its row has
 `all_clients_dropped` = 1 (0 otherwise); see `all_clients_dropped`.
+
+Validation split for tuning (`validation_fraction` > 0): every training client holds out floor(fraction * n) of its
+examples (`evaluation.hold_out`, seeded by `seed`; taken from the clean data, before any data corruption poisons
+the rest) and trains on the rest. The evaluated rounds then evaluate the global model on the pooled held-out
+examples as `validation/loss`, `validation/accuracy`, and never on the test split or the OOD test clients: the run
+drops them from its data right after loading, and refuses `membership_inference` (whose non-members are the test
+split) and `algorithm='personalized'` (which holds out its own examples). summary.json then has
+`final_validation_accuracy` (mean over the last 10 evaluated rounds) and `best_validation_accuracy`, and its
+`final_accuracy` and `best_accuracy` are null (present, so readers of either mode find the keys);
+`accuracy.png` plots the validation accuracy.
 """
 
 from __future__ import annotations
@@ -124,6 +134,7 @@ class ExperimentConfig:
   workers: Optional[str] = None  # 'host:port,host:port': split clients over these TFF workers.
   rfa_weight_bound: Optional[float] = None  # Simulation-only audit: warn when b_i / sum b exceeds this.
   membership_inference: bool = False  # Attack the final model (GMA paper App. F); writes membership.json.
+  validation_fraction: float = 0.0  # > 0: tune on this held-out share of each client's data; no test evaluation.
 
   def algorithm_config(self) -> simulation.AlgorithmConfig:
     # The composed algorithms (FedGMA, SCAFFOLD, personalized RFA) use FedAvg's client and server optimizers.
@@ -203,6 +214,22 @@ class ExperimentConfig:
                           f'fedadam or fedyogi, not aggregator={self.aggregator!r}, algorithm={self.algorithm!r}')
       if self.corruption in corruption_lib.UPDATE_CORRUPTIONS:
         raise ConfigError(f'rfa_weight_bound: the replay sees honest updates only, not corruption={self.corruption}')
+    self._check_validation()
+
+  def _check_validation(self) -> None:
+    fraction = self.validation_fraction
+    if (isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.number))
+        or not (math.isfinite(fraction) and 0.0 <= fraction < 1.0)):
+      raise ConfigError(f'validation_fraction must lie in [0, 1) (the share of each client\'s examples held out '
+                        f'for validation), got {fraction!r}')
+    if fraction > 0 and self.algorithm == methods.PERSONALIZED:
+      raise ConfigError(f'validation_fraction: algorithm=personalized already holds out {PERSONAL_TEST_FRACTION} '
+                        f'of each client\'s examples for its own evaluation; use validation_fraction=0 with it, '
+                        f'got validation_fraction={fraction!r}')
+    if fraction > 0 and self.membership_inference:
+      raise ConfigError('validation_fraction: membership_inference attacks with the test split as non-members, and a '
+                        f'validation run never reads the test split; got validation_fraction={fraction!r} with '
+                        'membership_inference=True')
 
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
@@ -254,8 +281,9 @@ class Setup:
   build_keras: Callable[[], tf.keras.Model]
   model_fn: Callable[[], tff.learning.models.VariableModel]
   method: methods.Method
-  evaluator: evaluation.CentralEvaluator
+  evaluator: evaluation.CentralEvaluator  # On the test split; on the validation split when there is one.
   corrupted: tuple[str, ...] = ()
+  validation: Optional[tuple[np.ndarray, np.ndarray]] = None  # The pooled held-out (x, y) of validation runs.
 
   @property
   def process(self) -> tff.learning.templates.LearningProcess:
@@ -267,6 +295,9 @@ def build_setup(config: ExperimentConfig) -> Setup:
   data = loaders.load_federated_data(
       config.dataset, config.partition, config.num_clients, config.seed, data_dir=config.data_dir,
       **config.partition_kwargs())
+  validation = None
+  if config.validation_fraction > 0:
+    data, validation = _split_validation(data, config.validation_fraction, config.seed)
   corrupted = ()
   if config.corruption != corruption_lib.NONE:
     corrupted = tuple(corruption_lib.corrupted_clients(data.train.client_ids, config.corrupt_fraction, config.seed))
@@ -288,8 +319,23 @@ def build_setup(config: ExperimentConfig) -> Setup:
       metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None,
       update_corruption=update_corruption, held_out=held_out,
       cache_key=(config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id))
-  evaluator = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y, pad_id=data.pad_id)
-  return Setup(data, build_keras, model_fn, method, evaluator, corrupted)
+  eval_x, eval_y = validation if validation is not None else (data.test_x, data.test_y)
+  evaluator = evaluation.CentralEvaluator(build_keras, eval_x, eval_y, pad_id=data.pad_id)
+  return Setup(data, build_keras, model_fn, method, evaluator, corrupted, validation)
+
+
+def _split_validation(data: loaders.FederatedDataset, fraction: float, seed: int
+                      ) -> tuple[loaders.FederatedDataset, tuple[np.ndarray, np.ndarray]]:
+  """Each client's held-out share, pooled in client order, and the data without it and without any test data
+  (test split and OOD clients emptied, so nothing downstream can evaluate on them)."""
+  train, held_out = evaluation.hold_out(data.train, fraction, seed)
+  held = [held_out[c] for c in data.train.client_ids if c in held_out]
+  if not held:
+    raise ConfigError(f'validation_fraction={fraction} holds out no example: every client has fewer than '
+                      f'{math.ceil(1 / fraction)} examples')
+  pooled = (np.concatenate([x for x, _ in held]), np.concatenate([y for _, y in held]))
+  data = dataclasses.replace(data, train=train, test_x=data.test_x[:0], test_y=data.test_y[:0], ood_test=None)
+  return data, pooled
 
 
 def _pooled(data, client_ids):
@@ -298,9 +344,11 @@ def _pooled(data, client_ids):
 
 
 def evaluate(setup: Setup, state, participants: list[str]) -> dict[str, float]:
-  """Central test split; OOD clients where the partition has them; this round's participants vs the rest."""
+  """Central test split (the validation split instead, in a validation run); OOD clients where the partition has
+  them; this round's participants vs the rest."""
   weights = setup.process.get_model_weights(state)
-  out = {f'test/{k}': v for k, v in setup.evaluator(weights).items()}
+  central = 'validation' if setup.validation is not None else 'test'
+  out = {f'{central}/{k}': v for k, v in setup.evaluator(weights).items()}
   if setup.data.ood_test is not None:
     ood = setup.evaluator.evaluate_arrays(weights, setup.data.ood_test_x, setup.data.ood_test_y)
     out.update({f'ood_test/{k}': v for k, v in ood.items()})
@@ -351,7 +399,7 @@ def _plot(rows: list[dict[str, float]], path: str, title: str) -> None:
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6, 4))
-  for key in ('test/accuracy', 'ood_test/accuracy'):
+  for key in ('test/accuracy', 'ood_test/accuracy', 'validation/accuracy'):
     points = [(r['round'], r[key]) for r in rows if key in r]
     if points:
       ax.plot(*zip(*points), label=key.split('/')[0])
@@ -458,6 +506,7 @@ def _run_locked(config: ExperimentConfig, show_progress: bool,
                                 init=None if one_step else config.rfa_init))
 
   client_ids = setup.data.train.client_ids
+  accuracy_key = 'validation/accuracy' if setup.validation is not None else 'test/accuracy'
   bar = progress.RoundProgress(config.rounds, label=f'{config.algorithm}/{config.aggregator}') \
       if show_progress else None
   started = time.monotonic()
@@ -491,13 +540,13 @@ def _run_locked(config: ExperimentConfig, show_progress: bool,
     setup.method.checkpoint_client_state(config.output_dir, round_num)
     _run_async(state_manager.save(state, round_num))
     if bar is not None:
-      bar.update(round_num, **({'acc': row['test/accuracy']} if 'test/accuracy' in row else {}))
+      bar.update(round_num, **({'acc': row[accuracy_key]} if accuracy_key in row else {}))
     if on_round is not None:
       on_round(round_num, state)
 
   rows = [r for r in _read_rows(csv_path) if r.get('round', 0) <= config.rounds]
-  evaluated = [r for r in rows if 'test/accuracy' in r]
-  accuracy = [r['test/accuracy'] for r in evaluated]
+  evaluated = [r for r in rows if accuracy_key in r]
+  accuracy = [r['test/accuracy'] for r in evaluated if 'test/accuracy' in r]
   summary = {
       'final_accuracy': float(np.mean(accuracy[-LAST_EVALS_FOR_FINAL:])) if accuracy else None,
       'best_accuracy': float(np.max(accuracy)) if accuracy else None,
@@ -505,6 +554,11 @@ def _run_locked(config: ExperimentConfig, show_progress: bool,
       'seconds_this_run': time.monotonic() - started,
       'config': dataclasses.asdict(config),
   }
+  if setup.validation is not None:  # A tuning run: no test accuracy (final/best_accuracy stay None).
+    validation = [r['validation/accuracy'] for r in evaluated]
+    summary['final_validation_accuracy'] = (
+        float(np.mean(validation[-LAST_EVALS_FOR_FINAL:])) if validation else None)
+    summary['best_validation_accuracy'] = float(np.max(validation)) if validation else None
   if evaluated and 'ood_test/accuracy' in evaluated[-1]:
     summary['final_ood_accuracy'] = float(np.mean([r['ood_test/accuracy'] for r in evaluated
                                                    if 'ood_test/accuracy' in r][-LAST_EVALS_FOR_FINAL:]))

@@ -68,6 +68,9 @@ flags.DEFINE_float('secure_bound', _D.secure_bound,
                    'Per-coordinate clipping bound of secure float sums (required with --secure).')
 flags.DEFINE_bool('secure_metrics', _D.secure_metrics, 'Aggregate training metrics with secure sums.')
 flags.DEFINE_integer('eval_every', _D.eval_every, 'Evaluate every this many rounds (and at the last).')
+flags.DEFINE_float('validation_fraction', _D.validation_fraction,
+                   'In [0, 1). > 0: each client holds out this share of its examples (seeded); evaluations are on '
+                   'the pooled held-out examples (validation/*) and never on the test split, for tuning.')
 flags.DEFINE_integer('seed', _D.seed, 'Seed of the partition, initial model, client sampling and data order.')
 flags.DEFINE_string('output_dir', _D.output_dir, 'Output directory (reused to resume).')
 flags.DEFINE_string('workers', _D.workers, 'host:port,... (or unix:/path,...) of TFF workers to split clients over (python -m tff_gma.worker).')
