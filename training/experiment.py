@@ -237,6 +237,18 @@ _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir',
                       'membership_inference')
 
 
+# Settings whose default changed after runs were written without them: such a run ran with this value.
+# rfa_init: RFA started Weiszfeld from the weighted mean before the setting existed (the default is now 'zero').
+_VALUE_BEFORE_SETTING_EXISTED = {'rfa_init': 'mean'}
+
+
+def completed_config(saved: dict[str, Any]) -> dict[str, Any]:
+  """A saved config's settings (config.json, a summary's `config`), with each setting it lacks at the value
+  that run used: the setting's default then, which is today's default unless `_VALUE_BEFORE_SETTING_EXISTED`
+  says otherwise."""
+  return {**dataclasses.asdict(ExperimentConfig()), **_VALUE_BEFORE_SETTING_EXISTED, **saved}
+
+
 def check_resumable(config: ExperimentConfig) -> None:
   """Raises `ConfigError` if `config.output_dir` holds a run with other settings (its checkpoint would not fit),
   or a run already trained past `config.rounds`.
@@ -254,8 +266,7 @@ def check_resumable(config: ExperimentConfig) -> None:
     return
   with open(path) as f:
     saved = json.load(f)
-  # A setting missing from an older config.json had its default value then.
-  saved = {**dataclasses.asdict(ExperimentConfig()), **saved}
+  saved = completed_config(saved)
   current = dataclasses.asdict(config)
   changed = sorted(k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k) != current[k])
   if changed:

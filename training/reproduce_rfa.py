@@ -178,10 +178,10 @@ def finished_summary(config: experiment.ExperimentConfig) -> Optional[dict[str, 
     return None
   with open(path) as f:
     summary = json.load(f)
-  # A setting missing from an older summary had its default value then (as for a resumed run's config.json);
+  # A setting missing from an older summary is read at the value that run used (as a resumed run's config.json);
   # where the run's files were (a study's archived cells extracted elsewhere) does not change what it computed.
   where = ('output_dir', 'data_dir', 'workers')
-  saved = {**json.loads(json.dumps(dataclasses.asdict(experiment.ExperimentConfig()))), **summary.get('config', {})}
+  saved = json.loads(json.dumps(experiment.completed_config(summary.get('config', {}))))
   wanted = json.loads(json.dumps(dataclasses.asdict(config)))
   same_config = all(saved.get(k) == v for k, v in wanted.items() if k not in where)
   if same_config and summary.get('rounds_completed') == config.rounds:

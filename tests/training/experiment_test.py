@@ -93,6 +93,23 @@ def test_a_new_nested_output_dir_is_created_after_the_checks(tmp_path):
     experiment.check_resumable(dataclasses.replace(config, seed=4))
 
 
+def test_an_older_config_without_rfa_init_is_the_mean_start_it_ran(tmp_path):
+  # Runs written before --rfa_init existed started Weiszfeld from the weighted mean; the default is now 'zero',
+  # so resuming such a run with today's defaults would change what its rounds compute.
+  config = dataclasses.replace(_TOY, aggregator='rfa', output_dir=str(tmp_path / 'run'))
+  os.makedirs(config.output_dir)
+  older = {k: v for k, v in dataclasses.asdict(config).items() if k != 'rfa_init'}
+  (tmp_path / 'run' / 'config.json').write_text(json.dumps(older))
+  assert config.rfa_init == 'zero'
+  with pytest.raises(experiment.ConfigError, match="rfa_init: 'mean' -> 'zero'"):
+    experiment.check_resumable(config)
+  experiment.check_resumable(dataclasses.replace(config, rfa_init='mean'))
+  # A setting whose default did not change is read at that default.
+  older.pop('membership_inference')
+  (tmp_path / 'run' / 'config.json').write_text(json.dumps(older))
+  experiment.check_resumable(dataclasses.replace(config, rfa_init='mean'))
+
+
 @pytest.mark.parametrize('changes, flag', [
     ({'clients_per_round': 5}, 'clients_per_round'),
     ({'tau': 1.5}, 'tau'),

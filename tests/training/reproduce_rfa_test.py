@@ -133,10 +133,16 @@ def test_finished_cells_are_read_back_not_rerun(tmp_path):
     json.dump(moved, f)
   assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
   # A summary written before a setting existed (at its default) still counts as the same cell.
-  older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'rfa_init'})
+  older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'membership_inference'})
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(older, f)
   assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
+  # ... at the value it ran with where the default changed since: RFA started from the mean before rfa_init.
+  older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'rfa_init'})
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(older, f)
+  assert config.rfa_init == 'zero' and reproduce_rfa.finished_summary(config) is None
+  assert reproduce_rfa.finished_summary(dataclasses.replace(config, rfa_init='mean'))['best_accuracy'] == 0.6
   # Another setting of the same cell directory, or a run stopped before its last round, must run (again).
   assert reproduce_rfa.finished_summary(dataclasses.replace(config, client_lr=0.1)) is None
   summary['rounds_completed'] = 3

@@ -10,6 +10,7 @@ import tensorflow_federated as tff
 
 from tff_gma import aggregators
 from tff_gma import models
+from tff_gma.aggregators import geometric_median
 from training import simulation
 from training import rfa_weights
 from tff_gma.data import loaders
@@ -28,14 +29,19 @@ def flat(update):
   return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in update])
 
 
-def weiszfeld_reference(updates, weights, num_passes, nu, one_step=False):
-  """The RFA paper's Algorithms 2/3 with the unscaled weights beta_i = a_i / max(nu, ||v - w_i||), normalized."""
+def weiszfeld_reference(updates, weights, num_passes, nu, one_step=False, init=geometric_median.DEFAULT_INIT):
+  """The RFA paper's Algorithms 2/3 with the unscaled weights beta_i = a_i / max(nu, ||v - w_i||), normalized.
+
+  Pass 1: the weighted mean (init 'mean', Algorithm 2) or the reweighting from v_0 = 0 (init 'zero', and one-step
+  RFA, Algorithm 3).
+  """
   points = np.stack([flat(u) for u in updates])
   a = np.asarray(weights, np.float64)
-  if one_step:
+  if one_step or init == 'zero':
     b = a / np.maximum(nu, np.linalg.norm(points, axis=1))
-    return b @ points / b.sum(), [b / b.sum()]
-  betas = [a / a.sum()]
+    betas = [b / b.sum()]
+  else:
+    betas = [a / a.sum()]
   v = betas[0] @ points
   for _ in range(num_passes - 1):
     b = a / np.maximum(nu, np.linalg.norm(points - v, axis=1))
@@ -54,13 +60,17 @@ def run_factory(factory, updates, weights):
 # The replay and the report against NumPy.
 
 
+@pytest.mark.parametrize('init', ['mean', 'zero', None])
 @pytest.mark.parametrize('num_passes, one_step', [(1, False), (3, False), (5, False), (1, True)])
-def test_report_matches_numpy_reference(num_passes, one_step):
+def test_report_matches_numpy_reference(num_passes, one_step, init):
+  if one_step and init == 'mean':
+    pytest.skip('one-step RFA starts from the zero update')
   rng = np.random.default_rng(0)
   updates = random_updates(rng, 7, center=0.3)
   weights = rng.uniform(1, 50, size=7)
-  estimate, betas = weiszfeld_reference(updates, weights, num_passes, NU, one_step)
-  report = rfa_weights.rfa_weight_report(updates, weights, num_passes, NU, bound=0.9, one_step=one_step)
+  estimate, betas = weiszfeld_reference(updates, weights, num_passes, NU, one_step,
+                                        init or geometric_median.DEFAULT_INIT)
+  report = rfa_weights.rfa_weight_report(updates, weights, num_passes, NU, bound=0.9, one_step=one_step, init=init)
   np.testing.assert_allclose(report['replay'].estimate, estimate, rtol=1e-12, atol=1e-12)
   np.testing.assert_allclose(report['replay'].normalized_weights, np.stack(betas), rtol=1e-12, atol=1e-15)
   np.testing.assert_allclose(report['per_pass'], [b.max() for b in betas], rtol=1e-12)
@@ -73,15 +83,15 @@ def test_report_matches_numpy_reference(num_passes, one_step):
 
 
 def test_client_at_the_median_dominates_and_warns():
-  # Four clients on the corners of a square around c and one client exactly at c: after the first (mean) pass
-  # the estimate is c, the centre client's distance is ~0 and its weight a / nu swamps the others.
+  # Four clients on the corners of a square around c and one client exactly at c: after the first pass from the
+  # mean the estimate is c, the centre client's distance is ~0 and its weight a / nu swamps the others.
   c = np.array([1.0, -2.0, 0.5, 0.0, 3.0, 1.0, 0.0, 2.0, -1.0, 0.5])
   offsets = [np.eye(10)[0], -np.eye(10)[0], np.eye(10)[1], -np.eye(10)[1]]
   points = [c + o for o in offsets] + [c]
   updates = [[p[:6].reshape(2, 3), p[6:]] for p in points]
   weights = [10.0] * 5
   with pytest.warns(rfa_weights.DominatedAggregateWarning, match=r'client c4 has normalized weight'):
-    report = rfa_weights.rfa_weight_report(updates, weights, 3, NU, bound=0.5,
+    report = rfa_weights.rfa_weight_report(updates, weights, 3, NU, bound=0.5, init='mean',
                                            client_ids=[f'c{i}' for i in range(5)])
   assert report['dominated'] and report['dominant_client'] == 'c4'
   assert report['per_pass'][0] == pytest.approx(0.2)  # The plain weighted mean: 10 / 50.
@@ -94,11 +104,11 @@ def test_client_with_most_examples_dominates_the_first_pass():
   rng = np.random.default_rng(1)
   updates = random_updates(rng, 4)
   with pytest.warns(rfa_weights.DominatedAggregateWarning, match='pass 1 of 1'):
-    report = rfa_weights.rfa_weight_report(updates, [1000, 10, 10, 10], 1, NU, bound=0.9)
+    report = rfa_weights.rfa_weight_report(updates, [1000, 10, 10, 10], 1, NU, bound=0.9, init='mean')
   assert report['per_pass'] == [pytest.approx(1000 / 1030)]
   assert report['dominant_client'] == '0'
   # The mean then lies next to that client, and the reweighted passes give it even more weight.
-  report = rfa_weights.rfa_weight_report(updates, [1000, 10, 10, 10], 2, NU, bound=0.9, warn=False)
+  report = rfa_weights.rfa_weight_report(updates, [1000, 10, 10, 10], 2, NU, bound=0.9, warn=False, init='mean')
   assert report['per_pass'][1] > report['per_pass'][0] and report['per_pass_dominant_client'] == ['0', '0']
 
 
@@ -211,7 +221,9 @@ def test_monitor_replays_the_rounds_rfa_aggregate():
   applied = _delta(start, process.get_model_weights(state))
   np.testing.assert_allclose(report['replay'].estimate, applied, rtol=1e-4, atol=1e-6)
   assert len(report['per_pass']) == 2 and report['num_clients'] == 3
-  np.testing.assert_allclose(report['per_pass'][0], weights.max() / weights.sum(), rtol=1e-12)
+  # Pass 1 from the default zero start reweights a_i / ||w_i||: the replay of those very updates.
+  first = weights / np.maximum(NU, [np.linalg.norm(flat(u)) for u in updates])
+  np.testing.assert_allclose(report['per_pass'][0], first.max() / first.sum(), rtol=1e-9)
   assert report['max_normalized_weight'] >= 1 / 3
 
 

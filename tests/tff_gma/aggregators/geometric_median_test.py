@@ -9,6 +9,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import aggregators
+from tff_gma.aggregators import geometric_median
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import weiszfeld
 from tests.tff_gma.aggregators import aggregator_test_utils as utils
@@ -63,7 +64,7 @@ class Reference(collections.namedtuple(
 
 
 def rfa_reference(values, weights, num_passes, one_step=False, secure=False, final_objective=False,
-                  init='mean') -> Reference:
+                  init=geometric_median.DEFAULT_INIT) -> Reference:
   """RFA in NumPy (float64), as the RFA paper's Algorithms 2 and 3 with the secure smoothing rule documented.
 
   Weiszfeld: v_1 = weighted mean; v_{k+1} = sum b_i w_i / sum b_i with b_i = a_i / max(c, ||v_k - w_i||).
@@ -112,7 +113,7 @@ def rfa_reference(values, weights, num_passes, one_step=False, secure=False, fin
   return Reference(estimate, objectives, smoothings, pass_weights, a, estimates, points)
 
 
-def secure_error_bounds(values, weights, num_passes, one_step=False, final_objective=False, init='mean'):
+def secure_error_bounds(values, weights, num_passes, one_step=False, final_objective=False, init=geometric_median.DEFAULT_INIT):
   """(estimate, objectives, smoothings) error bounds in secure mode: the propagation documented in `weiszfeld`.
 
   Composed along the NumPy reference, step by step as `weiszfeld`'s docstring derives it: the estimate's error
@@ -190,7 +191,7 @@ def run(proc, values, weights):
 
 
 def assert_within_secure_bounds(result, measurements, values, weights, num_passes, one_step=False,
-                                final_objective=False, init='mean'):
+                                final_objective=False, init=geometric_median.DEFAULT_INIT):
   """Secure mode: estimate, objectives and smoothings within `secure_error_bounds` (nothing added to them)."""
   reference = rfa_reference(values, weights, num_passes, one_step, True, final_objective, init)
   estimate_bound, objective_bounds, smoothing_bounds = secure_error_bounds(
@@ -205,7 +206,7 @@ def assert_within_secure_bounds(result, measurements, values, weights, num_passe
 
 
 def check_against_reference(proc, values, weights, num_passes, one_step, secure, final_objective=False,
-                            init='mean'):
+                            init=geometric_median.DEFAULT_INIT):
   result, measurements = run(proc, values, weights)
   reference = rfa_reference(values, weights, num_passes, one_step, secure, final_objective, init)
   assert isinstance(result, collections.OrderedDict) and list(result) == ['a', 'b']
@@ -223,14 +224,16 @@ def check_against_reference(proc, values, weights, num_passes, one_step, secure,
 @pytest.mark.parametrize('one_step', [False, True])
 @pytest.mark.parametrize('secure', [False, True])
 def test_matches_numpy_reference(secure, one_step):
-  # Secure Weiszfeld with 2 passes: the same code paths as 3 (objective, smoothing, reweighting) for a third
-  # less compilation; the default 3 passes are checked without secure sums.
+  # The paper's start (pass 1 the weighted mean; the zero start has its own test below). Secure Weiszfeld with 2
+  # passes: the same code paths as 3 (objective, smoothing, reweighting) for a third less compilation; 3 passes
+  # are checked without secure sums.
   num_passes = 1 if one_step else (2 if secure else 3)
-  proc = process(num_passes, one_step, secure)
+  init = 'zero' if one_step else 'mean'
+  proc = process(num_passes, one_step, secure, init=None if one_step else init)
   rng = np.random.default_rng(31 + secure + 2 * one_step)
   for num_clients in (1, 3, 7):
     values, weights = random_values(rng, num_clients, center=0.5), random_weights(rng, num_clients)
-    _, measurements = check_against_reference(proc, values, weights, num_passes, one_step, secure)
+    _, measurements = check_against_reference(proc, values, weights, num_passes, one_step, secure, init=init)
     assert measurements['participating_clients'] == num_clients
     assert measurements['dropped_clients'] == 0
     assert measurements['value_clipped_clients'] == 0
@@ -287,13 +290,22 @@ def test_final_objective_costs_one_round_and_leaves_the_estimate_unchanged(secur
 
 
 def test_secure_smoothing_comes_from_the_previous_round():
-  """Secure pass k uses c = max(nu, D(v_{k-2}) / K): pass 2 the zero update's objective, pass 3 D(v_1)."""
+  """Secure pass k >= 2 uses c = max(nu, D(v_{k-2}) / K): pass 2 the zero update's objective, pass 3 D(v_1).
+
+  Pass 1 from the zero update reweights with the constant B sqrt(n) / K (as one-step RFA); from the mean it is
+  the plain weighted mean, with no smoothing.
+  """
   rng = np.random.default_rng(71)
   values, weights = random_values(rng, 6, center=2.0), random_weights(rng, 6)
-  _, measurements = check_against_reference(process(3, False, True), values, weights, 3, False, True)
-  objective, smoothing = measurements['objective'], measurements['smoothing']
-  np.testing.assert_allclose(smoothing, np.maximum(NU, objective[:2] / RATIO), rtol=1e-6)
-  assert smoothing[0] > smoothing[1]  # D(0) > D(v_1): the updates share a common part (center 2).
+  for init in ('mean', 'zero'):
+    _, measurements = check_against_reference(process(3, False, True, init=init), values, weights, 3, False, True,
+                                              init=init)
+    objective, smoothing = measurements['objective'], measurements['smoothing']
+    if init == 'zero':
+      np.testing.assert_allclose(smoothing[0], VALUE_BOUND * np.sqrt(DIM) / RATIO, rtol=1e-6)
+      smoothing = smoothing[1:]
+    np.testing.assert_allclose(smoothing, np.maximum(NU, objective[:2] / RATIO), rtol=1e-6)
+    assert smoothing[0] > smoothing[1]  # D(0) > D(v_1): the updates share a common part (center 2).
   # One-step RFA: a constant known before its round, B sqrt(n) / K.
   _, measurements = run(process(1, True, True), values, weights)
   np.testing.assert_allclose(measurements['smoothing'], [VALUE_BOUND * np.sqrt(DIM) / RATIO], rtol=1e-6)
@@ -304,8 +316,7 @@ def test_weiszfeld_decreases_the_objective_and_differs_from_the_mean():
   values, weights = random_values(rng, 7), random_weights(rng, 7)
   values[6] = random_values(rng, 1, scale=20.0)[0]
   result, measurements = run(process(final_objective=True), values, weights)
-  # D(v_1), D(v_2), D(v_3): from the weighted mean on, each pass decreases the objective (D(v_0) = D(0) is the
-  # zero update's objective, not part of the iteration).
+  # D(v_1), D(v_2), D(v_3): each Weiszfeld pass decreases the objective, from whichever start.
   objective = measurements['objective'][1:]
   assert np.all(np.diff(objective) <= 1e-6) and objective[-1] < objective[0]
   mean = np.asarray(weights, np.float64) @ np.stack([to_flat(v) for v in values]) / np.sum(weights)
@@ -335,7 +346,10 @@ def test_breakdown_forty_percent_far_outliers_zero_start():
 
 
 def test_breakdown_forty_percent_far_outliers():
-  """40% of clients send far-away updates (random directions, norm 1e3): the mean moves far, RFA barely moves."""
+  """40% of clients send far-away updates (random directions, norm 1e3): the mean moves far, RFA barely moves.
+
+  Here from the default start; the test above compares both starts at the default 3 passes.
+  """
   rng = np.random.default_rng(43)
   honest = random_values(rng, 6, scale=0.1, center=1.0)
   outliers = random_values(rng, 4, scale=1e3 / np.sqrt(DIM))  # Norm about 1e3, random directions.
@@ -370,9 +384,9 @@ def test_unweighted_factory_uses_unit_weights():
 
 
 def test_single_pass_with_a_tff_mean_factory_is_the_weighted_mean():
-  """num_passes=1 is the weighted mean; an inner TFF factory composes (here TFF's plain MeanFactory)."""
+  """num_passes=1 from the mean is the weighted mean; an inner TFF factory composes (TFF's plain MeanFactory)."""
   factory = aggregators.GeometricMedianFactory(
-      num_passes=1, mean_factory=tff.aggregators.MeanFactory(no_nan_division=True))
+      num_passes=1, init='mean', mean_factory=tff.aggregators.MeanFactory(no_nan_division=True))
   proc = factory.create(VALUE_TYPE, WEIGHT_TYPE)
   rng = np.random.default_rng(67)
   values, weights = random_values(rng, 4), random_weights(rng, 4)
@@ -461,6 +475,7 @@ def test_defaults():
   assert not factory.report_final_objective and factory.num_rounds == 3
   assert aggregators.GeometricMedianFactory(num_passes=2, report_final_objective=True).num_rounds == 3
   assert aggregators.GeometricMedianFactory(one_step=True).num_passes == 1
+  assert factory.init == 'zero'  # Measured: see geometric_median.DEFAULT_INIT.
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -487,15 +502,15 @@ def test_type_properties(value_type, weight_dtype):
   factory = aggregators.GeometricMedianFactory()
   assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
   weight_type = tff.TensorType(weight_dtype)
-  state, measurements = rfa_types(3, 3, 2, ((), ()), ((), ()))
+  state, measurements = rfa_types(3, 3, 3, ((), ()), ((), ()))  # From the zero start every pass reweights.
   utils.assert_process_types(factory.create(value_type, weight_type), state_type=state, value_type=value_type,
                              weight_type=weight_type, measurements_type=measurements)
 
 
 @pytest.mark.parametrize('kwargs,num_passes,num_rounds,num_smoothings', [
     (dict(one_step=True), 1, 1, 1),
-    (dict(num_passes=2, report_final_objective=True), 2, 3, 1),
-    (dict(num_passes=2, init='zero'), 2, 2, 2),
+    (dict(num_passes=2, report_final_objective=True), 2, 3, 2),
+    (dict(num_passes=2, init='mean'), 2, 2, 1),  # Pass 1 is the plain weighted mean: no smoothing.
 ])
 def test_type_properties_of_other_budgets(kwargs, num_passes, num_rounds, num_smoothings):
   weight_type = tff.TensorType(np.int32)
@@ -510,7 +525,7 @@ def test_type_properties_secure(weight_dtype):
   weight_type = tff.TensorType(weight_dtype)
   process = aggregators.GeometricMedianFactory(num_passes=2, secure=True, value_bound=1.0).create(
       utils.STRUCT_TYPE, weight_type)
-  state, measurements = rfa_types(2, 2, 1, ((), CLIP_COUNTS), ((), CLIP_COUNTS))
+  state, measurements = rfa_types(2, 2, 2, ((), CLIP_COUNTS), ((), CLIP_COUNTS))
   utils.assert_process_types(process, state_type=state, value_type=utils.STRUCT_TYPE, weight_type=weight_type,
                              measurements_type=measurements)
 
@@ -519,7 +534,7 @@ def test_type_properties_secure(weight_dtype):
 def test_type_properties_unweighted(value_type):
   factory = aggregators.UnweightedGeometricMedianFactory()
   assert isinstance(factory, tff.aggregators.UnweightedAggregationFactory)
-  state, measurements = rfa_types(3, 3, 2, ((), ()), ((), ()))
+  state, measurements = rfa_types(3, 3, 3, ((), ()), ((), ()))
   utils.assert_process_types(factory.create(value_type), state_type=state, value_type=value_type, weight_type=None,
                              measurements_type=measurements)
 
@@ -535,7 +550,7 @@ def test_inner_factory_state_and_measurements_pass_through(weighted):
   else:
     weight_type = None
     process = aggregators.UnweightedGeometricMedianFactory(mean_factory=inner).create(utils.STRUCT_TYPE)
-  state_type, measurements_type = rfa_types(3, 3, 2, (np.int32, np.int32), ((), ()))
+  state_type, measurements_type = rfa_types(3, 3, 3, (np.int32, np.int32), ((), ()))
   utils.assert_process_types(process, state_type=state_type, value_type=utils.STRUCT_TYPE, weight_type=weight_type,
                              measurements_type=measurements_type)
   state = process.initialize()
@@ -551,8 +566,9 @@ def test_inner_factory_state_and_measurements_pass_through(weighted):
 
 def test_single_pass_returns_the_inner_result():
   """num_passes=1 from the mean: the result is the inner process's (the weighted mean plus one)."""
-  process = aggregators.GeometricMedianFactory(num_passes=1, mean_factory=utils.WeightedMeanPlusOneFactory()).create(
-      utils.STRUCT_TYPE, tff.TensorType(np.int32))
+  process = aggregators.GeometricMedianFactory(
+      num_passes=1, init='mean', mean_factory=utils.WeightedMeanPlusOneFactory()).create(
+          utils.STRUCT_TYPE, tff.TensorType(np.int32))
   values = [(np.array([1.0, 2.0], np.float32), 3.0), (np.array([3.0, -2.0], np.float32), 5.0)]
   output = process.next(process.initialize(), values, [np.int32(1), np.int32(3)])
   np.testing.assert_allclose(output.result[0], [3.5, 0.0], rtol=1e-6)
