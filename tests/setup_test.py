@@ -1,6 +1,7 @@
 """The installable package: exactly `tff_gma`, every third-party import declared, no harness behind the library."""
 
 import ast
+import hashlib
 import os
 import re
 import subprocess
@@ -75,3 +76,69 @@ def test_the_wheel_holds_exactly_one_top_level_package(tmp_path):
   with zipfile.ZipFile(wheel) as archive:
     top_level = {name.split('/')[0] for name in archive.namelist()}
   assert {t for t in top_level if not t.endswith('.dist-info')} == {'tff_gma'}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scripts/setup.sh: arguments, the --gpu pins, the idempotence stamp (dry runs: nothing is installed).
+
+_SETUP = os.path.join(tests.ROOT, 'scripts', 'setup.sh')
+
+
+def _setup(tmp_path, *args, stamp=None):
+  """Runs setup.sh as a dry run against a venv directory in tmp_path whose python is this venv's."""
+  venv = tmp_path / 'venv'
+  (venv / 'bin').mkdir(parents=True, exist_ok=True)
+  python = venv / 'bin' / 'python'
+  python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+  python.chmod(0o755)
+  if stamp is not None:
+    (venv / '.tff_gma_setup_stamp').write_text(stamp + '\n')
+  process = subprocess.run(['bash', _SETUP, *args], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, TFF_GMA_SETUP_DRY_RUN='1', TFF_GMA_SETUP_VENV=str(venv)))
+  return process, process.stdout + process.stderr
+
+
+def _files_hash() -> str:
+  data = b''.join(open(os.path.join(tests.ROOT, name), 'rb').read()
+                  for name in ('requirements.txt', 'setup.py', 'scripts/setup.sh'))
+  return hashlib.sha256(data).hexdigest()
+
+
+def _would_run(output: str) -> list[str]:
+  return [line for line in output.splitlines() if line.startswith('setup.sh: would run:')]
+
+
+def test_setup_gpu_installs_tensorflows_and_cuda_pins_into_the_venv(tmp_path):
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  process, output = _setup(tmp_path, '--gpu', '--force')
+  assert process.returncode == 0, output
+  (gpu_line,) = [line for line in _would_run(output) if 'nvidia-' in line]
+  assert f'{tmp_path}/venv/bin/python -m pip' in gpu_line and ' install --no-deps ' in gpu_line
+  pins = set(re.findall(r'(nvidia-[\w-]+==[\d.]+)', gpu_line))
+  # The installed TensorFlow's own `and-cuda` extra, without its tensorrt pin.
+  declared = {re.sub(r'\s*\((==[\d.]+)\)', r'\1', r.split(';')[0]).strip()
+              for r in importlib.metadata.requires('tensorflow') if "extra == 'and-cuda'" in r}
+  assert importlib.metadata.version('tensorflow') == '2.14.1'
+  assert pins == {d for d in declared if not d.startswith('tensorrt')} and len(pins) == 10
+  assert not (tmp_path / 'venv' / '.tff_gma_setup_stamp').exists()  # A dry run writes no stamp.
+  plain, output = _setup(tmp_path, '--force')
+  assert plain.returncode == 0 and _would_run(output) and not any('nvidia-' in l for l in _would_run(output))
+
+
+def test_setup_stamp_records_the_gpu_install(tmp_path):
+  files = _files_hash()
+  # Up to date: nothing to do (a GPU install also serves a plain run).
+  for stamp, args in ((files, ()), (f'{files} gpu', ()), (f'{files} gpu', ('--gpu',))):
+    process, output = _setup(tmp_path, *args, stamp=stamp)
+    assert process.returncode == 0 and not _would_run(output), (stamp, args, output)
+  # A plain install asked for --gpu: installs (the GPU libraries included).
+  process, output = _setup(tmp_path, '--gpu', stamp=files)
+  assert process.returncode == 0 and any('nvidia-cudnn-cu11==8.7.0.84' in l for l in _would_run(output))
+  # Changed files: reinstall.
+  process, output = _setup(tmp_path, stamp='0' * 64 + ' gpu')
+  assert process.returncode == 0 and _would_run(output)
+
+
+def test_setup_refuses_an_unknown_argument(tmp_path):
+  process, output = _setup(tmp_path, '--gpus')
+  assert process.returncode == 2 and "unknown argument '--gpus'" in output and not _would_run(output)
