@@ -276,15 +276,17 @@ def build_learning_process(
     config: simulation.AlgorithmConfig,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     metrics_aggregator=None,
+    *,
+    mask_on_step: bool = False,
 ) -> CorruptedLearningProcess:
   """The round of `simulation.build_learning_process` (FedAvg/FedProx/FedAdam/FedYogi) with corruptible clients.
 
-  The same composition and the same client work (`simulation.build_client_work`), wrapped by
-  `build_corrupted_client_work`.
+  The same composition (`mask_on_step` included: GMA's Algorithm 2, see `simulation.build_server_processes`) and
+  the same client work (`simulation.build_client_work`), wrapped by `build_corrupted_client_work`.
   """
   inner = simulation.build_client_work(model_fn, config, metrics_aggregator)
   composed = simulation.build_learning_process(
-      model_fn, config, model_aggregator, client_work=build_corrupted_client_work(inner))
+      model_fn, config, model_aggregator, client_work=build_corrupted_client_work(inner), mask_on_step=mask_on_step)
   update_type = composed.next.type_signature.parameter[0].member.global_model_weights.trainable
   return CorruptedLearningProcess(composed, simulation.build_client_results(inner), update_type)
 

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import aggregators
 from tff_gma import learning
 from tff_gma.learning import elastic as elastic_learning
 from tff_gma.learning import fedgma as fedgma_learning
@@ -229,6 +230,13 @@ def _build_process(model_fn, algorithm: str, aggregator: str, config: simulation
     return learning.build_personalized_rfa(
         model_fn, simulation.client_optimizer(config), simulation.server_optimizer(config), model_aggregator,
         metrics_aggregator)
+  # GMA with FedAdam/FedYogi is the GMA paper's Algorithm 2: the adaptive moments see the unmasked mean and the mask
+  # scales the step (the drop-in factory would mask before Adam, which largely undoes the mask). FedAvg/FedProx
+  # keep the drop-in factory: with their SGD server both placements are the same.
+  mask_on_step = (isinstance(model_aggregator, aggregators.GradientMaskedFactory)
+                  and config.name in simulation.ADAPTIVE_ALGORITHMS)
   if corrupted:
-    return corruption_lib.build_learning_process(model_fn, config, model_aggregator, metrics_aggregator)
-  return simulation.build_learning_process(model_fn, config, model_aggregator, metrics_aggregator)
+    return corruption_lib.build_learning_process(
+        model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)
+  return simulation.build_learning_process(
+      model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)

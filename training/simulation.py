@@ -19,7 +19,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning.templates import proximal_client_work  # FedProx's client work.
 
+from tff_gma.learning import gma_fed_avg
+
 ALGORITHMS = ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
+ADAPTIVE_ALGORITHMS = ('fedadam', 'fedyogi')  # Adaptive server optimizers; the others' server is SGD.
 
 # Paper defaults (GMA paper, Sec. 5 and App. C): client SGD with momentum 0.9; FedAdam/FedYogi with
 # beta1 = 0.9, beta2 = 0.99 (Reddi et al.).
@@ -67,6 +70,27 @@ def client_optimizer(config: AlgorithmConfig) -> tff.learning.optimizers.Optimiz
   return tff.learning.optimizers.build_sgdm(config.client_lr, momentum=config.client_momentum)
 
 
+def build_server_processes(
+    config: AlgorithmConfig,
+    weights_type,
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    *,
+    mask_on_step: bool = False,
+) -> tuple[tff.templates.AggregationProcess, tff.learning.templates.FinalizerProcess]:
+  """(aggregator, finalizer): how a round turns the client updates into the new model (`weights_type`'s).
+
+  Default: `model_aggregator` (TFF's weighted mean if None) aggregates the updates, weighted as float32, and TFF's
+  apply-optimizer finalizer applies `server_optimizer(config)` to its result, as `build_weighted_fed_avg` does.
+  `mask_on_step=True` takes a `GradientMaskedFactory` and composes the GMA paper's Algorithm 2 instead
+  (`tff_gma.learning.gma_fed_avg`): the server optimizer gets the unmasked mean, the mask scales its step.
+  """
+  if mask_on_step:
+    return gma_fed_avg.build_gma_server_processes(model_aggregator, server_optimizer(config), weights_type)
+  aggregator = (model_aggregator or tff.aggregators.MeanFactory()).create(
+      weights_type.trainable, tff.TensorType(np.float32))
+  return aggregator, tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer(config), weights_type)
+
+
 def build_client_work(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     config: AlgorithmConfig,
@@ -99,12 +123,15 @@ def build_learning_process(
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     metrics_aggregator=None,
     client_work: Optional[tff.learning.templates.ClientWorkProcess] = None,
+    *,
+    mask_on_step: bool = False,
 ) -> tff.learning.templates.LearningProcess:
   """FedAvg/FedProx/FedAdam/FedYogi with `model_aggregator` in place of the weighted mean.
 
   Composed from TFF's templates as `build_weighted_fed_avg` composes it (broadcast, `build_client_work`, the
   aggregator with example-count weights, the server optimizer's finalizer); `client_work` replaces the client
-  work (e.g. the corrupted one, which wraps `build_client_work`'s).
+  work (e.g. the corrupted one, which wraps `build_client_work`'s); `mask_on_step=True` with a
+  `GradientMaskedFactory`: GMA's Algorithm 2 (`build_server_processes`).
   """
   if client_work is None:
     client_work = build_client_work(model_fn, config, metrics_aggregator)
@@ -114,11 +141,10 @@ def build_learning_process(
     return tff.learning.models.ModelWeights.from_model(model_fn())
 
   weights_type = initial_weights_fn.type_signature.result
-  aggregator = (model_aggregator or tff.aggregators.MeanFactory()).create(
-      weights_type.trainable, tff.TensorType(np.float32))
+  aggregator, finalizer = build_server_processes(config, weights_type, model_aggregator, mask_on_step=mask_on_step)
   return tff.learning.templates.compose_learning_process(
       initial_weights_fn, tff.learning.templates.build_broadcast_process(weights_type), client_work, aggregator,
-      tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer(config), weights_type))
+      finalizer)
 
 
 def build_client_results(client_work: tff.learning.templates.ClientWorkProcess) -> tff.Computation:

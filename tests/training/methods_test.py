@@ -2,7 +2,10 @@
 
 import numpy as np
 import pytest
+import tensorflow_federated as tff
 
+from tff_gma import aggregators
+from tff_gma import learning
 from tff_gma import models
 from training import simulation
 from tff_gma.data import loaders
@@ -65,3 +68,33 @@ def test_update_corruption_needs_the_fedavg_family():
     methods.check('fedavg', 'elastic', 'gaussian')
   methods.check('fedprox', 'rfa', 'omniscient')
   methods.check('scaffold', 'mean', 'data_negate')  # Data poisoning needs no cooperation of the client work.
+
+
+def test_fedadam_with_gma_is_algorithm_2():
+  """The runner's fedadam + gma is `build_gma_fed_avg` (mask on Adam's step), not the drop-in factory."""
+  data = loaders.load_federated_data('digits', 'iid', 3, 0)
+  build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
+  model_fn = models.model_fn(build_keras, data.input_spec)
+  config = simulation.AlgorithmConfig(name='fedadam', client_lr=0.05, server_lr=0.05)
+  datasets = [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
+              for c in data.train.client_ids]
+
+  def one_round(process):
+    state = process.next(simulation.seeded_initial_state(process, build_keras, 0), datasets).state
+    return process.get_model_weights(state).trainable
+
+  runner = one_round(methods.build(model_fn, 'fedadam', 'gma', algorithm_config=config).process)
+  # The corrupted runs compose the same server: with no client corrupted, the same round.
+  ids = tuple(data.train.client_ids)
+  corruptible = methods.build(model_fn, 'fedadam', 'gma', algorithm_config=config,
+                              update_corruption=methods.UpdateCorruption('gaussian', (), ids, 0))
+  corrupted_state, _ = corruptible.run_round(
+      simulation.seeded_initial_state(corruptible.process, build_keras, 0), ids, datasets, 1)
+  algorithm_2 = one_round(learning.build_gma_fed_avg(
+      model_fn, simulation.client_optimizer(config), simulation.server_optimizer(config),
+      loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR))  # The runner's client loop.
+  drop_in = one_round(simulation.build_learning_process(model_fn, config, aggregators.GradientMaskedFactory()))
+  for a, b, c in zip(runner, algorithm_2, corruptible.process.get_model_weights(corrupted_state).trainable):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # The same computation: float noise only.
+    np.testing.assert_allclose(c, b, rtol=1e-6, atol=1e-7)
+  assert max(np.max(np.abs(a - b)) for a, b in zip(runner, drop_in)) > 1e-3

@@ -15,6 +15,14 @@ when `secure=False`; only `federated_secure_sum_bitwidth` when `secure=True`, se
 learns the weighted mean, the per-coordinate sign counts and the number of clients: aggregates, never a
 client's own signs or values. With `secure=True` nothing but secure sums leaves the clients.
 
+Placement. The factory returns m * Delta, so a server optimizer that consumes it (TFF's apply-optimizer finalizer)
+sees the *masked* update: the mask sits before the server optimizer. For a plain SGD server that is the GMA
+paper's Algorithm 2 (w - lr * m * Delta either way); for an adaptive server it is not: Algorithm 2 updates the
+moments of FedAdam/FedYogi with the unmasked Delta and applies m to the final step, whereas Adam normalizes a
+masked Delta by its own (masked) second moment, which largely undoes a soft mask. For adaptive (or any stateful)
+server optimizers use `tff_gma.learning.build_gma_fed_avg`, built on `create_mean_and_mask` (the same
+aggregation, returning Delta and m separately).
+
 Participation and bad input. The agreement is over the clients that contribute to the mean: a finite update and
 a positive weight (TFF's own client work already turns a diverged client into a zero update of weight 0; such
 a client is left out of N rather than voting sign 0). A client with a NaN/Inf anywhere in its update, or a
@@ -50,14 +58,31 @@ from tff_gma.aggregators import sign_agreement
 DEFAULT_TAU = 0.4  # The GMA paper's agreement threshold.
 
 
-def _int_codes_type(value_type):
-  """The value's structure with every tensor as int32 of the same shape."""
+MEAN = 'mean'  # The fields of `create_mean_and_mask`'s result.
+MASK = 'mask'
+
+
+def _same_shapes(value_type, dtype):
+  """The value's structure with every tensor as `dtype` of the same shape."""
   return tff.to_type(tff.types.structure_from_tensor_type_tree(
-      lambda t: tff.TensorType(np.int32, t.shape), value_type))
+      lambda t: tff.TensorType(dtype, t.shape), value_type))
+
+
+def mean_and_mask_type(value_type):
+  """Type of `create_mean_and_mask`'s result: `<mean=value_type, mask=value_type's shapes as float32>`.
+
+  The mask is float32 whatever the value's dtypes: it is computed from the agreement, a float32 fraction, and cast
+  to each leaf's dtype where it is applied (`sign_agreement.apply_mask`).
+  """
+  return tff.to_type(collections.OrderedDict([(MEAN, value_type), (MASK, _same_shapes(value_type, np.float32))]))
 
 
 class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
   """Gradient Masked Averaging: the weighted mean, masked by the clients' sign agreement.
+
+  The result m * Delta is the update a server optimizer then applies: the mask is placed before the server
+  optimizer. That equals the GMA paper's Algorithm 2 only for an SGD server; for FedAdam/FedYogi (whose moments
+  Algorithm 2 updates with the unmasked Delta, masking the step) use `tff_gma.learning.build_gma_fed_avg`.
 
   Measurements (all at SERVER):
     masked_fraction: fraction of all coordinates with agreement A < tau (down-weighted or zeroed).
@@ -121,6 +146,30 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
     return self._secure
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    """The masked weighted mean m * Delta at SERVER (`create_mean_and_mask`, with the mask applied)."""
+    process = self.create_mean_and_mask(value_type, weight_type)
+
+    @tff.tensorflow.computation(mean_and_mask_type(value_type))
+    def apply_mask(mean_and_mask):
+      return sign_agreement.apply_mask(mean_and_mask[MASK], mean_and_mask[MEAN])
+
+    @tff.federated_computation(*process.next.type_signature.parameter)
+    def next_fn(state, value, weight):
+      output = process.next(state, value, weight)
+      return tff.templates.MeasuredProcessOutput(
+          output.state, tff.federated_map(apply_mask, output.result), output.measurements)
+
+    return tff.templates.AggregationProcess(process.initialize, next_fn)
+
+  def create_mean_and_mask(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    """The unmasked weighted mean and the mask, for a server that applies the mask itself (Algorithm 2).
+
+    The one implementation of GMA's aggregation (`create` applies the mask to this result): same clients,
+    secure sums, dropping, state and measurements. The result at SERVER is
+    `OrderedDict(mean=Delta, mask=m)` (`mean_and_mask_type(value_type)`): one value, because a
+    `tff.templates.AggregationProcess` hands the next stage of a composed learning process only its result
+    (see `tff_gma.learning.gma_fed_avg`).
+    """
     secure_mean.check_float_structure(value_type)
     secure_mean.check_weight_type(weight_type)
     # The clients cast their weights to float (`secure_mean.drop_invalid_clients`); the mean gets those.
@@ -136,12 +185,11 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
       codes = sign_agreement.sign_codes(value, votes)
       return value, weight, codes, (votes, 1 - keep)
 
-    @tff.tensorflow.computation(value_type, _int_codes_type(value_type), tff.TensorType(np.int32))
-    def server_mask(delta, code_sum, num_clients):
+    @tff.tensorflow.computation(_same_shapes(value_type, np.int32), tff.TensorType(np.int32))
+    def server_mask(code_sum, num_clients):
       agreement = sign_agreement.agreement(code_sum, num_clients)
-      masked = sign_agreement.apply_mask(sign_agreement.gradient_mask(agreement, tau, mask), delta)
       masked_fraction, mean_agreement = sign_agreement.mask_statistics(agreement, tau)
-      return masked, masked_fraction, mean_agreement
+      return sign_agreement.gradient_mask(agreement, tau, mask), masked_fraction, mean_agreement
 
     @tff.federated_computation(mean_process.state_type, tff.FederatedType(value_type, tff.CLIENTS),
                                tff.FederatedType(weight_type, tff.CLIENTS))
@@ -150,8 +198,8 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
       mean_output = mean_process.next(state, prepared[0], prepared[1])
       code_sum = tff.federated_secure_sum(prepared[2], sign_agreement.MAX_SIGN_CODE)
       participating, dropped = secure_mean.secure_count(prepared[3])
-      masked, masked_fraction, mean_agreement = tff.federated_map(
-          server_mask, (mean_output.result, code_sum, participating))
+      gradient_mask, masked_fraction, mean_agreement = tff.federated_map(server_mask, (code_sum, participating))
+      result = tff.federated_zip(collections.OrderedDict([(MEAN, mean_output.result), (MASK, gradient_mask)]))
       measurements = collections.OrderedDict(
           masked_fraction=masked_fraction,
           mean_agreement=mean_agreement,
@@ -159,7 +207,7 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
           dropped_clients=dropped,
           mean=mean_output.measurements,
       )
-      return tff.templates.MeasuredProcessOutput(mean_output.state, masked, tff.federated_zip(measurements))
+      return tff.templates.MeasuredProcessOutput(mean_output.state, result, tff.federated_zip(measurements))
 
     return tff.templates.AggregationProcess(mean_process.initialize, next_fn)
 

@@ -1,11 +1,15 @@
-"""Learning algorithms that need more from a client than its model update, as composed `tff.learning` processes.
+"""Learning algorithms that need more than TFF's FedAvg composition, as composed `tff.learning` processes.
 
 Each builder returns a `tff.learning.templates.LearningProcess` made with
-`tff.learning.templates.compose_learning_process` (TFF's broadcast distributor, a client work of its own, an
-aggregation process, TFF's apply-optimizer finalizer); client data reach the server only through
-`federated_mean` and the secure-sum family (metrics through the `metrics_aggregator` given, TFF's default
-`sum_then_finalize` unless told otherwise).
+`tff.learning.templates.compose_learning_process` (TFF's broadcast distributor, a client work, an aggregation
+process, a finalizer: TFF's apply-optimizer finalizer unless said otherwise); client data reach the server only
+through `federated_mean` and the secure-sum family (metrics through the `metrics_aggregator` given, TFF's
+default `sum_then_finalize` unless told otherwise).
 
+* `build_gma_fed_avg`: GMA with any server optimizer (the GMA paper's Algorithm 2: FedAvg, FedAdam, FedYogi):
+  TFF's client work, the optimizer's state updated with the unmasked weighted mean and the GMA mask applied to
+  its step (`gma_fed_avg.build_gma_finalizer`). For an SGD server it equals TFF's FedAvg with
+  `tff_gma.aggregators.GradientMaskedFactory` as `model_aggregator`, which masks before the optimizer.
 * `build_elastic_fed_avg`: FedAvg with elastic aggregation (per-parameter sensitivity; `ElasticFactory`).
 * `build_fedgma`: FedGMA, the weighted average of the client models plus a step along the AND-masked mean of
   the clients' gradients at the round's starting model (`tff_gma.aggregators.FedGMAFactory`).
@@ -22,6 +26,7 @@ from tff_gma.learning.client_lib import ClientStateOutput
 from tff_gma.learning.client_lib import LearningProcessWithClientState
 from tff_gma.learning.elastic import build_elastic_fed_avg
 from tff_gma.learning.fedgma import build_fedgma
+from tff_gma.learning.gma_fed_avg import build_gma_fed_avg
 from tff_gma.learning.personalized_rfa import build_personalized_rfa
 from tff_gma.learning.scaffold import build_scaffold
 
@@ -30,6 +35,7 @@ __all__ = [
     'LearningProcessWithClientState',
     'build_elastic_fed_avg',
     'build_fedgma',
+    'build_gma_fed_avg',
     'build_personalized_rfa',
     'build_scaffold',
 ]

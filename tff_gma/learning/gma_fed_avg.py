@@ -1,0 +1,209 @@
+"""GMA for any server optimizer (GMA paper, Algorithm 2: FedAvg, FedAdam, FedYogi) as a composed `tff.learning` process.
+
+Round t, with w the global model, s_n the client weights and Delta_n = w - w_n the client updates (TFF's sign):
+
+    Delta = sum_n s_n Delta_n / sum_n s_n                   (the unmasked weighted mean)
+    m     = the GMA mask of the clients' signs               (`tff_gma.aggregators.gradient_masked`, tau, soft|binary)
+    state', w_opt = server_optimizer(state, w, Delta)         (the moments z_t, v_t updated with the unmasked Delta)
+    w_t   = w + m * (w_opt - w)                               (for Adam/Yogi: w - eta_g * m * z_t / (sqrt(v_t) + eps))
+
+so the mask scales the optimizer's step, not its input. Masking Delta before the optimizer (what
+`GradientMaskedFactory` does as a `model_aggregator`) is the same for plain SGD, but an adaptive optimizer divides
+a masked Delta by the root of its own (masked) second moment, which largely cancels a soft mask.
+
+Pieces (each usable alone; `build_gma_fed_avg` composes them with TFF's broadcast and model-delta client work):
+
+* the aggregator, `GradientMaskedFactory.create_mean_and_mask`: GMA's one aggregation (weighted mean, secure sign
+  sums, dropping of non-finite clients, GMA's measurements) returning `OrderedDict(mean=Delta, mask=m)`;
+* the finalizer, `build_gma_finalizer`: TFF's `build_apply_optimizer_finalizer` with the mask on the step;
+* `build_gma_server_processes`: the pair, for harnesses that compose rounds themselves.
+
+How the mask travels. `compose_learning_process` hands the finalizer only the aggregator's result (its state goes
+back to the aggregator, its measurements to the metrics), so the mask rides in that result, beside the mean. The
+pair is computed from the same round's clients, costs no extra aggregation, and keeps the state, metrics and
+`get_model_weights`/`set_model_weights` of TFF's `build_weighted_fed_avg` unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_gma.aggregators import gradient_masked
+from tff_gma.learning import client_lib
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plain TF.
+
+
+def masked_optimizer_step(optimizer: tff.learning.optimizers.Optimizer, optimizer_state, weights, mean, mask):
+  """Algorithm 2's server step: `(optimizer state after seeing mean, w + m * (optimizer step of w - w))`.
+
+  The optimizer's state (its moments) is updated with the unmasked `mean`; only the weights' change is masked,
+  coordinate by coordinate, so m = 1 keeps the optimizer's step and m = 0 keeps the old weight.
+  """
+  new_state, stepped = optimizer.next(optimizer_state, weights, mean)
+  masked = tf.nest.map_structure(lambda w, s, m: w + tf.cast(m, w.dtype) * (s - w), weights, stepped, mask)
+  return new_state, masked
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Federated pieces.
+
+
+def build_gma_finalizer(
+    optimizer: tff.learning.optimizers.Optimizer,
+    model_weights_type: tff.StructWithPythonType,
+    should_reject_update: Callable[[Any, Any], Any] = tff.learning.templates.reject_non_finite_update,
+) -> tff.learning.templates.FinalizerProcess:
+  """TFF's `build_apply_optimizer_finalizer` with the GMA mask applied to the step (`masked_optimizer_step`).
+
+  `next(state, weights, update)` takes `update = OrderedDict(mean=Delta, mask=m)` (the result of
+  `GradientMaskedFactory.create_mean_and_mask`) and returns the new `ModelWeights` (non-trainable ones unchanged).
+  As TFF's finalizer: the state is the optimizer's state, `get_hparams`/`set_hparams` are the optimizer's, and
+  `should_reject_update(new_optimizer_state, Delta)` (default: TFF's rejection of a non-finite update, measured
+  as `update_non_finite`) keeps the old state and weights for a rejected round.
+
+  Args:
+    optimizer: the server's `tff.learning.optimizers.Optimizer` (fed the unmasked mean).
+    model_weights_type: the type of the model's `tff.learning.models.ModelWeights`.
+    should_reject_update: as in `tff.learning.templates.build_apply_optimizer_finalizer`.
+
+  Raises:
+    ValueError: if `optimizer` is not a `tff.learning.optimizers.Optimizer`.
+    TypeError: if `model_weights_type` is not an unplaced `ModelWeights` type.
+  """
+  client_lib.check_optimizer(optimizer, 'optimizer')
+  if (not isinstance(model_weights_type, tff.StructWithPythonType)
+      or model_weights_type.python_container is not tff.learning.models.ModelWeights):
+    raise TypeError(f'model_weights_type must be the unplaced type of tff.learning.models.ModelWeights, got '
+                    f'{model_weights_type}')
+  trainable_type = model_weights_type.trainable
+  update_type = gradient_masked.mean_and_mask_type(trainable_type)
+
+  @tff.tensorflow.computation()
+  def init_tf():
+    return optimizer.initialize(tff.types.type_to_tf_tensor_specs(trainable_type))
+
+  state_type = init_tf.type_signature.result
+
+  @tff.tensorflow.computation(state_type, trainable_type, update_type)
+  @tf.function
+  def next_tf(optimizer_state, trainable, update):
+    mean = update[gradient_masked.MEAN]
+    new_state, new_trainable = masked_optimizer_step(
+        optimizer, optimizer_state, trainable, mean, update[gradient_masked.MASK])
+    should_reject, measurements = should_reject_update(new_state, mean)
+    if should_reject:  # A tf.cond: the round leaves state and weights as they were.
+      return optimizer_state, trainable, measurements
+    return new_state, new_trainable, measurements
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_eval(init_tf, tff.SERVER)
+
+  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(model_weights_type, tff.SERVER),
+                             tff.FederatedType(update_type, tff.SERVER))
+  def next_fn(state, weights, update):
+    new_state, new_trainable, measurements = tff.federated_map(next_tf, (state, weights.trainable, update))
+    new_weights = tff.federated_zip(tff.learning.models.ModelWeights(new_trainable, weights.non_trainable))
+    return tff.templates.MeasuredProcessOutput(new_state, new_weights, measurements)
+
+  @tff.tensorflow.computation(state_type)
+  def get_hparams_fn(state):
+    return optimizer.get_hparams(state)
+
+  @tff.tensorflow.computation(state_type, get_hparams_fn.type_signature.result)
+  def set_hparams_fn(state, hparams):
+    return optimizer.set_hparams(state, hparams)
+
+  return tff.learning.templates.FinalizerProcess(
+      init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
+
+
+def build_gma_server_processes(
+    masking: gradient_masked.GradientMaskedFactory,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    model_weights_type: tff.StructWithPythonType,
+) -> tuple[tff.templates.AggregationProcess, tff.learning.templates.FinalizerProcess]:
+  """(aggregator, finalizer) of Algorithm 2, to compose in place of (model_aggregator's process, TFF's finalizer).
+
+  `masking` gives tau, the mask and the inner weighted mean (secure or not); its aggregation of the model updates
+  (weights float32, as TFF's `build_weighted_fed_avg`) returns the unmasked mean and the mask, which
+  `build_gma_finalizer` applies to `server_optimizer`'s step.
+  """
+  if not isinstance(masking, gradient_masked.GradientMaskedFactory):
+    raise ValueError(f'masking must be a tff_gma.aggregators.GradientMaskedFactory, got {masking!r}')
+  aggregator = masking.create_mean_and_mask(model_weights_type.trainable, tff.TensorType(np.float32))
+  return aggregator, build_gma_finalizer(server_optimizer, model_weights_type)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Builder.
+
+
+def build_gma_fed_avg(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    tau: float = gradient_masked.DEFAULT_TAU,
+    mask: str = 'soft',
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    metrics_aggregator=None,
+    loop_implementation: tff.learning.LoopImplementation = tff.learning.LoopImplementation.DATASET_REDUCE,
+) -> tff.learning.templates.LearningProcess:
+  """GMA with any server optimizer (Algorithm 2; module docstring), as `build_weighted_fed_avg` builds FedAvg.
+
+  Composed with `tff.learning.templates.compose_learning_process` from TFF's broadcast, TFF's model-delta client
+  work, GMA's mean-and-mask aggregator and `build_gma_finalizer`: `initialize`, `next(state, client_datasets)`,
+  `get_model_weights`, `set_model_weights`, `get_hparams`, `set_hparams`, the state and the metrics
+  (`distributor`, `client_work`, `aggregator` = GMA's measurements, `finalizer` = `update_non_finite`) are those
+  of `tff.learning.algorithms.build_weighted_fed_avg`, whose arguments this mirrors. With SGD as the server
+  optimizer it equals `build_weighted_fed_avg(..., model_aggregator=GradientMaskedFactory(tau, mask))`.
+
+  Args:
+    model_fn: no-arg callable returning a `tff.learning.models.VariableModel` (functional models: not supported).
+    client_optimizer_fn: the client's `tff.learning.optimizers.Optimizer`.
+    server_optimizer_fn: the server's `tff.learning.optimizers.Optimizer`, fed the unmasked mean (e.g.
+      `build_adam`, `build_yogi`); default SGD with learning rate 1, as TFF's FedAvg.
+    tau: GMA's agreement threshold in [0, 1] (paper: 0.4).
+    mask: 'soft' (the paper's GMA) or 'binary' (the AND-mask).
+    model_aggregator: the inner weighted-mean factory (it must return the weighted mean, zero for zero total
+      weight); default `tff_gma.aggregators.FederatedMeanFactory()`, the mean `GradientMaskedFactory` uses, so that
+      client updates leave the clients through `federated_mean` only (pass a `SecureWeightedMeanFactory` for
+      secure sums only). Not a `GradientMaskedFactory`: the mask is this builder's.
+    client_weighting: a `tff.learning.ClientWeighting` (default: number of examples).
+    metrics_aggregator: as in TFF's builders (default `tff.learning.metrics.sum_then_finalize`).
+    loop_implementation: the client work's training loop, a `tff.learning.LoopImplementation`.
+
+  Raises:
+    ValueError: for an invalid argument (the message names it).
+  """
+  client_lib.check_optimizer(client_optimizer_fn, 'client_optimizer_fn')
+  if server_optimizer_fn is None:
+    server_optimizer_fn = tff.learning.optimizers.build_sgdm(1.0)
+  client_lib.check_optimizer(server_optimizer_fn, 'server_optimizer_fn')
+  if model_aggregator is not None and (
+      not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
+      or isinstance(model_aggregator, gradient_masked.GradientMaskedFactory)):
+    raise ValueError(f'model_aggregator must be a weighted-mean tff.aggregators.WeightedAggregationFactory (the '
+                     f'mean inside GMA; tau and mask are set here), got {model_aggregator!r}')
+  if not isinstance(client_weighting, tff.learning.ClientWeighting):
+    raise ValueError(f'client_weighting must be a tff.learning.ClientWeighting, got {client_weighting!r}')
+  if not isinstance(loop_implementation, tff.learning.LoopImplementation):
+    raise ValueError(f'loop_implementation must be a tff.learning.LoopImplementation, got {loop_implementation!r}')
+  masking = gradient_masked.GradientMaskedFactory(tau=tau, mask=mask, mean_factory=model_aggregator)
+  types = client_lib.model_types(model_fn, metrics_aggregator)
+  client_work = tff.learning.templates.build_model_delta_client_work(
+      model_fn, client_optimizer_fn, client_weighting, metrics_aggregator,
+      loop_implementation=loop_implementation)
+  aggregator, finalizer = build_gma_server_processes(masking, server_optimizer_fn, types.weights_type)
+  return tff.learning.templates.compose_learning_process(
+      types.initial_weights_fn, client_lib.broadcast_process(types), client_work, aggregator, finalizer)
