@@ -1,12 +1,54 @@
-"""AVG vs GMA for FedAvg, FedProx, FedAdam and FedYogi on the embedded digits (GMA paper, Tables 2-3).
+"""The GMA study on the embedded digits: AVG vs GMA as the GMA paper measures it (Tables 2-3, 7-9, App. C-E).
 
-    python -m training.reproduce_gma [--seeds=0,1,2] [--rounds=30] [--output_dir=outputs/reproduce_gma]
+    python -m training.reproduce_gma [--stage=all|tune|final] [--settings=...] [--shard=i/n]
+        [--output_dir=outputs/gma_study]
 
-For each partition (label skew and feature skew by default), algorithm, aggregator (mean, gma) and seed, one run
-of the experiment runner (`training.experiment`, so every run has its own metrics, checkpoints and summary under
---output_dir, and an interrupted study resumes). Writes `results.md` (mean +- std over seeds of the final
-accuracy, i.e. the mean over the last 10 evaluated rounds; OOD accuracy for feature skew), `results.json` and
-`results.png`.
+Settings (`SETTINGS`; CNN unless said, 1 local epoch, batch 16, client SGD with momentum 0.9):
+* `label10`: label skew, k = 2 classes per client drawn at random (`partition.label_skew`), 10 clients, all per
+  round (the paper's 10-client rows);
+* `label50`, `label100`: the same skew, 50 and 100 clients, 10 sampled per round (the paper's sampled rows;
+  its 500-client rows do not fit the 1,438 training digits);
+* `feature10`: FedCMNIST-style feature skew (each client its own colour-label correlation), 10 clients, all per
+  round, reported on held-out OOD test clients (the paper's Table 3);
+* `dirichlet10`: Dirichlet label skew alpha = 0.1, 10 clients, all per round (FedAvg only, App. D);
+* `convex_iid`, `convex_label`: the convex experiment (App. E): logistic regression, one local step per round
+  (full-batch: one batch of up to 1,000 examples), FedAvg, iid and label skew k = 2, 10 clients.
+Methods: FedAvg, FedProx, FedAdam, FedYogi, each with AVG (`mean`) and GMA (`gma`, soft mask); FedAvg also with
+the binary AND-mask (`gma_binary`). FedAdam/FedYogi with GMA are the paper's Algorithm 2 (moments from the unmasked
+mean, mask on the step: `tff_gma.learning.build_gma_fed_avg`).
+
+Protocol (the paper's, within this machine's budget):
+1. Tuning, on a validation split: every training client holds out 20% of its examples (`--validation_fraction`);
+   the runs train on the rest and are scored on the pooled held-out examples, never on the test split. Score:
+   the best validation accuracy over the rounds (the paper's metric), seed `TUNE_SEED`. The grid, chosen
+   separately for AVG and GMA of each algorithm and setting:
+   - stage 1: client lr in `CLIENT_LRS` x server lr in `SERVER_LRS[algorithm]`, GMA at tau = 0.4 (the paper's);
+   - stage 2 (GMA only): tau in `TAUS` at the stage-1 winner's learning rates (a coordinate search: the paper's
+     full product, 4 x 5 x 9 = 180 runs per cell, does not fit).
+   Paper grid: client lr {1e-3, 1e-2, 5e-2, 1e-1}, server lr {1e-2, 1e-1, 1, 1.5, 2}, tau {0.1, ..., 0.9}.
+   Dropped for the budget: client lr 1e-3 (it does not learn in these rounds), server lr 1e-2 and 2 for SGD
+   servers and 1, 1.5, 2 for adaptive ones (an adaptive step of size 1 per coordinate diverges), tau 0.3, 0.5,
+   0.7, 0.9.
+2. Rounds: each setting runs `rounds` rounds (`SETTINGS`). Convergence rule, checked on the tuning winners'
+   validation curves: a curve has converged when its mean over the last 10 evaluated rounds is within
+   `PLATEAU_POINTS` points of its mean over the 10 before; the table marks a setting whose winners did not all
+   converge.
+3. Final runs: the winners' hyperparameters, all of each client's training examples (no validation split), seeds
+   `FINAL_SEEDS` (4, as the paper). Reported: the best test accuracy over rounds (the paper's Tables 2-3 metric)
+   and the mean of the last 10 rounds (its Tables 7-9), mean +- std over seeds, with the rounds and the winning
+   hyperparameters per cell, and GMA's mean `masked_fraction` (the share of coordinates the mask shrinks).
+
+Budget (measured on this 2-core machine, about 0.55 s per round for the 10-client CNN settings, 0.25 s for 10
+of 50/100 clients, 0.2 s for the convex ones; runs build their processes once per method): tuning 354 runs
+(9 methods x (6 stage-1 + 4 stage-2 for the 5 GMA methods) per CNN label/feature setting, 26 for dirichlet10,
+16 per convex setting), about 4.5 hours of one process; final 172 runs (43 cells x 4 seeds), about 2.2 hours.
+Run it as two processes side by side (`--shard=0/2`, `--shard=1/2`: about 4 hours of wall time on 2 cores) and
+then once without `--shard` to collect. Every cell is one run of the experiment runner into its own directory
+under `--output_dir/runs` (metrics, checkpoints, summary), so a stopped study resumes, and finished cells are read
+back from their summary.json (also from an extracted archive of them). A shard waits for the cells its later
+stages depend on (run by the other shard) and polls every 30 s.
+
+Writes `results.md` (tables, verdicts), `results.json`, `results.png` (test curves of the headline settings).
 """
 
 from __future__ import annotations
@@ -16,8 +58,11 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import dataclasses  # pylint: disable=g-import-not-at-top
-import itertools
 import json
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Optional
 
 from absl import app
 from absl import flags
@@ -26,101 +71,394 @@ import numpy as np
 
 from tff_gma import runtime
 from training import experiment
-from training import registry
+from training import reproduce_rfa
 
-_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (runs per cell).')
-_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per run.')
-_PARTITIONS = flags.DEFINE_list('partitions', ['label_skew', 'feature_skew'], 'Partitions of the digits.')
-_ALGORITHMS = flags.DEFINE_list('algorithms', ['fedavg', 'fedprox', 'fedadam', 'fedyogi'], 'Algorithms.')
-_AGGREGATORS = flags.DEFINE_list('aggregators', ['mean', 'gma'], 'Aggregators compared.')
-_MODEL = flags.DEFINE_string('model', 'cnn', 'Model.')
-_NUM_CLIENTS = flags.DEFINE_integer('num_clients', 10, 'Clients, all taking part in every round.')
-_TAU = flags.DEFINE_float('tau', registry.AggregatorParams.tau, 'GMA threshold (paper: 0.4).')
-_OUTPUT_DIR = flags.DEFINE_string('output_dir', 'outputs/reproduce_gma', 'Where runs and results go.')
+TUNE_SEED = 0
+FINAL_SEEDS = (0, 1, 2, 3)
+VALIDATION_FRACTION = 0.2
+CLIENT_LRS = (0.01, 0.05, 0.1)
+SERVER_LRS = {'fedavg': (1.0, 1.5), 'fedprox': (1.0, 1.5), 'fedadam': (0.01, 0.1), 'fedyogi': (0.01, 0.1)}
+STAGE1_TAU = 0.4  # The paper's default threshold.
+TAUS = (0.1, 0.2, 0.6, 0.8)  # Stage 2, besides STAGE1_TAU.
+PLATEAU_POINTS = 0.5
+LAST_EVALS = experiment.LAST_EVALS_FOR_FINAL  # 10: the paper's "last 10 rounds".
+ALL_METHODS = (('fedavg', 'mean'), ('fedavg', 'gma'), ('fedavg', 'gma_binary'), ('fedprox', 'mean'),
+               ('fedprox', 'gma'), ('fedadam', 'mean'), ('fedadam', 'gma'), ('fedyogi', 'mean'), ('fedyogi', 'gma'))
+FEDAVG_METHODS = ALL_METHODS[:3]
+CONVEX_METHODS = ALL_METHODS[:2]
 
-# The same learning rates for AVG and GMA of one algorithm, as the paper tunes them (App. C.4: "the same
-# combination was giving the best performance for GMA and AVG versions of the same algorithm").
-SERVER_LR = {'fedavg': 1.0, 'fedprox': 1.0, 'fedadam': 0.01, 'fedyogi': 0.01}
-CLIENT_LR = 0.05
+
+class Setting(NamedTuple):
+  label: str
+  config: dict[str, Any]  # ExperimentConfig fields.
+  methods: tuple[tuple[str, str], ...]
+  rounds: int
 
 
-def cell_config(partition: str, algorithm: str, aggregator: str, seed: int, rounds: int, model: str,
-                num_clients: int, tau: float, output_dir: str) -> experiment.ExperimentConfig:
+_CNN = dict(dataset='digits', model='cnn', local_epochs=1, batch_size=16, eval_every=1)
+_CONVEX = dict(_CNN, model='logistic', batch_size=1000)  # One full-batch step per round (<= 1,000 examples).
+SETTINGS = {
+    'label10': Setting('label skew k=2, 10 clients, 10 per round',
+                       dict(_CNN, partition='label_skew', classes_per_client=2, num_clients=10, clients_per_round=10),
+                       ALL_METHODS, 100),
+    'label50': Setting('label skew k=2, 50 clients, 10 per round',
+                       dict(_CNN, partition='label_skew', classes_per_client=2, num_clients=50, clients_per_round=10),
+                       ALL_METHODS, 150),
+    'label100': Setting('label skew k=2, 100 clients, 10 per round',
+                        dict(_CNN, partition='label_skew', classes_per_client=2, num_clients=100,
+                             clients_per_round=10), ALL_METHODS, 150),
+    'feature10': Setting('feature skew (FedCMNIST-style), 10 clients, 10 per round, OOD test clients',
+                         dict(_CNN, partition='feature_skew', num_clients=10, clients_per_round=10), ALL_METHODS, 100),
+    'dirichlet10': Setting('Dirichlet label skew alpha=0.1, 10 clients, 10 per round',
+                           dict(_CNN, partition='dirichlet', alpha=0.1, num_clients=10, clients_per_round=10),
+                           FEDAVG_METHODS, 100),
+    'convex_iid': Setting('convex: logistic, 1 local step, iid, 10 clients',
+                          dict(_CONVEX, partition='iid', num_clients=10, clients_per_round=10), CONVEX_METHODS, 100),
+    'convex_label': Setting('convex: logistic, 1 local step, label skew k=2, 10 clients',
+                            dict(_CONVEX, partition='label_skew', classes_per_client=2, num_clients=10,
+                                 clients_per_round=10), CONVEX_METHODS, 100),
+}
+HEADLINE_SETTINGS = ('label10', 'label100', 'feature10')
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  flags.DEFINE_enum('stage', 'all', ['all', 'tune', 'final'], 'Which stages to run (all: tuning, then final).')
+  flags.DEFINE_list('settings', list(SETTINGS), f'Settings (of {list(SETTINGS)}).')
+  flags.DEFINE_list('methods', [], 'Restrict to these ALGORITHM/AGGREGATOR methods (default: each setting\'s).')
+  flags.DEFINE_list('client_lrs', [str(x) for x in CLIENT_LRS], 'Tuning grid: client learning rates.')
+  flags.DEFINE_list('taus', [str(x) for x in TAUS], 'Tuning grid, stage 2: GMA thresholds besides 0.4.')
+  flags.DEFINE_list('seeds', [str(s) for s in FINAL_SEEDS], 'Seeds of the final runs.')
+  flags.DEFINE_integer('rounds', 0, 'Rounds of every run (0: each setting\'s own; a small value for a smoke test).')
+  flags.DEFINE_string('output_dir', 'outputs/gma_study', 'Where runs and results go.')
+  flags.DEFINE_string('shard', '0/1', 'i/n: run only the cells whose name hashes to i mod n, so that n processes '
+                      'share the study; a last call without --shard collects.')
+  flags.DEFINE_enum('client_execution', 'worker', ['worker', 'local'], "Where clients train (the runner's flag).")
+
+
+class Run(NamedTuple):
+  """One cell of the study: a setting, a method, hyperparameters, a seed, tuning or final."""
+  setting: str
+  algorithm: str
+  aggregator: str
+  client_lr: float
+  server_lr: float
+  tau: float
+  seed: int
+  tuning: bool
+
+  @property
+  def method(self) -> str:
+    return f'{self.algorithm}/{self.aggregator}'
+
+  @property
+  def name(self) -> str:
+    kind = 'tune' if self.tuning else 'final'
+    return (f'{self.setting}-{self.algorithm}-{self.aggregator}-clr{self.client_lr:g}-slr{self.server_lr:g}'
+            f'-tau{self.tau:g}-{kind}-seed{self.seed}')
+
+
+def is_gma(aggregator: str) -> bool:
+  return aggregator.startswith('gma')
+
+
+def run_config(run: Run, output_dir: str, rounds: Optional[int] = None,
+               client_execution: str = 'worker') -> experiment.ExperimentConfig:
+  setting = SETTINGS[run.setting]
   return experiment.ExperimentConfig(
-      dataset='digits', partition=partition, classes_per_client=2, num_clients=num_clients,
-      clients_per_round=num_clients, rounds=rounds, local_epochs=1, batch_size=16, model=model,
-      algorithm=algorithm, client_lr=CLIENT_LR, server_lr=SERVER_LR[algorithm], aggregator=aggregator, tau=tau,
-      seed=seed, output_dir=os.path.join(output_dir, f'{partition}-{algorithm}-{aggregator}-seed{seed}'))
+      **setting.config, algorithm=run.algorithm, aggregator=run.aggregator, client_lr=run.client_lr,
+      server_lr=run.server_lr, tau=run.tau, seed=run.seed, rounds=rounds or setting.rounds,
+      validation_fraction=VALIDATION_FRACTION if run.tuning else 0.0,
+      output_dir=os.path.join(output_dir, 'runs', run.name),
+      **({} if client_execution == 'worker' else {'client_execution': client_execution}))
 
 
-def summarize(results: list[dict]) -> str:
-  """Markdown table: rows algorithm x aggregator, columns partitions, cells mean +- std over seeds."""
-  partitions = list(dict.fromkeys(r['partition'] for r in results))
-  metric = lambda p: 'final_ood_accuracy' if any('final_ood_accuracy' in r for r in results
-                                                 if r['partition'] == p) else 'final_accuracy'
-  header = '| algorithm | aggregator | ' + ' | '.join(
-      f'{p} ({"OOD test" if metric(p) == "final_ood_accuracy" else "test"})' for p in partitions) + ' |'
-  lines = [header, '|---|---|' + '---|' * len(partitions)]
-  for algorithm, aggregator in dict.fromkeys((r['algorithm'], r['aggregator']) for r in results):
-    cells = []
-    for p in partitions:
-      values = [100 * r[metric(p)] for r in results
-                if (r['algorithm'], r['aggregator'], r['partition']) == (algorithm, aggregator, p)]
-      cells.append(f'{np.mean(values):.2f} +- {np.std(values):.2f} (n={len(values)})' if values else '-')
-    lines.append(f'| {algorithm} | {aggregator} | ' + ' | '.join(cells) + ' |')
+# ----------------------------------------------------------------------------------------------------------------
+# The grid, stage by stage. Each stage's runs are a function of the finished runs of the stages before.
+
+
+def stage1_runs(setting: str, methods, client_lrs) -> list[Run]:
+  return [Run(setting, algorithm, aggregator, clr, slr, STAGE1_TAU, TUNE_SEED, True)
+          for algorithm, aggregator in methods for clr in client_lrs for slr in SERVER_LRS[algorithm]]
+
+
+def stage2_runs(setting: str, algorithm: str, aggregator: str, stage1_winner: Run, taus) -> list[Run]:
+  if not is_gma(aggregator):
+    return []
+  return [stage1_winner._replace(tau=tau) for tau in taus if tau != STAGE1_TAU]
+
+
+def curve(output_dir: str, key: str) -> list[float]:
+  rows = experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
+  return [r[key] for r in rows if key in r]
+
+
+def mean_of(output_dir: str, suffix: str) -> Optional[float]:
+  """Mean over rounds of the first metrics column ending in `suffix` (e.g. GMA's masked_fraction)."""
+  rows = experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
+  keys = sorted({k for r in rows for k in r if k.endswith(suffix)})
+  values = [r[keys[0]] for r in rows if keys and keys[0] in r]
+  return float(np.mean(values)) if values else None
+
+
+def converged(values: Sequence[float]) -> bool:
+  """The convergence rule: the last 10 evaluations' mean within PLATEAU_POINTS points of the 10 before."""
+  if len(values) < 2 * LAST_EVALS:
+    return False
+  last, before = np.mean(values[-LAST_EVALS:]), np.mean(values[-2 * LAST_EVALS:-LAST_EVALS])
+  return bool(100 * (last - before) < PLATEAU_POINTS)
+
+
+class Study:
+  """The study's runs and what is known of them (finished runs read back from their directories)."""
+
+  def __init__(self, settings, methods, client_lrs, taus, seeds, output_dir, rounds=None, client_execution='worker'):
+    self.settings, self.client_lrs, self.taus, self.seeds = settings, client_lrs, taus, seeds
+    self.methods = {s: [m for m in SETTINGS[s].methods if not methods or f'{m[0]}/{m[1]}' in methods]
+                    for s in settings}
+    self.output_dir, self.rounds, self.client_execution = output_dir, rounds, client_execution
+
+  def config(self, run: Run) -> experiment.ExperimentConfig:
+    return run_config(run, self.output_dir, self.rounds, self.client_execution)
+
+  def summary(self, run: Run) -> Optional[dict[str, Any]]:
+    return reproduce_rfa.finished_summary(self.config(run))
+
+  def score(self, run: Run) -> Optional[float]:
+    summary = self.summary(run)
+    return None if summary is None else summary['best_validation_accuracy']
+
+  def winner(self, runs: list[Run]) -> Optional[Run]:
+    """The run with the best validation score; None until all of them finished. Ties: the first listed."""
+    scores = [self.score(r) for r in runs]
+    if any(s is None for s in scores):
+      return None
+    return runs[int(np.argmax(scores))]
+
+  def tuned(self, setting: str, algorithm: str, aggregator: str) -> tuple[list[Run], Optional[Run]]:
+    """(the tuning runs known so far, the chosen run or None while tuning is incomplete)."""
+    first = [r for r in stage1_runs(setting, [(algorithm, aggregator)], self.client_lrs)]
+    best = self.winner(first)
+    if best is None:
+      return first, None
+    second = stage2_runs(setting, algorithm, aggregator, best, self.taus)
+    if not second:
+      return first, best
+    final = self.winner([best] + second)
+    return first + second, final
+
+  def runnable(self, stages: str) -> tuple[list[Run], int]:
+    """(runs whose inputs are known, number of runs still blocked on unfinished earlier stages)."""
+    runs, blocked = [], 0
+    for setting in self.settings:
+      for algorithm, aggregator in self.methods[setting]:
+        tuning, chosen = self.tuned(setting, algorithm, aggregator)
+        if stages in ('all', 'tune'):
+          runs += tuning
+        if chosen is None:
+          blocked += 1
+        elif stages in ('all', 'final'):
+          runs += [chosen._replace(seed=seed, tuning=False) for seed in self.seeds]
+    return list(dict.fromkeys(runs)), blocked
+
+
+def in_shard(run: Run, shard: int, num_shards: int) -> bool:
+  return zlib.crc32(run.name.encode()) % num_shards == shard
+
+
+def run_all(study: Study, stages: str, shard: int, num_shards: int, poll_seconds: float = 30.0) -> None:
+  """Runs this shard's runs as they become runnable; returns when no run of this shard is left."""
+  started, done = time.monotonic(), 0
+  while True:
+    runs, blocked = study.runnable(stages)
+    todo = [r for r in runs if in_shard(r, shard, num_shards) and study.summary(r) is None]
+    if not todo:
+      pending = [r for r in runs if study.summary(r) is None]
+      if not blocked and not pending:
+        return
+      if num_shards == 1 and not pending:  # Blocked only on this process's own (impossible) work.
+        return
+      time.sleep(poll_seconds)  # Waiting for the other shards' runs of an earlier stage.
+      continue
+    for run in todo:
+      summary = experiment.run(study.config(run), show_progress=False).summary
+      done += 1
+      score = summary.get('best_validation_accuracy') if run.tuning else summary.get('best_accuracy')
+      print(f'[{done}, {time.monotonic() - started:.0f}s] {run.name}: best '
+            f'{"validation" if run.tuning else "test"} {100 * (score or 0):.1f}%', flush=True)
+      if not run.tuning:
+        continue
+      # A finished tuning run may make later-stage runs runnable: recompute the list.
+      break
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Results.
+
+
+def test_key(setting: str) -> str:
+  return 'ood_test/accuracy' if SETTINGS[setting].config['partition'] == 'feature_skew' else 'test/accuracy'
+
+
+def collect(study: Study) -> list[dict[str, Any]]:
+  """One record per (setting, method) whose final runs all finished."""
+  records = []
+  for setting in study.settings:
+    for algorithm, aggregator in study.methods[setting]:
+      tuning, chosen = study.tuned(setting, algorithm, aggregator)
+      if chosen is None:
+        continue
+      finals = [chosen._replace(seed=seed, tuning=False) for seed in study.seeds]
+      if any(study.summary(r) is None for r in finals):
+        continue
+      curves = [curve(study.config(r).output_dir, test_key(setting)) for r in finals]
+      winner_curve = curve(study.config(chosen).output_dir, 'validation/accuracy')
+      records.append({
+          'setting': setting, 'algorithm': algorithm, 'aggregator': aggregator,
+          'client_lr': chosen.client_lr, 'server_lr': chosen.server_lr,
+          'tau': chosen.tau if is_gma(aggregator) else None,
+          'tuning_runs': len(tuning), 'best_validation_accuracy': study.score(chosen),
+          'validation_converged': converged(winner_curve),
+          'rounds': len(curves[0]), 'seeds': list(study.seeds),
+          'best': [float(np.max(c)) for c in curves],
+          'last10': [float(np.mean(c[-LAST_EVALS:])) for c in curves],
+          'masked_fraction': (float(np.mean([mean_of(study.config(r).output_dir, 'masked_fraction') for r in finals]))
+                              if is_gma(aggregator) else None),
+          'curves': curves,
+      })
+  return records
+
+
+def _pm(values: Sequence[float]) -> str:
+  return f'{100 * np.mean(values):.2f} +- {100 * np.std(values):.2f}'
+
+
+def _cell(value: Optional[float], fmt: str) -> str:
+  return '-' if value is None else format(value, fmt)
+
+
+def table(records: list[dict[str, Any]], setting: str) -> str:
+  lines = ['| algorithm | aggregator | best test acc. % | last-10 mean % | rounds | client lr | server lr | tau | '
+           'masked fraction | validation converged |', '|---|---|---|---|---|---|---|---|---|---|']
+  for r in records:
+    if r['setting'] != setting:
+      continue
+    lines.append(
+        f"| {r['algorithm']} | {r['aggregator']} | {_pm(r['best'])} | {_pm(r['last10'])} | {r['rounds']} | "
+        f"{r['client_lr']:g} | {r['server_lr']:g} | {_cell(r['tau'], 'g')} | {_cell(r['masked_fraction'], '.3f')} | "
+        f"{'yes' if r['validation_converged'] else 'NO'} |")
   return '\n'.join(lines)
 
 
-def plot(results: list[dict], path: str) -> None:
+def gains(records: list[dict[str, Any]], metric: str = 'best') -> dict[tuple[str, str], float]:
+  """(setting, algorithm) -> GMA (soft) minus AVG, in points, mean over seeds."""
+  by = {(r['setting'], r['algorithm'], r['aggregator']): 100 * np.mean(r[metric]) for r in records}
+  return {(s, a): by[(s, a, 'gma')] - by[(s, a, 'mean')] for s, a, g in by if g == 'mean' and (s, a, 'gma') in by}
+
+
+def verdicts(records: list[dict[str, Any]]) -> list[str]:
+  """The paper's claims, each checked on the best-test-accuracy gains of GMA (soft) over AVG."""
+  gain = gains(records)
+  out = []
+  if gain:
+    wins = [k for k, v in gain.items() if v > 0]
+    listed = ', '.join(f'{s} {a} {v:+.2f}' for (s, a), v in sorted(gain.items()))
+    out.append(f'- "GMA outperforms AVG": GMA above AVG in {len(wins)} of {len(gain)} cells ({listed}); '
+               f'{"holds" if len(wins) > len(gain) / 2 else "does not hold"} (majority of cells).')
+  iid, skew = gain.get(('convex_iid', 'fedavg')), gain.get(('convex_label', 'fedavg'))
+  if iid is not None and skew is not None:
+    out.append(f'- "More so when non-iid" (convex, FedAvg): gain iid {iid:+.2f}, label skew {skew:+.2f}; '
+               f'{"holds" if skew > iid else "does not hold"}.')
+  scale = [(n, gain.get((f'label{n}', 'fedavg'))) for n in (10, 50, 100)]
+  scale = [(n, g) for n, g in scale if g is not None]
+  if len(scale) >= 2:
+    rising = all(b[1] > a[1] for a, b in zip(scale, scale[1:]))
+    out.append('- "More so with more clients" (label skew, FedAvg): gain ' +
+               ', '.join(f'{n} clients {g:+.2f}' for n, g in scale) + f'; {"holds" if rising else "does not hold"}.')
+  adaptive = {k: v for k, v in gain.items() if k[1] in ('fedadam', 'fedyogi')}
+  if adaptive:
+    wins = [k for k, v in adaptive.items() if v > 0]
+    out.append(f'- "GMA helps adaptive servers too" (Algorithm 2): GMA above AVG in {len(wins)} of {len(adaptive)} '
+               f'FedAdam/FedYogi cells; {"holds" if len(wins) > len(adaptive) / 2 else "does not hold"}.')
+  same = [(r['setting'], r['algorithm']) for r in records if r['aggregator'] == 'gma' and any(
+      m['aggregator'] == 'mean' and (m['setting'], m['algorithm']) == (r['setting'], r['algorithm'])
+      and (m['client_lr'], m['server_lr']) == (r['client_lr'], r['server_lr']) for m in records)]
+  if gain:
+    out.append(f'- The same learning rates won for AVG and GMA (as the paper reports) in {len(same)} of {len(gain)} '
+               f'cells' + (f" ({', '.join(f'{s} {a}' for s, a in same)})" if same else '') + '.')
+  return out
+
+
+def plot(records: list[dict[str, Any]], path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  partitions = list(dict.fromkeys(r['partition'] for r in results))
-  fig, axes = plt.subplots(1, len(partitions), figsize=(5 * len(partitions), 3.5), squeeze=False)
-  for ax, p in zip(axes[0], partitions):
-    cells = list(dict.fromkeys((r['algorithm'], r['aggregator']) for r in results if r['partition'] == p))
-    key = 'final_ood_accuracy' if any('final_ood_accuracy' in r for r in results if r['partition'] == p) \
-        else 'final_accuracy'
-    means = [np.mean([r[key] for r in results if (r['algorithm'], r['aggregator'], r['partition']) == (*c, p)])
-             for c in cells]
-    stds = [np.std([r[key] for r in results if (r['algorithm'], r['aggregator'], r['partition']) == (*c, p)])
-            for c in cells]
-    ax.bar(range(len(cells)), means, yerr=stds, color=['C0' if c[1] == 'mean' else 'C1' for c in cells])
-    ax.set_xticks(range(len(cells)), [f'{a}\n{g}' for a, g in cells], fontsize=7)
-    ax.set_ylabel('OOD accuracy' if key == 'final_ood_accuracy' else 'test accuracy')
-    ax.set_title(f'digits, {p}')
-    ax.set_ylim(0, 1)
+  settings = [s for s in dict.fromkeys(r['setting'] for r in records) if s in HEADLINE_SETTINGS] or list(
+      dict.fromkeys(r['setting'] for r in records))[:3]
+  if not settings:
+    return
+  fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 3.6), squeeze=False)
+  for ax, setting in zip(axes[0], settings):
+    for r in records:
+      if r['setting'] != setting or r['algorithm'] not in ('fedavg', 'fedyogi'):
+        continue
+      length = min(len(c) for c in r['curves'])
+      mean = 100 * np.mean([c[:length] for c in r['curves']], axis=0)
+      ax.plot(np.arange(1, length + 1), mean, label=f"{r['algorithm']} {r['aggregator']}",
+              linestyle='-' if r['aggregator'] == 'mean' else '--')
+    ax.set_title(SETTINGS[setting].label, fontsize=8)
+    ax.set_xlabel('round')
+    ax.set_ylabel('OOD test accuracy %' if test_key(setting).startswith('ood') else 'test accuracy %')
+    ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
+def write_results(study: Study, records: list[dict[str, Any]]) -> str:
+  text = [f'GMA study on the embedded digits (`training.reproduce_gma`). Tuning: best validation accuracy '
+          f'(20% of each client held out), seed {TUNE_SEED}, client lr {list(study.client_lrs)} x server lr '
+          f'{SERVER_LRS}, then tau {sorted(set(study.taus) | {STAGE1_TAU})} for GMA; final runs: seeds '
+          f'{list(study.seeds)} on all training examples. Accuracy % mean +- std over seeds; "best" = best test '
+          f'accuracy over rounds (the paper\'s metric), "last-10" = mean of the last 10 rounds.', '']
+  for setting in study.settings:
+    if any(r['setting'] == setting for r in records):
+      text += [f'**{setting}: {SETTINGS[setting].label}**', '', table(records, setting), '']
+  text += ['**The paper\'s claims here**', ''] + verdicts(records)
+  report = '\n'.join(text) + '\n'
+  os.makedirs(study.output_dir, exist_ok=True)
+  with open(os.path.join(study.output_dir, 'results.md'), 'w') as f:
+    f.write(report)
+  with open(os.path.join(study.output_dir, 'results.json'), 'w') as f:
+    json.dump([{k: v for k, v in r.items() if k != 'curves'} for r in records], f, indent=1)
+  plot(records, os.path.join(study.output_dir, 'results.png'))
+  return report
+
+
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
+  try:
+    for name in FLAGS.settings:
+      if name not in SETTINGS:
+        raise ValueError(f'settings: unknown setting {name!r}; expected some of {list(SETTINGS)}')
+    shard, num_shards = reproduce_rfa.parse_shard(FLAGS.shard)
+    study = Study(FLAGS.settings, FLAGS.methods, [float(x) for x in FLAGS.client_lrs],
+                  [float(x) for x in FLAGS.taus], [int(s) for s in FLAGS.seeds], FLAGS.output_dir,
+                  FLAGS.rounds or None, FLAGS.client_execution)
+    for setting in study.settings:  # Every setting is checked before anything runs.
+      for run in stage1_runs(setting, study.methods[setting], study.client_lrs):
+        study.config(run).validate()
+  except ValueError as e:
+    raise app.UsageError(f'invalid study settings: {e}') from e
   runtime.set_simulation_context()
-  results = []
-  seeds = [int(s) for s in _SEEDS.value]
-  cells = list(itertools.product(_PARTITIONS.value, _ALGORITHMS.value, _AGGREGATORS.value, seeds))
-  for i, (partition, algorithm, aggregator, seed) in enumerate(cells, 1):
-    config = cell_config(partition, algorithm, aggregator, seed, _ROUNDS.value, _MODEL.value, _NUM_CLIENTS.value,
-                         _TAU.value, _OUTPUT_DIR.value)
-    print(f'[{i}/{len(cells)}] {partition} {algorithm} {aggregator} seed {seed}', flush=True)
-    summary = experiment.run(config, show_progress=False).summary
-    results.append({'partition': partition, 'algorithm': algorithm, 'aggregator': aggregator, 'seed': seed,
-                    **{k: v for k, v in summary.items() if k.startswith('final_') or k == 'best_accuracy'}})
-  table = summarize(results)
-  os.makedirs(_OUTPUT_DIR.value, exist_ok=True)
-  with open(os.path.join(_OUTPUT_DIR.value, 'results.md'), 'w') as f:
-    f.write(f'Digits, {_NUM_CLIENTS.value} clients (full participation), {_MODEL.value}, {_ROUNDS.value} rounds, '
-            f'seeds {seeds}, tau {_TAU.value}; final accuracy (%) = mean over the last 10 evaluated rounds.\n\n')
-    f.write(table + '\n')
-  with open(os.path.join(_OUTPUT_DIR.value, 'results.json'), 'w') as f:
-    json.dump(results, f, indent=2)
-  plot(results, os.path.join(_OUTPUT_DIR.value, 'results.png'))
-  print(table)
-  print(f'Results: {os.path.abspath(_OUTPUT_DIR.value)}/results.md')
+  run_all(study, FLAGS.stage, shard, num_shards)
+  print(write_results(study, collect(study)))
+  print(f'Results: {os.path.abspath(study.output_dir)}/results.md')
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)
