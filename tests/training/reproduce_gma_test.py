@@ -1,26 +1,124 @@
-"""The reproduction scripts run end to end (at toy size) and write their tables and figures."""
+"""The GMA study: its grid, tuning and convergence rules, verdicts, and a tiny grid end to end (two shards)."""
 
-import tests
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
+import tests
+from training import reproduce_gma
+
 _ROOT = tests.ROOT
 
 
-def test_reproduce_gma_script_runs(tmp_path):
+def test_tuning_runs_hold_out_a_validation_split_and_final_runs_do_not():
+  run = reproduce_gma.Run('label100', 'fedadam', 'gma', 0.05, 0.01, 0.4, 0, True)
+  tuning = reproduce_gma.run_config(run, '/tmp/study')
+  assert tuning.validation_fraction == reproduce_gma.VALIDATION_FRACTION > 0
+  assert (tuning.partition, tuning.num_clients, tuning.clients_per_round, tuning.classes_per_client) == (
+      'label_skew', 100, 10, 2)
+  final = reproduce_gma.run_config(run._replace(tuning=False, seed=3), '/tmp/study')
+  assert final.validation_fraction == 0 and final.seed == 3
+  assert final.output_dir != tuning.output_dir and final.rounds == tuning.rounds == 150
+  for setting in reproduce_gma.SETTINGS:
+    for algorithm, aggregator in reproduce_gma.SETTINGS[setting].methods:
+      reproduce_gma.run_config(run._replace(setting=setting, algorithm=algorithm, aggregator=aggregator),
+                               '/tmp/study').validate()
+
+
+def test_stage_two_tunes_tau_for_gma_only_at_the_stage_one_winner():
+  winner = reproduce_gma.Run('label10', 'fedavg', 'gma', 0.1, 1.5, 0.4, 0, True)
+  second = reproduce_gma.stage2_runs('label10', 'fedavg', 'gma', winner, (0.1, 0.4, 0.8))
+  assert [(r.client_lr, r.server_lr, r.tau) for r in second] == [(0.1, 1.5, 0.1), (0.1, 1.5, 0.8)]
+  assert reproduce_gma.stage2_runs('label10', 'fedavg', 'mean', winner._replace(aggregator='mean'), (0.1,)) == []
+  first = reproduce_gma.stage1_runs('label10', [('fedyogi', 'mean')], (0.01, 0.1))
+  assert {(r.client_lr, r.server_lr) for r in first} == {(0.01, 0.01), (0.01, 0.1), (0.1, 0.01), (0.1, 0.1)}
+
+
+def test_the_winner_is_the_best_validation_score_once_every_run_finished(tmp_path):
+  study = reproduce_gma.Study(['label10'], [], (0.01, 0.05), (0.2,), (0,), str(tmp_path))
+  runs = reproduce_gma.stage1_runs('label10', [('fedavg', 'mean')], (0.01, 0.05))
+  assert study.winner(runs) is None  # Nothing finished.
+  for run, score in zip(runs, [0.5, 0.9, 0.7, 0.9]):  # A tie goes to the first listed.
+    config = study.config(run)
+    os.makedirs(config.output_dir)
+    with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+      json.dump({'best_validation_accuracy': score, 'rounds_completed': config.rounds,
+                 'config': dataclasses.asdict(config)}, f)
+  assert study.winner(runs) == runs[1]
+  assert study.winner(runs[:1] + [runs[0]._replace(client_lr=0.3)]) is None  # One unfinished run: no winner.
+
+
+def test_convergence_rule():
+  assert not reproduce_gma.converged([0.5] * 19)  # Too short to tell.
+  assert reproduce_gma.converged([0.90] * 10 + [0.904] * 10)  # +0.4 points: a plateau.
+  assert not reproduce_gma.converged([0.80] * 10 + [0.82] * 10)  # +2 points: still rising.
+  assert reproduce_gma.converged(list(np.linspace(0.1, 0.9, 30)) + [0.9] * 20)
+
+
+def _record(setting, algorithm, aggregator, best, lr=(0.05, 1.0)):
+  return {'setting': setting, 'algorithm': algorithm, 'aggregator': aggregator, 'best': [best], 'last10': [best],
+          'client_lr': lr[0], 'server_lr': lr[1], 'tau': 0.4 if aggregator != 'mean' else None,
+          'masked_fraction': None, 'validation_converged': True, 'rounds': 100}
+
+
+def test_verdicts_follow_the_gains():
+  records = [
+      _record('label10', 'fedavg', 'mean', 0.90), _record('label10', 'fedavg', 'gma', 0.91),
+      _record('label100', 'fedavg', 'mean', 0.80), _record('label100', 'fedavg', 'gma', 0.85),
+      _record('label10', 'fedadam', 'mean', 0.92), _record('label10', 'fedadam', 'gma', 0.90, lr=(0.1, 0.01)),
+      _record('convex_iid', 'fedavg', 'mean', 0.90), _record('convex_iid', 'fedavg', 'gma', 0.90),
+      _record('convex_label', 'fedavg', 'mean', 0.70), _record('convex_label', 'fedavg', 'gma', 0.69),
+  ]
+  gains = reproduce_gma.gains(records)
+  assert gains[('label100', 'fedavg')] == pytest.approx(5.0)
+  assert gains[('label10', 'fedadam')] == pytest.approx(-2.0)
+  text = '\n'.join(reproduce_gma.verdicts(records))
+  assert 'GMA above AVG in 2 of 5 cells' in text and 'does not hold (majority' in text
+  assert 'gain iid +0.00, label skew -1.00; does not hold' in text
+  assert '10 clients +1.00, 100 clients +5.00; holds' in text
+  assert 'in 0 of 1 FedAdam/FedYogi cells; does not hold' in text
+  assert 'in 4 of 5 cells' in text  # The same learning rates won for AVG and GMA, except FedAdam.
+
+
+def test_tiny_study_end_to_end_in_two_shards(tmp_path):
+  """Two shards side by side (each waits for the other's stage-1 runs), then a collecting call reads them back."""
   out = tmp_path / 'gma'
+  args = ['--settings=label10,feature10', '--methods=fedavg/mean,fedadam/gma', '--rounds=2', '--client_lrs=0.05',
+          '--taus=0.2', '--seeds=0,1', f'--output_dir={out}']
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.run(
-      ['bash', os.path.join(_ROOT, 'scripts', 'reproduce_gma.sh'), '--seeds=0,1', '--rounds=1',
-       '--partitions=label_skew,feature_skew', '--algorithms=fedavg', '--aggregators=mean,gma', '--model=logistic',
-       '--num_clients=4', f'--output_dir={out}'],
-      cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  script = os.path.join(_ROOT, 'scripts', 'reproduce_gma.sh')
+  shards = [subprocess.Popen(['bash', script, *args, f'--shard={i}/2'], cwd=_ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for i in range(2)]
+  for proc in shards:
+    _, stderr = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, stderr[-3000:]
+  # Per setting: mean 2 stage-1 runs (server lr 1, 1.5 for FedAvg); GMA 2 stage-1 (FedAdam server lr) + 1 tau;
+  # finals: 2 methods x 2 seeds.
+  assert len(os.listdir(out / 'runs')) == 2 * (2 + 3 + 4)
+  collect = subprocess.run(['bash', script, *args], cwd=_ROOT, env=env, capture_output=True, text=True,
+                           timeout=600, stdin=subprocess.DEVNULL)
+  assert collect.returncode == 0, collect.stderr[-3000:]
+  assert '] label10' not in collect.stdout  # Nothing ran again: every cell was read back.
   results = json.loads((out / 'results.json').read_text())
-  assert len(results) == 2 * 2 * 2  # partitions x aggregators x seeds
-  assert all('final_ood_accuracy' in r for r in results if r['partition'] == 'feature_skew')
-  table = (out / 'results.md').read_text()
-  assert '| fedavg | gma |' in table and 'feature_skew (OOD test)' in table and '(n=2)' in table
+  assert {(r['setting'], r['algorithm'], r['aggregator']) for r in results} == {
+      (s, a, g) for s in ('label10', 'feature10') for a, g in (('fedavg', 'mean'), ('fedadam', 'gma'))}
+  for r in results:
+    assert len(r['best']) == len(r['last10']) == 2 and r['rounds'] == 2
+    assert all(b >= l for b, l in zip(r['best'], r['last10']))  # Best over rounds >= mean of the last ones.
+    assert (r['tau'] in (0.2, 0.4)) == (r['aggregator'] == 'gma')
+    assert (r['masked_fraction'] is not None) == (r['aggregator'] == 'gma')
+  report = (out / 'results.md').read_text()
+  assert '**feature10:' in report and '| fedadam | gma |' in report and "The paper's claims here" in report
   assert (out / 'results.png').stat().st_size > 1000
+
+
+def test_invalid_settings_fail_with_one_line(tmp_path):
+  proc = subprocess.run([sys.executable, '-m', 'training.reproduce_gma', '--settings=label7',
+                         f'--output_dir={tmp_path / "x"}'], cwd=_ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0 and 'unknown setting' in proc.stderr and 'Traceback' not in proc.stderr
+  assert not (tmp_path / 'x').exists()
