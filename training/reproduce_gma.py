@@ -27,8 +27,8 @@ Protocol (the paper's, within this machine's budget):
      full product, 4 x 5 x 9 = 180 runs per cell, does not fit).
    Paper grid: client lr {1e-3, 1e-2, 5e-2, 1e-1}, server lr {1e-2, 1e-1, 1, 1.5, 2}, tau {0.1, ..., 0.9}.
    Dropped for the budget: client lr 1e-3 (it does not learn in these rounds), server lr 1e-2 and 2 for SGD
-   servers and 1, 1.5, 2 for adaptive ones (an adaptive step of size 1 per coordinate diverges), tau 0.3, 0.5,
-   0.7, 0.9.
+   servers and 1, 1.5, 2 for adaptive ones (an adaptive step of size 1 per coordinate diverges), tau 0.1, 0.3,
+   0.5, 0.7, 0.8, 0.9 (GMA is tuned over tau in {0.2, 0.4, 0.6}).
 2. Rounds: each setting runs `rounds` rounds (`SETTINGS`). Convergence rule, checked on the tuning winners'
    validation curves: a curve has converged when its mean over the last 10 evaluated rounds is within
    `PLATEAU_POINTS` points of its mean over the 10 before; the table marks a setting whose winners did not all
@@ -38,12 +38,14 @@ Protocol (the paper's, within this machine's budget):
    and the mean of the last 10 rounds (its Tables 7-9), mean +- std over seeds, with the rounds and the winning
    hyperparameters per cell, and GMA's mean `masked_fraction` (the share of coordinates the mask shrinks).
 
-Budget (measured on this 2-core machine, about 0.55 s per round for the 10-client CNN settings, 0.25 s for 10
-of 50/100 clients, 0.2 s for the convex ones; runs build their processes once per method): tuning 354 runs
-(9 methods x (6 stage-1 + 4 stage-2 for the 5 GMA methods) per CNN label/feature setting, 26 for dirichlet10,
-16 per convex setting), about 4.5 hours of one process; final 172 runs (43 cells x 4 seeds), about 2.2 hours.
-Run it as two processes side by side (`--shard=0/2`, `--shard=1/2`: about 4 hours of wall time on 2 cores) and
-then once without `--shard` to collect. Every cell is one run of the experiment runner into its own directory
+Budget (measured on this 2-core machine with two shards side by side: about 1 s per round and shard for the
+10-client CNN settings, 100 rounds; the 10-of-50/100 and convex rounds are several times cheaper): tuning 306 runs
+(per CNN label/feature setting 9 methods: 6 stage-1 runs each, plus 2 stage-2 runs for each of the 5 GMA
+methods = 64; 22 for dirichlet10, 14 per convex setting), final 172 runs (43 cells x 4 seeds), about 60,000
+rounds in all: 6-7 hours of wall time as two shards (`--shard=0/2`, `--shard=1/2` side by side), then once
+without `--shard` to collect. That spans several sessions here: stop the shards at any time (a stopped run
+resumes from its checkpoint), keep the finished cells (`summary.json`, `metrics.csv`, `config.json` of each run
+directory: enough to read them back), and start the shards again. Every cell is one run of the experiment runner into its own directory
 under `--output_dir/runs` (metrics, checkpoints, summary), so a stopped study resumes, and finished cells are read
 back from their summary.json (also from an extracted archive of them). A shard waits for the cells its later
 stages depend on (run by the other shard) and polls every 30 s.
@@ -79,7 +81,7 @@ VALIDATION_FRACTION = 0.2
 CLIENT_LRS = (0.01, 0.05, 0.1)
 SERVER_LRS = {'fedavg': (1.0, 1.5), 'fedprox': (1.0, 1.5), 'fedadam': (0.01, 0.1), 'fedyogi': (0.01, 0.1)}
 STAGE1_TAU = 0.4  # The paper's default threshold.
-TAUS = (0.1, 0.2, 0.6, 0.8)  # Stage 2, besides STAGE1_TAU.
+TAUS = (0.2, 0.6)  # Stage 2, besides STAGE1_TAU.
 PLATEAU_POINTS = 0.5
 LAST_EVALS = experiment.LAST_EVALS_FOR_FINAL  # 10: the paper's "last 10 rounds".
 ALL_METHODS = (('fedavg', 'mean'), ('fedavg', 'gma'), ('fedavg', 'gma_binary'), ('fedprox', 'mean'),
