@@ -1,6 +1,6 @@
 """The demo: one federated setup on the embedded digits, trained with plain averaging and every aggregator.
 
-    python -m training.demo [--rounds=25] [--output_dir=outputs/demo]
+    python -m training.demo [--rounds=25] [--output_dir=outputs/demo] [--client_execution=local]
 
 Prints a progress bar per aggregator, then a comparison table, and writes per-round metrics (CSV), a
 summary (JSON) and the table (Markdown) into a fresh timestamped folder under --output_dir.
@@ -27,6 +27,7 @@ import tensorflow as tf
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import digits
+from training import client_execution
 from training import evaluation
 from training import methods
 from training import progress
@@ -39,6 +40,10 @@ _MODEL = flags.DEFINE_enum('model', 'cnn', ['cnn', 'logistic', 'lenet'], 'Keras 
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for the partition, the model init and the client data order.')
 _AGGREGATORS = flags.DEFINE_list('aggregators', None, 'Methods to compare (training.methods.resolve names: an '
                                  'aggregator, a composed algorithm, or ALGORITHM/AGGREGATOR; default: the project\'s).')
+_CLIENT_EXECUTION = flags.DEFINE_enum(
+    'client_execution', client_execution.WORKER, list(client_execution.MODES),
+    'Where clients train: worker (the TFF worker) or local (this process\'s TensorFlow, its GPU if any; FedAvg '
+    'family only: by default the methods that cannot are left out).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'outputs/demo', 'Where a timestamped run folder is written.')
 
 # The project's private aggregators and methods (the non-private robust baselines of the RFA study are left out:
@@ -48,9 +53,19 @@ _CONFIG = simulation.AlgorithmConfig(name='fedavg', client_lr=0.05, server_lr=1.
 _LOCAL_EPOCHS, _BATCH_SIZE = 1, 16
 
 
-def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int, seed: int):
+def runs_in(name: str, mode: str) -> bool:
+  """Whether method `name` can train with `--client_execution=mode`."""
+  try:
+    methods.check(*methods.resolve(name), client_execution=mode)
+  except ValueError:
+    return False
+  return True
+
+
+def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int, seed: int,
+            mode: str = client_execution.WORKER):
   method = methods.build(model_fn, *methods.resolve(name), algorithm_config=_CONFIG,
-                         num_clients=len(train_data.client_ids))
+                         num_clients=len(train_data.client_ids), client_execution=mode)
   process = method.process
   state = simulation.seeded_initial_state(process, build_keras, seed)  # Same start for every method.
   bar = progress.RoundProgress(rounds, label=name)
@@ -67,18 +82,23 @@ def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int
     row.update(simulation.flatten_metrics(metrics))
     rows.append(row)
     bar.update(round_num, acc=row['test/accuracy'])
-  return rows
+  return rows, method.client_devices()
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  names = _AGGREGATORS.value or list(DEFAULT_METHODS)
+  mode = _CLIENT_EXECUTION.value
+  names = _AGGREGATORS.value or [m for m in DEFAULT_METHODS if runs_in(m, mode)]
   for name in names:
     try:
-      methods.resolve(name)
+      methods.check(*methods.resolve(name), client_execution=mode)
     except ValueError as e:
       raise app.UsageError(f'--aggregators: {e}') from None
+  left_out = [] if _AGGREGATORS.value else [m for m in DEFAULT_METHODS if m not in names]
+  if left_out:
+    print(f'--client_execution={mode}: leaving out {", ".join(left_out)} (their client work runs only in the TFF '
+          f'worker)')
   runtime.set_simulation_context()
   data = digits.federated_data(_PARTITION.value, _NUM_CLIENTS.value, _SEED.value)
   train_data = data.train
@@ -95,7 +115,7 @@ def main(argv):
   summary = {}
   for name in names:
     start = time.monotonic()
-    rows = run_one(name, train_data, evaluator, build_keras, model_fn, _ROUNDS.value, _SEED.value)
+    rows, devices = run_one(name, train_data, evaluator, build_keras, model_fn, _ROUNDS.value, _SEED.value, mode)
     accuracy = [r['test/accuracy'] for r in rows]
     summary[name] = {
         'description': methods.METHOD_DESCRIPTIONS.get(name, name),
@@ -103,6 +123,7 @@ def main(argv):
         'best_accuracy': float(np.max(accuracy)),
         'final_loss': rows[-1]['test/loss'],
         'seconds': time.monotonic() - start,
+        'client_devices': devices,  # Where its clients trained.
     }
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k != 'round', k))
     with open(os.path.join(out_dir, f'metrics_{name.replace("/", "-")}.csv'), 'w', newline='') as f:

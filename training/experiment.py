@@ -7,8 +7,9 @@ writes into `config.output_dir`:
   process's metrics, the aggregator's measurements, and the evaluations of the rounds that evaluate;
 * TensorBoard event files (`tff.program.TensorBoardReleaseManager`) under `tensorboard/`;
 * `checkpoints/`: the learning-process state after every round (`tff.program.FileProgramStateManager`);
-* `summary.json`: final accuracy (mean over the last 10 evaluated rounds), best accuracy, rounds completed, the
-  full resolved configuration;
+* `summary.json`: final accuracy (mean over the last 10 evaluated rounds), best accuracy, rounds completed, where
+  the clients trained (`client_execution`, and `client_devices`: this process's TensorFlow devices in `local`
+  mode, the TFF worker's CPU in `worker` mode), the full resolved configuration;
 * `accuracy.png`: test accuracy against rounds.
 
 Rerunning with the same output directory resumes after the last saved round (a larger `rounds` continues).
@@ -135,6 +136,9 @@ class ExperimentConfig:
   rfa_weight_bound: Optional[float] = None  # Simulation-only audit: warn when b_i / sum b exceeds this.
   membership_inference: bool = False  # Attack the final model (GMA paper App. F); writes membership.json.
   validation_fraction: float = 0.0  # > 0: tune on this held-out share of each client's data; no test evaluation.
+  # 'worker': clients train in the TFF worker (CPU only); 'local': in this process's TensorFlow (GPU where there
+  # is one), the aggregation in the worker (`training.client_execution`).
+  client_execution: str = 'worker'
 
   def algorithm_config(self) -> simulation.AlgorithmConfig:
     # The composed algorithms (FedGMA, SCAFFOLD, personalized RFA) use FedAvg's client and server optimizers.
@@ -167,7 +171,7 @@ class ExperimentConfig:
     loaders.check_config(self.dataset, self.partition)
     if self.model not in models.MODELS:
       raise ConfigError(f'model: unknown model {self.model!r}; expected one of {models.MODELS}')
-    methods.check(self.algorithm, self.aggregator, self.corruption)
+    methods.check(self.algorithm, self.aggregator, self.corruption, self.client_execution, self.workers)
     if self.workers is not None:
       targets = [t for t in self.workers.split(',') if t]
       host_port = lambda t: t.rpartition(':')[0] and t.rpartition(':')[2].isdigit()
@@ -329,7 +333,8 @@ def build_setup(config: ExperimentConfig) -> Setup:
       aggregator_params=config.aggregator_params(), num_clients=config.num_clients,
       metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None,
       update_corruption=update_corruption, held_out=held_out,
-      cache_key=(config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id))
+      cache_key=(config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id),
+      client_execution=config.client_execution)
   eval_x, eval_y = validation if validation is not None else (data.test_x, data.test_y)
   evaluator = evaluation.CentralEvaluator(build_keras, eval_x, eval_y, pad_id=data.pad_id)
   return Setup(data, build_keras, model_fn, method, evaluator, corrupted, validation)
@@ -563,6 +568,9 @@ def _run_locked(config: ExperimentConfig, show_progress: bool,
       'best_accuracy': float(np.max(accuracy)) if accuracy else None,
       'rounds_completed': int(max((r['round'] for r in rows), default=0)),
       'seconds_this_run': time.monotonic() - started,
+      # Where this run's client training ran: TensorFlow devices of this process (local), or the TFF worker's CPU.
+      'client_execution': setup.method.client_execution,
+      'client_devices': setup.method.client_devices(),
       'config': dataclasses.asdict(config),
   }
   if setup.validation is not None:  # A tuning run: no test accuracy (final/best_accuracy stay None).

@@ -17,6 +17,11 @@ What is behind it:
   FedYogi server optimizers), FedGMA (`--algorithm=fedgma`), SCAFFOLD (`--algorithm=scaffold`) and personalized
   RFA (`--algorithm=personalized`); the last two keep client state (`training.client_state`).
 
+Where the clients train (`build(..., client_execution=...)`, the runner's `--client_execution`): `worker` (default)
+runs the whole round in the TFF worker; `local` runs the FedAvg family's client work in this process's TensorFlow
+(its GPUs where there are any) and the rest of the round in the worker (`training.client_execution`), from the same
+`simulation.Components`; the composed methods and the update corruptions are refused there (`check`).
+
 Adding an aggregator is one entry in `training.registry` (plus its module and test); adding an algorithm is one
 branch of `_build_process` here.
 """
@@ -35,6 +40,7 @@ from tff_gma import aggregators
 from tff_gma import learning
 from tff_gma.learning import elastic as elastic_learning
 from tff_gma.learning import fedgma as fedgma_learning
+from training import client_execution as client_execution_lib
 from training import client_state
 from training import corruption as corruption_lib
 from training import evaluation
@@ -88,8 +94,9 @@ def resolve(name: str) -> tuple[str, str]:
   return algorithm, aggregator
 
 
-def check(algorithm: str, aggregator: str, corruption: str = corruption_lib.NONE) -> None:
-  """Raises ValueError naming the flag when the combination does not exist."""
+def check(algorithm: str, aggregator: str, corruption: str = corruption_lib.NONE,
+          client_execution: str = client_execution_lib.WORKER, workers: Optional[str] = None) -> None:
+  """Raises ValueError naming the flag when the combination does not exist (or cannot run in that mode)."""
   if algorithm not in ALGORITHMS:
     raise ValueError(f'algorithm: unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}')
   if aggregator not in AGGREGATORS:
@@ -100,6 +107,8 @@ def check(algorithm: str, aggregator: str, corruption: str = corruption_lib.NONE
       algorithm not in simulation.ALGORITHMS or aggregator in PROCESS_AGGREGATORS):
     raise ValueError(f'corruption: {corruption} corrupts the client work of fedavg, fedprox, fedadam and fedyogi '
                      f'with a model aggregator, not algorithm={algorithm!r}, aggregator={aggregator!r}')
+  client_execution_lib.check(client_execution, algorithm=algorithm, aggregator=aggregator, corruption=corruption,
+                             workers=workers, composed=aggregator in PROCESS_AGGREGATORS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +126,11 @@ class Method:
   def __init__(self, process: tff.learning.templates.LearningProcess,
                round_fn: Optional[Callable[..., tuple[Any, Any]]] = None,
                store: Optional[client_state.ClientStateStore] = None,
-               held_out: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None):
+               held_out: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None,
+               local_round: Optional[client_execution_lib.LocalRound] = None):
     self.process = process
-    self._round_fn = round_fn
+    self._local_round = local_round
+    self._round_fn = round_fn if local_round is None else local_round.run_round
     self.client_state = store  # Values the clients keep between rounds (SCAFFOLD's c_i, personalized v_k).
     self._held_out = dict(held_out or {})
 
@@ -131,6 +142,17 @@ class Method:
       return self.client_state.run_round(self.process, state, client_ids, datasets)
     output = self.process.next(state, list(datasets))
     return output.state, output.metrics
+
+  @property
+  def client_execution(self) -> str:
+    """Where the clients train: `worker` (in the TFF worker) or `local` (in this process)."""
+    return client_execution_lib.WORKER if self._local_round is None else client_execution_lib.LOCAL
+
+  def client_devices(self) -> list[str]:
+    """Where the clients' training ran: the TensorFlow devices in `local` mode, the TFF worker's CPU otherwise."""
+    if self._local_round is None:
+      return list(client_execution_lib.WORKER_DEVICES)
+    return self._local_round.client_devices()
 
   def checkpoint_client_state(self, directory: str, round_num: int) -> None:
     """Saves what clients keep as of `round_num` (call before the round's server checkpoint)."""
@@ -168,6 +190,7 @@ def build(
     update_corruption: Optional[UpdateCorruption] = None,
     held_out: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None,
     cache_key: Optional[tuple] = None,
+    client_execution: str = client_execution_lib.WORKER,
 ) -> Method:
   """The method `algorithm` x `aggregator` (names as the runner's flags).
 
@@ -183,22 +206,29 @@ def build(
     held_out: personalized RFA: each client's held-out examples for `evaluate_clients`.
     cache_key: what else defines `model_fn`'s model (data set, model name, input shape...); with it, the built
       process is reused by later calls with the same settings.
+    client_execution: `worker` (default): the whole round runs in the TFF worker; `local`: the clients train in
+      this process's TensorFlow (a GPU where there is one) and the rest of the round runs in the worker
+      (`training.client_execution`; FedAvg family only).
   """
-  check(algorithm, aggregator, update_corruption.kind if update_corruption else corruption_lib.NONE)
+  check(algorithm, aggregator, update_corruption.kind if update_corruption else corruption_lib.NONE,
+        client_execution)
   config = algorithm_config or simulation.AlgorithmConfig()
   config = dataclasses.replace(config, name=algorithm if algorithm in simulation.ALGORITHMS else 'fedavg')
   params = aggregator_params or registry.AggregatorParams()
   extra = method_params or MethodParams()
   corrupted = update_corruption is not None
   key = None if cache_key is None else (
-      cache_key, algorithm, aggregator, config, params, extra, num_clients, metrics_aggregator, corrupted)
+      cache_key, algorithm, aggregator, config, params, extra, num_clients, metrics_aggregator, corrupted,
+      client_execution)
   if key is not None and key in _PROCESS_CACHE:
     process = _PROCESS_CACHE[key]
   else:
     process = _build_process(model_fn, algorithm, aggregator, config, params, extra, num_clients,
-                             metrics_aggregator, corrupted)
+                             metrics_aggregator, corrupted, client_execution)
     if key is not None:
       _PROCESS_CACHE[key] = process
+  if isinstance(process, client_execution_lib.LocalRound):
+    return Method(process.process, local_round=process)
   if corrupted:
     harness = corruption_lib.UpdateCorruption(process, update_corruption.kind, update_corruption.corrupted,
                                               update_corruption.client_ids, update_corruption.seed)
@@ -210,7 +240,8 @@ def build(
 
 def _build_process(model_fn, algorithm: str, aggregator: str, config: simulation.AlgorithmConfig,
                    params: registry.AggregatorParams, extra: MethodParams, num_clients: Optional[int],
-                   metrics_aggregator, corrupted: bool) -> tff.learning.templates.LearningProcess:
+                   metrics_aggregator, corrupted: bool, client_execution: str = client_execution_lib.WORKER
+                   ) -> tff.learning.templates.LearningProcess | client_execution_lib.LocalRound:
   if aggregator == 'elastic':
     return learning.build_elastic_fed_avg(
         model_fn, simulation.client_optimizer(config), simulation.server_optimizer(config),
@@ -235,6 +266,10 @@ def _build_process(model_fn, algorithm: str, aggregator: str, config: simulation
   # keep the drop-in factory: with their SGD server both placements are the same.
   mask_on_step = (isinstance(model_aggregator, aggregators.GradientMaskedFactory)
                   and config.name in simulation.ADAPTIVE_ALGORITHMS)
+  if client_execution == client_execution_lib.LOCAL:  # The same components; the clients train in this process.
+    components = simulation.build_components(model_fn, config, model_aggregator, metrics_aggregator,
+                                             mask_on_step=mask_on_step)
+    return client_execution_lib.LocalRound(components, model_fn, config, metrics_aggregator)
   if corrupted:
     return corruption_lib.build_learning_process(
         model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)

@@ -68,6 +68,9 @@ def define_flags() -> None:
                     'settings for that entry (e.g. rfa+rfa_init=zero+num_passes=5).')
   flags.DEFINE_list('clients_per_round', [], "Participation levels compared (default: the flagfile's).")
   flags.DEFINE_string('output_dir', 'outputs/reproduce_rfa', 'Where runs and results go.')
+  flags.DEFINE_enum('client_execution', 'worker', ['worker', 'local'],
+                    'Where every run\'s clients train (the runner\'s --client_execution; local refuses the update '
+                    'corruptions gaussian and omniscient: pass --corruptions without them).')
   flags.DEFINE_string('shard', '0/1', 'i/n: run only every n-th cell from the i-th (0-based), so that n processes '
                       'share the grid; a last call without --shard collects their finished cells.')
 
@@ -148,7 +151,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def cell_config(cell: Cell, rounds: int, eval_every: int, output_dir: str,
-                local_epochs: Optional[int] = None) -> experiment.ExperimentConfig:
+                local_epochs: Optional[int] = None, client_execution: str = 'worker') -> experiment.ExperimentConfig:
   base = read_flagfile(BASE_CONFIGS[cell.model])
   epochs = base.local_epochs if local_epochs is None else local_epochs
   name, overrides = parse_aggregator(cell.aggregator)
@@ -159,7 +162,7 @@ def cell_config(cell: Cell, rounds: int, eval_every: int, output_dir: str,
   return dataclasses.replace(
       base, model=cell.model, corruption=cell.corruption, corrupt_fraction=cell.rho, aggregator=name,
       seed=cell.seed, rounds=rounds, eval_every=eval_every, local_epochs=epochs, clients_per_round=clients,
-      output_dir=os.path.join(output_dir, 'runs', run_name), **overrides)
+      output_dir=os.path.join(output_dir, 'runs', run_name), client_execution=client_execution, **overrides)
 
 
 def setting_label(config: experiment.ExperimentConfig) -> str:
@@ -412,7 +415,8 @@ def main(argv):
   local_epochs = FLAGS.local_epochs or None
   if FLAGS.last_evals < 1:
     raise app.UsageError(f'last_evals must be a positive integer, got {FLAGS.last_evals}')
-  configure = lambda cell: cell_config(cell, FLAGS.rounds, FLAGS.eval_every, FLAGS.output_dir, local_epochs)
+  configure = lambda cell: cell_config(cell, FLAGS.rounds, FLAGS.eval_every, FLAGS.output_dir, local_epochs,
+                                      FLAGS.client_execution)
   for cell in todo:  # Every setting is checked before anything runs.
     try:
       configure(cell).validate()

@@ -30,6 +30,7 @@ from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import loaders
 from training import checkpoints
+from training import client_execution
 from training import corruption
 from training import experiment
 
@@ -74,6 +75,9 @@ flags.DEFINE_float('validation_fraction', _D.validation_fraction,
 flags.DEFINE_integer('seed', _D.seed, 'Seed of the partition, initial model, client sampling and data order.')
 flags.DEFINE_string('output_dir', _D.output_dir, 'Output directory (reused to resume).')
 flags.DEFINE_string('workers', _D.workers, 'host:port,... (or unix:/path,...) of TFF workers to split clients over (python -m tff_gma.worker).')
+flags.DEFINE_enum('client_execution', _D.client_execution, list(client_execution.MODES),
+                  'Where clients train: worker (the TFF worker, CPU only) or local (this process\'s TensorFlow: '
+                  'its GPUs round-robin, else its CPU; aggregation stays in the worker; FedAvg family only).')
 flags.DEFINE_float('rfa_weight_bound', _D.rfa_weight_bound,
                    'rfa: warn when one client\'s normalized RFA weight exceeds this (simulation-only audit; logs '
                    'rfa_audit/* per round; trains the round\'s clients twice).')

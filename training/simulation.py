@@ -2,7 +2,8 @@
 
 * The FedAvg family (FedAvg, FedProx, FedAdam, FedYogi): `AlgorithmConfig`, its optimizers, and its one client
   work (`build_client_work`), from which the learning process (`build_learning_process`), the corrupted
-  process (`training.corruption`) and the RFA weight replay (`training.rfa_weights`) are all built.
+  process (`training.corruption`) and the RFA weight replay (`training.rfa_weights`) are all built. The round's
+  parts (`build_components`: `Components`) serve both client execution modes (`training.client_execution`).
 * The round's clients and their datasets, deterministically (`sample_clients`, `client_dataset`).
 * `seeded_initial_state`, `flatten_metrics`.
 """
@@ -91,6 +92,13 @@ def build_server_processes(
   return aggregator, tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer(config), weights_type)
 
 
+# The client training loop of every FedAvg-family client work, in the worker and in the driver
+# (`training.client_execution`): TFF's default DATASET_REDUCE loop costs about twice the worker CPU per round of
+# DATASET_ITERATOR, for identical weights (measured by the benchmark's loop comparison).
+LOOP_IMPLEMENTATION = tff.learning.LoopImplementation.DATASET_ITERATOR
+CLIENT_WEIGHTING = tff.learning.ClientWeighting.NUM_EXAMPLES
+
+
 def build_client_work(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     config: AlgorithmConfig,
@@ -104,17 +112,62 @@ def build_client_work(
   """
   if not isinstance(config, AlgorithmConfig):
     raise ValueError(f'config must be a simulation.AlgorithmConfig, got {config!r}')
-  kwargs = dict(
-      # TFF's default DATASET_REDUCE loop costs about twice the worker CPU per round of DATASET_ITERATOR, for
-      # identical weights (measured by the benchmark's loop comparison).
-      loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR,
-      metrics_aggregator=metrics_aggregator,
-  )
-  weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
+  kwargs = dict(loop_implementation=LOOP_IMPLEMENTATION, metrics_aggregator=metrics_aggregator)
   if config.name == 'fedprox':
     return proximal_client_work.build_model_delta_client_work(
-        model_fn, client_optimizer(config), weighting, delta_l2_regularizer=config.proximal_strength, **kwargs)
-  return tff.learning.templates.build_model_delta_client_work(model_fn, client_optimizer(config), weighting, **kwargs)
+        model_fn, client_optimizer(config), CLIENT_WEIGHTING, delta_l2_regularizer=config.proximal_strength,
+        **kwargs)
+  return tff.learning.templates.build_model_delta_client_work(
+      model_fn, client_optimizer(config), CLIENT_WEIGHTING, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Components:
+  """The five parts `tff.learning.templates.compose_learning_process` composes a round from.
+
+  The seam between where the round's parts run: `compose()` is the learning process that runs them all in the TFF
+  worker (`--client_execution=worker`); `training.client_execution` runs `client_work`'s math in the driver's
+  TensorFlow (GPU where there is one) and the rest (`distributor`'s state and measurements, `aggregator`,
+  `finalizer`, the client metrics' aggregation) as one federated computation in the worker, on the state of
+  `compose()`'s process (`--client_execution=local`). A builder that swaps the aggregator and finalizer
+  (`dataclasses.replace`) gets both modes.
+  """
+  initial_weights_fn: tff.Computation
+  distributor: tff.learning.templates.DistributionProcess
+  client_work: tff.learning.templates.ClientWorkProcess
+  aggregator: tff.templates.AggregationProcess
+  finalizer: tff.learning.templates.FinalizerProcess
+
+  @property
+  def weights_type(self):
+    return self.initial_weights_fn.type_signature.result
+
+  def compose(self) -> tff.learning.templates.LearningProcess:
+    return tff.learning.templates.compose_learning_process(
+        self.initial_weights_fn, self.distributor, self.client_work, self.aggregator, self.finalizer)
+
+
+def build_components(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    config: AlgorithmConfig,
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    metrics_aggregator=None,
+    client_work: Optional[tff.learning.templates.ClientWorkProcess] = None,
+    *,
+    mask_on_step: bool = False,
+) -> Components:
+  """The parts of `build_learning_process`'s round (see `Components`; `mask_on_step`: `build_server_processes`)."""
+  if client_work is None:
+    client_work = build_client_work(model_fn, config, metrics_aggregator)
+
+  @tff.tensorflow.computation()
+  def initial_weights_fn():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  weights_type = initial_weights_fn.type_signature.result
+  aggregator, finalizer = build_server_processes(config, weights_type, model_aggregator, mask_on_step=mask_on_step)
+  return Components(initial_weights_fn, tff.learning.templates.build_broadcast_process(weights_type), client_work,
+                    aggregator, finalizer)
 
 
 def build_learning_process(
@@ -129,22 +182,12 @@ def build_learning_process(
   """FedAvg/FedProx/FedAdam/FedYogi with `model_aggregator` in place of the weighted mean.
 
   Composed from TFF's templates as `build_weighted_fed_avg` composes it (broadcast, `build_client_work`, the
-  aggregator with example-count weights, the server optimizer's finalizer); `client_work` replaces the client
-  work (e.g. the corrupted one, which wraps `build_client_work`'s); `mask_on_step=True` with a
-  `GradientMaskedFactory`: GMA's Algorithm 2 (`build_server_processes`).
+  aggregator with example-count weights, the server optimizer's finalizer): `build_components(...).compose()`;
+  `client_work` replaces the client work (e.g. the corrupted one, which wraps `build_client_work`'s);
+  `mask_on_step=True` with a `GradientMaskedFactory`: GMA's Algorithm 2 (`build_server_processes`).
   """
-  if client_work is None:
-    client_work = build_client_work(model_fn, config, metrics_aggregator)
-
-  @tff.tensorflow.computation()
-  def initial_weights_fn():
-    return tff.learning.models.ModelWeights.from_model(model_fn())
-
-  weights_type = initial_weights_fn.type_signature.result
-  aggregator, finalizer = build_server_processes(config, weights_type, model_aggregator, mask_on_step=mask_on_step)
-  return tff.learning.templates.compose_learning_process(
-      initial_weights_fn, tff.learning.templates.build_broadcast_process(weights_type), client_work, aggregator,
-      finalizer)
+  return build_components(model_fn, config, model_aggregator, metrics_aggregator, client_work,
+                          mask_on_step=mask_on_step).compose()
 
 
 def build_client_results(client_work: tff.learning.templates.ClientWorkProcess) -> tff.Computation:

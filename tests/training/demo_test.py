@@ -37,3 +37,17 @@ def test_demo_refuses_an_unknown_method_without_a_traceback(tmp_path):
   assert process.returncode != 0
   assert "unknown method 'nope'" in process.stderr and 'Traceback' not in process.stderr
   assert not (tmp_path / 'demo').exists()
+
+
+@pytest.mark.slow
+def test_demo_trains_clients_locally_and_leaves_out_what_cannot(tmp_path):
+  process = _demo(tmp_path, '--client_execution=local')
+  assert process.returncode == 0, process.stderr[-3000:]
+  assert 'leaving out elastic, fedgma' in process.stdout
+  (run_dir,) = list((tmp_path / 'demo').iterdir())
+  summary = json.loads((run_dir / 'summary.json').read_text())
+  assert 'mean' in summary['aggregators'] and 'elastic' not in summary['aggregators']
+  assert all('CPU' in d for s in summary['aggregators'].values() for d in s['client_devices'])
+  (tmp_path / 'x').mkdir()
+  refused = _demo(tmp_path / 'x', '--client_execution=local', '--aggregators=mean,scaffold')
+  assert refused.returncode != 0 and 'client_execution' in refused.stderr and 'Traceback' not in refused.stderr

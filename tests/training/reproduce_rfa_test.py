@@ -24,6 +24,15 @@ def test_cells_share_the_uncorrupted_runs():
           config.corrupt_fraction, config.seed, config.rounds, config.eval_every, config.local_epochs) == (
               'cnn', 20, 10, 'krum', 'omniscient', 0.25, 3, 7, 2, 2)
   config.validate()
+  assert config.client_execution == 'worker'
+  # --client_execution reaches every cell; local mode refuses the update corruptions, naming the setting.
+  local = reproduce_rfa.cell_config(reproduce_rfa.Cell('cnn', 'data_negate', 0.25, 'rfa', 3), 7, 2, '/tmp/x',
+                                    client_execution='local')
+  assert local.client_execution == 'local'
+  local.validate()
+  with pytest.raises(ValueError, match='client_execution'):
+    reproduce_rfa.cell_config(reproduce_rfa.Cell('cnn', 'omniscient', 0.25, 'rfa', 3), 7, 2, '/tmp/x',
+                              client_execution='local').validate()
 
 
 def test_aggregator_entries_carry_settings_and_participation_is_a_grid_axis():

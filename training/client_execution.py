@@ -1,0 +1,263 @@
+"""Where a round's client training runs: in the TFF worker (`worker`, the default) or in this process (`local`).
+
+TFF 0.87.0's PyPI wheel runs every computation in its C++ `worker_binary`, built without GPU support: a
+`tf.device('/GPU:0')` inside a computation is silently soft-placed on the worker's CPU. TensorFlow in this Python
+process is a CUDA build, so a GPU can only be used here, in the driver. `local` mode therefore splits the round
+at `training.simulation.Components`:
+
+* the client work's math runs in this process, on its TensorFlow devices (every visible GPU, clients assigned
+  round-robin and the devices run concurrently; the CPU when there is no GPU, said once in a warning): TFF's own
+  client update function, the one `build_model_delta_client_work` (FedProx: `proximal_client_work`'s, with its
+  proximal term) wraps, built from the same `model_fn`, the same client optimizer and the same
+  DATASET_ITERATOR loop (`LocalClientTrainer`);
+* the clients' results (update, weight, unfinalized metrics) go into ONE federated computation run by the TFF
+  worker (`build_server_round`): the distributor's state and measurements, the aggregator (GMA, RFA, ... : the
+  same federated computation the audit checks), the finalizer, and the client metrics' aggregation (TFF's
+  `sum_then_finalize`, or the run's metrics aggregator) over the clients' values placed at CLIENTS. Its state is
+  the worker-mode process's state (`LearningAlgorithmState`), so checkpoints, `get_model_weights` and resuming
+  are unchanged, and its metrics have the worker-mode structure (the two result types are checked equal).
+
+What `local` mode does not run (refused by `check`, with the reason):
+* the methods whose client work is the project's own TFF computation (Elastic, FedGMA, SCAFFOLD, personalized
+  RFA, `tff_gma.learning`): their client work returns more than an update and a weight (sensitivities, masks,
+  control variates, personal parameters), each consumed by its own server logic; moving it needs a driver-side
+  copy of each method's client update and server computation, not written;
+* update corruption (`gaussian`, `omniscient`): it lives inside the corrupted client work
+  (`training.corruption.build_corrupted_client_work`) with its own client data and a `corrupted_clients`
+  measurement; data corruptions (`data_negate`, `data_flip_labels`) are plain data and run in either mode;
+* several workers (`--workers`): that splits the client work over workers, the opposite of this mode.
+
+Equivalence: from the same state and the same client datasets (in the same order), both modes compute the same
+round up to float32 rounding (the worker's statically linked TensorFlow and this process's may pick other
+kernels, e.g. oneDNN's, so sums are reduced in another order); models with dropout draw other masks.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+from absl import logging
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.learning.templates import model_delta_client_work
+from tensorflow_federated.python.learning.templates import proximal_client_work
+
+from training import simulation
+
+WORKER = 'worker'
+LOCAL = 'local'
+MODES = (WORKER, LOCAL)
+# Where `worker` mode trains: the TFF worker's TensorFlow, which has no GPU device (TFF_NOTES, README "GPU").
+WORKER_DEVICES = ('TFF worker_binary CPU (TFF 0.87.0 wheel, built without GPU support)',)
+
+_warned_cpu = False
+_warn_lock = threading.Lock()
+
+
+def check(client_execution: str, *, algorithm: str, aggregator: str, corruption: str = 'none',
+          workers: Optional[str] = None, composed: bool = False) -> None:
+  """Raises ValueError naming `client_execution` when the mode cannot run this method (see the module doc)."""
+  if client_execution not in MODES:
+    raise ValueError(f'client_execution must be one of {MODES}, got {client_execution!r}')
+  if client_execution == WORKER:
+    return
+  if composed or algorithm not in simulation.ALGORITHMS:
+    raise ValueError(
+        f'client_execution: local runs the client work of fedavg, fedprox, fedadam and fedyogi in this process; '
+        f'{algorithm}/{aggregator} has its own client work (tff_gma.learning: extra client outputs for its own '
+        f'server logic) that runs only in the TFF worker: use --client_execution=worker')
+  if corruption in ('gaussian', 'omniscient'):
+    raise ValueError(
+        f'client_execution: corruption={corruption} corrupts updates inside the TFF client work '
+        f'(training.corruption), which local mode does not run: use --client_execution=worker (data corruptions '
+        f'run in either mode)')
+  if workers is not None:
+    raise ValueError('client_execution: local trains the clients in this process, --workers splits them over TFF '
+                     'workers: use one or the other')
+
+
+def local_devices(devices: Optional[Sequence[str]] = None) -> list[str]:
+  """The devices local client training uses: `devices`, else every GPU TensorFlow sees here, else its CPU.
+
+  Without a GPU, warns once per process (one line) that local mode trains on the CPU.
+  """
+  global _warned_cpu
+  if devices:
+    return list(devices)
+  gpus = [d.name for d in tf.config.list_logical_devices('GPU')]
+  if gpus:
+    return gpus
+  cpu = [tf.config.list_logical_devices('CPU')[0].name]
+  with _warn_lock:
+    if not _warned_cpu:
+      _warned_cpu = True
+      logging.warning('%s', device_line(cpu))
+  return cpu
+
+
+def device_line(devices: Sequence[str]) -> str:
+  """What local mode says about where it trains (`local_devices` logs it once when there is no GPU)."""
+  if any('GPU' in d for d in devices):
+    return f'client_execution=local: client training on {len(devices)} device(s), round-robin: {", ".join(devices)}'
+  return (f'client_execution=local: TensorFlow sees no GPU in this process; client training runs on the CPU '
+          f'({", ".join(devices)})')
+
+
+def assign_devices(num_clients: int, devices: Sequence[str]) -> list[str]:
+  """Client i trains on devices[i % len(devices)] (round-robin)."""
+  if not devices:
+    raise ValueError('devices must name at least one device')
+  return [devices[i % len(devices)] for i in range(num_clients)]
+
+
+class _DeviceTrainer:
+  """TFF's client update function with its own model, its variables on `device`."""
+
+  def __init__(self, device: str, model_fn, config: simulation.AlgorithmConfig):
+    self.device = device
+    self._proximal = config.name == 'fedprox'
+    self._optimizer = simulation.client_optimizer(config)
+    models = []
+
+    def capturing_model_fn():
+      model = model_fn()
+      models.append(model)
+      return model
+
+    with tf.device(device):
+      if self._proximal:
+        self._update = proximal_client_work.build_model_delta_update_with_tff_optimizer(
+            capturing_model_fn, weighting=simulation.CLIENT_WEIGHTING,
+            delta_l2_regularizer=float(config.proximal_strength),
+            loop_implementation=simulation.LOOP_IMPLEMENTATION)
+      else:
+        self._update = model_delta_client_work.build_model_delta_update_with_tff_optimizer(
+            capturing_model_fn, weighting=simulation.CLIENT_WEIGHTING,
+            loop_implementation=simulation.LOOP_IMPLEMENTATION)
+    (self._model,) = models
+
+  def train(self, weights, dataset: tf.data.Dataset, hparams):
+    """(ClientResult, unfinalized metrics) of one client, as NumPy, and the device its update was computed on."""
+    with tf.device(self.device):
+      # TFF's worker builds a fresh model per client; this one is reused, so its metrics start from zero here.
+      self._model.reset_metrics()
+      initial = tf.nest.map_structure(tf.convert_to_tensor, weights)
+      if self._proximal:  # FedProx's client work has no state; its optimizer keeps its own hyperparameters.
+        result, metrics = self._update(self._optimizer, initial, dataset)
+      else:  # The client work's state is the client optimizer's hyperparameters, as in the worker.
+        result, metrics = self._update(self._optimizer, initial, dataset,
+                                       tf.nest.map_structure(tf.convert_to_tensor, hparams))
+    placed_on = tf.nest.flatten(result.update)[0].device
+    to_numpy = lambda t: t.numpy()
+    return (tff.learning.templates.ClientResult(
+        update=tf.nest.map_structure(to_numpy, result.update), update_weight=result.update_weight.numpy()),
+            tf.nest.map_structure(to_numpy, metrics), placed_on)
+
+
+class LocalClientTrainer:
+  """The FedAvg family's client work (`simulation.build_client_work`'s math) run in this process."""
+
+  def __init__(self, model_fn: Callable[[], tff.learning.models.VariableModel], config: simulation.AlgorithmConfig,
+               devices: Optional[Sequence[str]] = None):
+    if config.name not in simulation.ALGORITHMS:
+      raise ValueError(f'config.name must be one of {simulation.ALGORITHMS}, got {config.name!r}')
+    self.devices = local_devices(devices)
+    self._trainers = {d: _DeviceTrainer(d, model_fn, config) for d in dict.fromkeys(self.devices)}
+    self.devices_used: set[str] = set()  # Devices the updates were computed on (TensorFlow's full names).
+
+  def train(self, weights, datasets: Sequence[tf.data.Dataset], hparams) -> tuple[list, list]:
+    """The clients' `ClientResult`s and unfinalized metrics, in the order of `datasets`."""
+    assigned = assign_devices(len(datasets), self.devices)
+    outputs: list[Any] = [None] * len(datasets)
+
+    def run_device(device: str) -> None:
+      for i, ds in enumerate(datasets):
+        if assigned[i] == device:
+          outputs[i] = self._trainers[device].train(weights, ds, hparams)
+
+    used = list(dict.fromkeys(assigned))
+    if len(used) <= 1:
+      for device in used:
+        run_device(device)
+    else:  # One thread per device: each device trains its clients in turn, the devices at the same time.
+      with concurrent.futures.ThreadPoolExecutor(len(used)) as pool:
+        for future in [pool.submit(run_device, d) for d in used]:
+          future.result()
+    self.devices_used.update(placed for _, _, placed in outputs)
+    return [r for r, _, _ in outputs], [m for _, m, _ in outputs]
+
+
+def _unfinalized_metrics_type(model_fn):
+  with tf.Graph().as_default():
+    model = model_fn()
+    finalizers = model.metric_finalizers()
+    specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
+                                  model.report_local_unfinalized_metrics())
+  return finalizers, tff.types.tensorflow_to_type(specs)
+
+
+def build_server_round(components: simulation.Components, process: tff.learning.templates.LearningProcess,
+                       model_fn, metrics_aggregator=None) -> tff.Computation:
+  """`(state@SERVER, ClientResult@CLIENTS, unfinalized metrics@CLIENTS) -> LearningProcessOutput`.
+
+  `process` (= `components.compose()`) with its client work's `next` replaced by the clients' results: the
+  distributor, the aggregator and the finalizer as `compose_learning_process` composes them, and the client
+  work's measurements `OrderedDict(train=<metrics aggregator over the clients' unfinalized metrics>)` as TFF's
+  model-delta client works build them. Raises ValueError if the result type differs from `process.next`'s.
+  """
+  state_type = process.next.type_signature.parameter[0]
+  result_type = components.client_work.next.type_signature.result.result
+  finalizers, metrics_type = _unfinalized_metrics_type(model_fn)
+  metrics_fn = (metrics_aggregator or tff.learning.metrics.sum_then_finalize)(finalizers)
+
+  @tff.federated_computation(state_type, result_type, tff.FederatedType(metrics_type, tff.CLIENTS))
+  def server_round(state, client_result, client_metrics):
+    distributor_output = components.distributor.next(state.distributor, state.global_model_weights)
+    client_work_measurements = tff.federated_zip(collections.OrderedDict(train=metrics_fn(client_metrics)))
+    aggregator_output = components.aggregator.next(state.aggregator, client_result.update,
+                                                   client_result.update_weight)
+    finalizer_output = components.finalizer.next(state.finalizer, state.global_model_weights,
+                                                 aggregator_output.result)
+    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+        finalizer_output.result, distributor_output.state, state.client_work, aggregator_output.state,
+        finalizer_output.state))
+    metrics = tff.federated_zip(collections.OrderedDict(
+        distributor=distributor_output.measurements, client_work=client_work_measurements,
+        aggregator=aggregator_output.measurements, finalizer=finalizer_output.measurements))
+    return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+
+  want = process.next.type_signature.result
+  got = server_round.type_signature.result
+  if not got.is_equivalent_to(want):
+    raise ValueError(f'the local round computes {got}, not the worker-mode round\'s {want}')
+  return server_round
+
+
+class LocalRound:
+  """One round of `components.compose()` with the client work run in this process (`run_round`)."""
+
+  def __init__(self, components: simulation.Components, model_fn, config: simulation.AlgorithmConfig,
+               metrics_aggregator=None, devices: Optional[Sequence[str]] = None,
+               process: Optional[tff.learning.templates.LearningProcess] = None):
+    self.process = process or components.compose()
+    self.server_round = build_server_round(components, self.process, model_fn, metrics_aggregator)
+    self.trainer = LocalClientTrainer(model_fn, config, devices)
+
+  @property
+  def devices(self) -> list[str]:
+    return self.trainer.devices
+
+  def client_devices(self) -> list[str]:
+    """The TensorFlow devices the clients' updates were computed on so far (the configured ones before)."""
+    return sorted(self.trainer.devices_used) or list(self.trainer.devices)
+
+  def run_round(self, state, client_ids: Sequence[str], datasets: Sequence[tf.data.Dataset], round_num: int):
+    """(state, metrics) of the round: the process's `next(state, datasets)`, client work run here."""
+    del client_ids, round_num  # Everything the round needs is in the datasets, as in `process.next`.
+    results, metrics = self.trainer.train(state.global_model_weights, datasets, state.client_work)
+    output = self.server_round(state, results, metrics)
+    return output.state, output.metrics
