@@ -32,6 +32,12 @@ beside it (bench.md):
   mean.
 * scaling: round time and peak resident memory (this process and the TFF worker) against clients per round
   (10, 50, 100, 500) of the digits set split over 500 clients (about 3 examples each).
+* client_execution: FedAvg with the mean, its clients trained in the TFF worker (`--client_execution=worker`)
+  against in this process's TensorFlow (`local`, `training.client_execution`), interleaved in one run, on the
+  digits CNN (the digits over 10 clients) and on ResNet-18-GN with CIFAR-10-shaped generated examples ([32, 32, 3],
+  10 clients x 300; `--client_execution_examples` makes it smaller): `client_execution_time_ratio[model]` =
+  local round time / worker round time (< 1: local is faster), with the TensorFlow devices each mode trained on
+  and local mode's device line. Without a GPU, local trains on this process's CPU.
 
 Method: everything is compiled first (the first call of each computation, timed and reported as
 compile_seconds), then the candidates run in interleaved sweeps (order rotated each sweep) on the same inputs,
@@ -69,8 +75,10 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from tff_gma import models
 from tff_gma import runtime
+from tff_gma.data import client_data as client_data_lib
 from tff_gma.data import loaders
 from training import benchmarks
+from training import client_execution
 from training import methods
 from training import registry
 from training import simulation
@@ -82,7 +90,7 @@ BASELINE = 'mean'
 VARIANTS = ('gma+secure', 'gma_binary+secure', 'rfa+num_passes=1', 'rfa+num_passes=5')
 AGGREGATORS = tuple(methods.AGGREGATORS) + VARIANTS
 PIPELINE = ('stock_fedavg', 'stock_fedavg_iterator', 'project_pipeline')
-SECTIONS = ('rounds', 'aggregation', 'scaling')
+SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution')
 GIB = 1024**3
 MEMORY_LIMIT_GIB = 24.0
 # Targets of issue 8 (ratios to `mean` in the same run).
@@ -114,6 +122,12 @@ class Settings:
   scaling_clients: tuple[int, ...] = (10, 50, 100, 500)
   scaling_aggregators: tuple[str, ...] = ('mean', 'gma', 'rfa')
   scaling_repetitions: int = 3
+  # client_execution: models (cnn: the digits; resnet18_gn: generated CIFAR-10-shaped examples), clients, the
+  # generated examples per client, interleaved repetitions.
+  client_execution_models: tuple[str, ...] = ('cnn', 'resnet18_gn')
+  client_execution_clients: int = 10
+  client_execution_examples: int = 300
+  client_execution_repetitions: int = 3
   seed: int = 0
 
 
@@ -125,6 +139,8 @@ QUICK = Settings(
     scaling_clients=(10, 100, 500),
     scaling_aggregators=('mean',),
     scaling_repetitions=1,
+    client_execution_examples=100,
+    client_execution_repetitions=2,
 )
 # For the tests: every section and key, on sizes that take seconds.
 SMOKE = Settings(
@@ -138,6 +154,10 @@ SMOKE = Settings(
     scaling_clients=(2, 4),
     scaling_aggregators=('mean',),
     scaling_repetitions=1,
+    client_execution_models=('logistic',),  # The section's test adds resnet18_gn (its build takes a minute).
+    client_execution_clients=2,
+    client_execution_examples=4,
+    client_execution_repetitions=1,
 )
 MODES = {'full': Settings(), 'quick': QUICK, 'smoke': SMOKE}
 
@@ -431,6 +451,73 @@ def bench_aggregation(settings: Settings, worker_pids: Sequence[int]) -> dict[st
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Section: where the clients train (TFF worker vs this process).
+
+GENERATED_MODELS = ('resnet18_gn',)  # Trained on generated CIFAR-10-shaped examples; the others on the digits.
+CIFAR_SHAPE, CIFAR_CLASSES = (32, 32, 3), 10
+
+
+def _generated_cifar_setup(settings: Settings, model: str):
+  """`client_execution_clients` clients of `client_execution_examples` uniform [32, 32, 3] images, 10 classes."""
+  rng = np.random.default_rng(settings.seed)
+  n = settings.client_execution_examples
+  arrays = collections.OrderedDict(
+      (f'client_{i}', (rng.random((n, *CIFAR_SHAPE), dtype=np.float32),
+                       rng.integers(0, CIFAR_CLASSES, n).astype(np.int32)))
+      for i in range(settings.client_execution_clients))
+  train = client_data_lib.from_client_arrays(arrays)
+  element = train.create_tf_dataset_for_client(train.client_ids[0]).element_spec
+  input_spec = collections.OrderedDict((k, tf.TensorSpec([None, *s.shape], s.dtype)) for k, s in element.items())
+  build_keras = models.keras_builder(model, CIFAR_SHAPE, CIFAR_CLASSES)
+  return train, build_keras, models.model_fn(build_keras, input_spec)
+
+
+def bench_client_execution(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
+  ratio, cpu_ratio, details = {}, {}, {}
+  for model in settings.client_execution_models:
+    if model in GENERATED_MODELS:
+      train, build_keras, model_fn = _generated_cifar_setup(settings, model)
+      data_name = f'generated CIFAR-10-shaped {list(CIFAR_SHAPE)}'
+    else:
+      data, build_keras, model_fn = _digits_setup(dataclasses.replace(settings, model=model),
+                                                  settings.client_execution_clients)
+      train, data_name = data.train, 'digits'
+    ids = list(train.client_ids)
+    fixed = (ids, [simulation.client_dataset(train, c, local_epochs=1, batch_size=BATCH_SIZE, seed=settings.seed,
+                                             round_num=1) for c in ids])
+    runners, build_seconds, compile_seconds, devices = {}, {}, {}, {}
+    initial_weights = None
+    for mode in client_execution.MODES:
+      _log(f'client_execution {model}: building and compiling {mode}')
+      method, build = benchmarks.timed_call(lambda m=mode: methods.build(
+          model_fn, 'fedavg', BASELINE, algorithm_config=ALGORITHM_CONFIG, client_execution=m), worker_pids)
+      state = simulation.seeded_initial_state(method.process, build_keras, settings.seed)
+      if initial_weights is None:
+        initial_weights = method.process.get_model_weights(state)
+      runner = _Runner(method, method.process.set_model_weights(state, initial_weights), lambda _: fixed)
+      _, first = benchmarks.timed_call(runner.run_round, worker_pids)
+      runners[mode], build_seconds[mode], compile_seconds[mode] = runner, build.wall, first.wall
+    _log(f'client_execution {model}: {settings.client_execution_repetitions} interleaved sweeps')
+    samples = benchmarks.interleaved_times({m: r.run_round for m, r in runners.items()},
+                                           settings.client_execution_repetitions, worker_pids=worker_pids)
+    timings = {m: benchmarks.summarize(s) for m, s in samples.items()}
+    devices = {m: r.method.client_devices() for m, r in runners.items()}
+    ratio[model] = timings['local']['seconds'] / timings['worker']['seconds']
+    cpu_ratio[model] = timings['local']['cpu_seconds'] / timings['worker']['cpu_seconds']
+    details[model] = collections.OrderedDict(
+        setup=dict(data=data_name, clients=len(ids), examples=int(sum(train.num_examples(c) for c in ids)),
+                   batch_size=BATCH_SIZE, local_epochs=1, aggregator=BASELINE,
+                   repetitions=settings.client_execution_repetitions,
+                   parameters=int(sum(np.prod(t.shape) for t in initial_weights.trainable))),
+        timings=timings, build_seconds=build_seconds, compile_seconds=compile_seconds, client_devices=devices,
+        samples={m: [dataclasses.asdict(x) for x in ss] for m, ss in samples.items()})
+  return collections.OrderedDict(
+      client_execution_time_ratio=ratio, client_execution_cpu_ratio=cpu_ratio,
+      gpus_visible=[d.name for d in tf.config.list_logical_devices('GPU')],
+      device_line=client_execution.device_line(client_execution.local_devices()), models=details)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Section: scaling with clients per round.
 
 
@@ -548,6 +635,22 @@ def to_markdown(result: dict[str, Any]) -> str:
                    f'{_fmt(row["peak_rss_gib"]["python"], 2)} | {_fmt(row["peak_rss_gib"]["worker"], 2)} | '
                    f'{_fmt(row["peak_total_gib"], 2)} |')
     lines.append('')
+  if 'client_execution' in result['details']:
+    section = result['details']['client_execution']
+    lines += ['## Where the clients train: TFF worker vs this process (`--client_execution`)', '',
+              f'FedAvg with the mean, one round; `local` / `worker` round time, medians of interleaved repetitions. '
+              f'Local mode: {section["device_line"]}', '',
+              '| model | data | clients x examples | worker round s | local round s | local / worker | '
+              'CPU ratio | worker-mode devices | local-mode devices |', '|---' * 9 + '|']
+    for model, row in section['models'].items():
+      t = row['timings']
+      lines.append(f'| {model} ({row["setup"]["parameters"]} params) | {row["setup"]["data"]} | '
+                   f'{row["setup"]["clients"]} x {row["setup"]["examples"] // row["setup"]["clients"]} | '
+                   f'{_fmt(t["worker"]["seconds"])} | {_fmt(t["local"]["seconds"])} | '
+                   f'**{_fmt(result["client_execution_time_ratio"][model], 2)}** | '
+                   f'{_fmt(section["client_execution_cpu_ratio"][model], 2)} | '
+                   f'{"; ".join(row["client_devices"]["worker"])} | {"; ".join(row["client_devices"]["local"])} |')
+    lines.append('')
   if result['targets']:
     lines += ['## Targets', '', 'Wall-time ratios decide; the CPU-time ratio (Python + worker) is shown beside them '
               'because it is less disturbed by other work on the machine.', '',
@@ -569,7 +672,8 @@ def _json_default(value):
 
 FLAGS = flags.FLAGS
 _INT_LISTS = ('aggregation_sizes', 'aggregation_clients', 'scaling_clients')
-_REPETITIONS = ('round_repetitions', 'aggregation_repetitions', 'scaling_repetitions')
+_REPETITIONS = ('round_repetitions', 'aggregation_repetitions', 'scaling_repetitions',
+                'client_execution_repetitions', 'client_execution_clients', 'client_execution_examples')
 
 
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
@@ -594,6 +698,13 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_list('scaling_aggregators', None, 'Candidates of the scaling section (entries as --aggregators).',
                     flag_values=f)
   flags.DEFINE_integer('scaling_repetitions', None, 'Rounds per row of the scaling section.', flag_values=f)
+  flags.DEFINE_list('client_execution_models', None, 'Models of the client_execution section (resnet18_gn: on '
+                    'generated CIFAR-10-shaped examples; others: the digits), e.g. cnn,resnet18_gn.', flag_values=f)
+  flags.DEFINE_integer('client_execution_clients', None, 'Clients of the client_execution section.', flag_values=f)
+  flags.DEFINE_integer('client_execution_examples', None, 'Generated examples per client of the client_execution '
+                       'section (smaller: faster).', flag_values=f)
+  flags.DEFINE_integer('client_execution_repetitions', None, 'Interleaved sweeps of the client_execution section.',
+                       flag_values=f)
   flags.DEFINE_list('profile', [], 'Round-section processes to profile with cProfile (the Python main thread: it '
                     'shows how long Python waits for the worker), e.g. rfa.', flag_values=f)
   flags.DEFINE_integer('seed', None, 'Seed of the partition, the initial model and the client order (default 0).',
@@ -610,7 +721,7 @@ def settings_from_flags(flag_values: flags.FlagValues = FLAGS) -> Settings:
   """The preset (full, --quick or --smoke) with the explicitly given flags on top; ValueError names a bad flag."""
   settings = MODES[mode_from_flags(flag_values)]
   overrides: dict[str, Any] = {}
-  for name in ('sections', 'aggregators', 'scaling_aggregators'):
+  for name in ('sections', 'aggregators', 'scaling_aggregators', 'client_execution_models'):
     if flag_values[name].value is not None:
       overrides[name] = tuple(dict.fromkeys(flag_values[name].value))  # Repeated entries once.
   for name in _INT_LISTS:
@@ -637,6 +748,10 @@ def settings_from_flags(flag_values: flags.FlagValues = FLAGS) -> Settings:
   for name in _REPETITIONS:
     if getattr(settings, name) < 1:
       raise ValueError(f'--{name} must be positive, got {getattr(settings, name)}')
+  for name in settings.client_execution_models:
+    if name not in models.MODELS or name == 'char_lstm':
+      raise ValueError(f'--client_execution_models: unknown image model {name!r}; expected some of '
+                       f'{[m for m in models.MODELS if m != "char_lstm"]}')
   for name in _INT_LISTS:
     values = getattr(settings, name)
     if not values or min(values) < 1:
@@ -677,6 +792,10 @@ def run(settings: Settings, mode: str, profile: Sequence[str] = (), command: str
     result['scaling'] = bench_scaling(settings, worker)
     result.setdefault('compile_seconds', {})['scaling'] = {
         row['aggregator']: row['compile_seconds'] for row in result['scaling']}
+  if 'client_execution' in settings.sections:
+    section = bench_client_execution(settings, [worker.pid])
+    result['client_execution_time_ratio'] = section['client_execution_time_ratio']
+    result['details']['client_execution'] = section
   result['targets'] = check_targets(result)
   result['environment']['load_after'] = [round(x, 2) for x in os.getloadavg()]
   result['environment']['seconds'] = time.monotonic() - started

@@ -2,6 +2,7 @@
 
 import tests
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from training import bench
 from training import benchmarks
+from training import client_execution
 from training import methods
 from training import registry
 
@@ -281,7 +283,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   result = json.loads(output.read_text())
   assert list(result) == ['environment', 'round_time_ratio', 'aggregation_time_ratio', 'scaling', 'details',
                           'round_cpu_ratio', 'pipeline_throughput_ratio', 'iterator_loop_speedup',
-                          'compile_seconds', 'targets']
+                          'compile_seconds', 'client_execution_time_ratio', 'targets']
   assert result['environment']['mode'] == 'smoke' and 'training.bench' in result['environment']['command']
 
   def positive_finite(x):
@@ -305,3 +307,34 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   assert [t['target'].split(' ')[0] for t in result['targets']] == ['gma', 'project']
   markdown = (tmp_path / 'bench.md').read_text()
   assert '| gma |' in markdown and '## Scaling' in markdown and '## Targets' in markdown
+
+
+def test_client_execution_section_times_both_modes_and_says_where_they_trained(simulation_context):
+  settings = dataclasses.replace(bench.SMOKE, sections=('client_execution',),
+                                 client_execution_models=('logistic', 'resnet18_gn'))
+  section = bench.bench_client_execution(settings, [simulation_context.pid])
+  assert list(section['client_execution_time_ratio']) == ['logistic', 'resnet18_gn']
+  assert all(math.isfinite(r) and r > 0 for r in section['client_execution_time_ratio'].values())
+  resnet = section['models']['resnet18_gn']
+  assert resnet['setup']['data'].startswith('generated CIFAR-10-shaped [32, 32, 3]')
+  assert resnet['setup']['clients'] == 2 and resnet['setup']['examples'] == 8
+  assert resnet['setup']['parameters'] > 10_000_000  # ResNet-18.
+  for row in section['models'].values():
+    assert set(row['timings']) == {'worker', 'local'}
+    assert row['client_devices']['worker'] == list(client_execution.WORKER_DEVICES)
+    assert row['client_devices']['local'] and all('CPU' in d for d in row['client_devices']['local'])
+  assert section['gpus_visible'] == [] and 'no GPU' in section['device_line']
+  markdown = bench.to_markdown({'environment': dict(mode='smoke', date='d', command='c', cpus=2, load_before=[],
+                                                    load_after=[], tff='0.87.0'),
+                                'details': {'client_execution': section}, 'targets': [],
+                                'client_execution_time_ratio': section['client_execution_time_ratio']})
+  assert '| resnet18_gn (' in markdown and 'no GPU' in markdown
+
+
+def test_client_execution_flags():
+  settings = _settings('--smoke', '--client_execution_models=cnn', '--client_execution_examples=7')
+  assert settings.client_execution_models == ('cnn',) and settings.client_execution_examples == 7
+  for argv, flag in ((('--client_execution_examples=0',), 'client_execution_examples'),
+                     (('--client_execution_models=char_lstm',), 'client_execution_models')):
+    with pytest.raises(ValueError, match=flag):
+      _settings(*argv)
