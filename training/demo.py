@@ -2,8 +2,21 @@
 
     python -m training.demo [--rounds=25] [--output_dir=outputs/demo] [--client_execution=local]
 
-Prints a progress bar per aggregator, then a comparison table, and writes per-round metrics (CSV), a
-summary (JSON) and the table (Markdown) into a fresh timestamped folder under --output_dir.
+The setup is the GMA study's `label10` (label skew k = 2, 10 clients all taking part, CNN, FedAvg, 1 local epoch,
+batch 16; `training.reproduce_gma`), and each method trains with the hyperparameters the study chose for it there
+(`--study_results`, the study's `results.json` kept as `docs/gma_study.json`; the methods the study does not tune
+take FedAvg-mean's learning rates; without the study's choice, or with other demo flags, the defaults; the header
+says which). Besides accuracy the table shows what else the library is for:
+
+* `audit`: the static audit of the method's round (`tff_gma.audit`: PASS when client data reaches the server only
+  through means and secure sums; the client metrics go through secure sums here, `secure_sum_then_finalize`);
+* `omniscient`: the test accuracy after `OMNISCIENT_ROUNDS` rounds from the same start with 25% of the clients
+  corrupted by the omniscient attack (`training.corruption`: a simulated attacker that knows every honest update of
+  the round and sends updates that turn the weighted mean into minus the honest mean), for the methods whose client
+  work the attack can corrupt.
+
+Prints a progress bar per run, then the comparison table, and writes per-round metrics (CSV), a summary (JSON)
+and the table (Markdown) into a fresh timestamped folder under --output_dir.
 """
 
 from __future__ import annotations
@@ -17,20 +30,25 @@ import datetime
 import json
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Optional
 
 from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
-import tensorflow as tf
+import tensorflow_federated as tff
 
+from tff_gma import audit
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import digits
 from training import client_execution
+from training import corruption
 from training import evaluation
 from training import methods
 from training import progress
+from training import registry
 from training import simulation
 
 _ROUNDS = flags.DEFINE_integer('rounds', 25, 'Rounds per aggregator.')
@@ -45,12 +63,49 @@ _CLIENT_EXECUTION = flags.DEFINE_enum(
     'Where clients train: worker (the TFF worker) or local (this process\'s TensorFlow, its GPU if any; FedAvg '
     'family only: by default the methods that cannot are left out).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'outputs/demo', 'Where a timestamped run folder is written.')
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STUDY_RESULTS = flags.DEFINE_string(
+    'study_results', os.path.join(_ROOT, 'docs', 'gma_study.json'),
+    'The GMA study\'s results.json: the hyperparameters it chose per setting and method.')
+_OMNISCIENT_ROUNDS = flags.DEFINE_integer('omniscient_rounds', 10, 'Rounds of the omniscient column (0: leave it out).')
 
 # The project's private aggregators and methods (the non-private robust baselines of the RFA study are left out:
 # they are study baselines, run them with --aggregators).
 DEFAULT_METHODS = ('mean', 'gma', 'gma_binary', 'rfa', 'rfa_one_step', 'elastic', 'fedgma')
 _CONFIG = simulation.AlgorithmConfig(name='fedavg', client_lr=0.05, server_lr=1.0)
 _LOCAL_EPOCHS, _BATCH_SIZE = 1, 16
+STUDY_SETTING = 'label10'  # The GMA study's setting that the demo's defaults are.
+CORRUPT_FRACTION = 0.25
+
+
+class Hyperparameters(NamedTuple):
+  config: simulation.AlgorithmConfig
+  params: registry.AggregatorParams
+  source: str  # Where they come from, for the header.
+
+
+def choose_hyperparameters(names: Sequence[str], study_results: str, is_study_setting: bool) -> dict[str, Any]:
+  """Per method: the study's choice for it in `STUDY_SETTING`, else FedAvg-mean's, else the defaults."""
+  chosen = {}
+  if is_study_setting and os.path.exists(study_results):
+    with open(study_results) as f:
+      for record in json.load(f):
+        if record['setting'] == STUDY_SETTING:
+          chosen[(record['algorithm'], record['aggregator'])] = record
+  out = {}
+  for name in names:
+    algorithm, aggregator = methods.resolve(name)
+    record, source = chosen.get((algorithm, aggregator)), f'GMA study ({STUDY_SETTING})'
+    if record is None and ('fedavg', 'mean') in chosen:
+      record, source = chosen[('fedavg', 'mean')], f'FedAvg-mean\'s in the GMA study ({STUDY_SETTING}); not tuned'
+    if record is None:
+      out[name] = Hyperparameters(_CONFIG, registry.AggregatorParams(), 'defaults (no study choice)')
+      continue
+    config = simulation.AlgorithmConfig(name='fedavg', client_lr=record['client_lr'], server_lr=record['server_lr'])
+    tau = record.get('tau') if aggregator.startswith('gma') else None
+    params = registry.AggregatorParams() if tau is None else registry.AggregatorParams(tau=tau)
+    out[name] = Hyperparameters(config, params, source)
+  return out
 
 
 def runs_in(name: str, mode: str) -> bool:
@@ -62,13 +117,28 @@ def runs_in(name: str, mode: str) -> bool:
   return True
 
 
+def can_be_attacked(name: str) -> bool:
+  try:
+    methods.check(*methods.resolve(name), corruption='omniscient')
+  except ValueError:
+    return False
+  return True
+
+
 def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int, seed: int,
-            mode: str = client_execution.WORKER):
-  method = methods.build(model_fn, *methods.resolve(name), algorithm_config=_CONFIG,
-                         num_clients=len(train_data.client_ids), client_execution=mode)
+            mode: str = client_execution.WORKER, hyperparameters: Optional[Hyperparameters] = None,
+            attacked: Sequence[str] = ()):
+  """`rounds` rounds of method `name`; with `attacked` clients, under the omniscient attack. Returns (rows, method)."""
+  hyperparameters = hyperparameters or Hyperparameters(_CONFIG, registry.AggregatorParams(), 'defaults')
+  update_corruption = None if not attacked else methods.UpdateCorruption(
+      'omniscient', tuple(attacked), tuple(train_data.client_ids), seed)
+  method = methods.build(model_fn, *methods.resolve(name), algorithm_config=hyperparameters.config,
+                         aggregator_params=hyperparameters.params, num_clients=len(train_data.client_ids),
+                         metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize,
+                         update_corruption=update_corruption, client_execution=mode)
   process = method.process
   state = simulation.seeded_initial_state(process, build_keras, seed)  # Same start for every method.
-  bar = progress.RoundProgress(rounds, label=name)
+  bar = progress.RoundProgress(rounds, label=f'{name} (omniscient)' if attacked else name)
   rows = []
   for round_num in range(1, rounds + 1):
     datasets = [
@@ -82,7 +152,7 @@ def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int
     row.update(simulation.flatten_metrics(metrics))
     rows.append(row)
     bar.update(round_num, acc=row['test/accuracy'])
-  return rows, method.client_devices()
+  return rows, method
 
 
 def main(argv):
@@ -109,21 +179,47 @@ def main(argv):
   os.makedirs(out_dir, exist_ok=True)
 
   num_train = sum(train_data.num_examples(c) for c in train_data.client_ids)
+  is_study_setting = (_PARTITION.value, _NUM_CLIENTS.value, _MODEL.value) == ('label_skew', 10, 'cnn')
+  chosen = choose_hyperparameters(names, _STUDY_RESULTS.value, is_study_setting)
+  attacked = corruption.corrupted_clients(train_data.client_ids, CORRUPT_FRACTION, _SEED.value)
   print(f'Digits ({num_train} train / {len(data.test_y)} test), {_PARTITION.value}, '
-        f'{_NUM_CLIENTS.value} clients, {_MODEL.value} model, FedAvg (client SGD lr {_CONFIG.client_lr}, '
-        f'momentum {_CONFIG.client_momentum}), {_ROUNDS.value} rounds, seed {_SEED.value}.')
+        f'{_NUM_CLIENTS.value} clients (all per round), {_MODEL.value} model, FedAvg (client SGD momentum '
+        f'{_CONFIG.client_momentum}, {_LOCAL_EPOCHS} local epoch, batch {_BATCH_SIZE}), {_ROUNDS.value} rounds, '
+        f'seed {_SEED.value}; client metrics through secure sums.')
+  print('Hyperparameters per method:')
+  for name in names:
+    h = chosen[name]
+    tau = f', tau {h.params.tau:g}' if methods.resolve(name)[1].startswith('gma') else ''
+    print(f'  {name}: client lr {h.config.client_lr:g}, server lr {h.config.server_lr:g}{tau} ({h.source})')
+  print(f'audit: the static audit of one round (PASS: client data reaches the server only through means and secure '
+        f'sums). omniscient: test accuracy after {_OMNISCIENT_ROUNDS.value} rounds with {len(attacked)} of '
+        f'{len(train_data.client_ids)} clients ({CORRUPT_FRACTION:.0%}) sending the omniscient attack (a simulated '
+        f'attacker that knows every honest update and turns the weighted mean into minus the honest mean).')
   summary = {}
   for name in names:
     start = time.monotonic()
-    rows, devices = run_one(name, train_data, evaluator, build_keras, model_fn, _ROUNDS.value, _SEED.value, mode)
+    rows, method = run_one(name, train_data, evaluator, build_keras, model_fn, _ROUNDS.value, _SEED.value, mode,
+                           chosen[name])
     accuracy = [r['test/accuracy'] for r in rows]
+    report = audit.audit_computation(method.process)
+    omniscient = None
+    if _OMNISCIENT_ROUNDS.value > 0 and can_be_attacked(name) and mode == client_execution.WORKER:
+      attack_rows, _ = run_one(name, train_data, evaluator, build_keras, model_fn, _OMNISCIENT_ROUNDS.value,
+                               _SEED.value, mode, chosen[name], attacked)
+      omniscient = attack_rows[-1]['test/accuracy']
     summary[name] = {
         'description': methods.METHOD_DESCRIPTIONS.get(name, name),
         'final_accuracy': float(np.mean(accuracy[-5:])),
         'best_accuracy': float(np.max(accuracy)),
         'final_loss': rows[-1]['test/loss'],
+        # FAIL names the intrinsics that reach the server otherwise (e.g. TFF's MeanFactory's plain federated_sum).
+        'audit': 'PASS' if report.ok else f"FAIL ({', '.join(sorted({v.intrinsic for v in report.violations}))})",
+        'audit_violations': [str(v) for v in report.violations],
+        'omniscient_accuracy': omniscient,
+        'hyperparameters': {'client_lr': chosen[name].config.client_lr, 'server_lr': chosen[name].config.server_lr,
+                            'tau': chosen[name].params.tau, 'source': chosen[name].source},
         'seconds': time.monotonic() - start,
-        'client_devices': devices,  # Where its clients trained.
+        'client_devices': method.client_devices(),  # Where its clients trained.
     }
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k != 'round', k))
     with open(os.path.join(out_dir, f'metrics_{name.replace("/", "-")}.csv'), 'w', newline='') as f:
@@ -131,11 +227,12 @@ def main(argv):
       writer.writeheader()
       writer.writerows(rows)
 
-  table = ['| aggregator | final acc. (mean of last 5 rounds) | best acc. | final loss | time (s) |',
-           '|---|---|---|---|---|']
+  table = ['| aggregator | final acc. (mean of last 5 rounds) | best acc. | final loss | audit | '
+           f'omniscient {CORRUPT_FRACTION:.0%} | time (s) |', '|---|---|---|---|---|---|---|']
   for name, s in summary.items():
+    attacked_cell = 'n/a' if s['omniscient_accuracy'] is None else f"{s['omniscient_accuracy']:.4f}"
     table.append(f"| {name} | {s['final_accuracy']:.4f} | {s['best_accuracy']:.4f} | {s['final_loss']:.4f} | "
-                 f"{s['seconds']:.1f} |")
+                 f"{s['audit']} | {attacked_cell} | {s['seconds']:.1f} |")
   print('\n' + '\n'.join(table))
   with open(os.path.join(out_dir, 'comparison.md'), 'w') as f:
     f.write('\n'.join(table) + '\n')

@@ -72,6 +72,7 @@ from absl import logging
 import numpy as np
 
 from tff_gma import runtime
+from training import client_execution
 from training import experiment
 from training import reproduce_rfa
 
@@ -136,7 +137,8 @@ def define_flags() -> None:
   flags.DEFINE_string('output_dir', 'outputs/gma_study', 'Where runs and results go.')
   flags.DEFINE_string('shard', '0/1', 'i/n: run only the cells whose name hashes to i mod n, so that n processes '
                       'share the study; a last call without --shard collects.')
-  flags.DEFINE_enum('client_execution', 'worker', ['worker', 'local'], "Where clients train (the runner's flag).")
+  flags.DEFINE_enum('client_execution', client_execution.WORKER, list(client_execution.MODES),
+                    "Where clients train (the runner's --client_execution).")
 
 
 class Run(NamedTuple):
@@ -166,14 +168,13 @@ def is_gma(aggregator: str) -> bool:
 
 
 def run_config(run: Run, output_dir: str, rounds: Optional[int] = None,
-               client_execution: str = 'worker') -> experiment.ExperimentConfig:
+               execution: str = client_execution.WORKER) -> experiment.ExperimentConfig:
   setting = SETTINGS[run.setting]
   return experiment.ExperimentConfig(
       **setting.config, algorithm=run.algorithm, aggregator=run.aggregator, client_lr=run.client_lr,
       server_lr=run.server_lr, tau=run.tau, seed=run.seed, rounds=rounds or setting.rounds,
-      validation_fraction=VALIDATION_FRACTION if run.tuning else 0.0,
-      output_dir=os.path.join(output_dir, 'runs', run.name),
-      **({} if client_execution == 'worker' else {'client_execution': client_execution}))
+      validation_fraction=VALIDATION_FRACTION if run.tuning else 0.0, client_execution=execution,
+      output_dir=os.path.join(output_dir, 'runs', run.name))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -215,14 +216,15 @@ def converged(values: Sequence[float]) -> bool:
 class Study:
   """The study's runs and what is known of them (finished runs read back from their directories)."""
 
-  def __init__(self, settings, methods, client_lrs, taus, seeds, output_dir, rounds=None, client_execution='worker'):
+  def __init__(self, settings, methods, client_lrs, taus, seeds, output_dir, rounds=None,
+               execution=client_execution.WORKER):
     self.settings, self.client_lrs, self.taus, self.seeds = settings, client_lrs, taus, seeds
     self.methods = {s: [m for m in SETTINGS[s].methods if not methods or f'{m[0]}/{m[1]}' in methods]
                     for s in settings}
-    self.output_dir, self.rounds, self.client_execution = output_dir, rounds, client_execution
+    self.output_dir, self.rounds, self.execution = output_dir, rounds, execution
 
   def config(self, run: Run) -> experiment.ExperimentConfig:
-    return run_config(run, self.output_dir, self.rounds, self.client_execution)
+    return run_config(run, self.output_dir, self.rounds, self.execution)
 
   def summary(self, run: Run) -> Optional[dict[str, Any]]:
     return reproduce_rfa.finished_summary(self.config(run))
