@@ -127,7 +127,8 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  flags.DEFINE_enum('stage', 'all', ['all', 'tune', 'final'], 'Which stages to run (all: tuning, then final).')
+  flags.DEFINE_enum('stage', 'all', ['all', 'tune', 'final', 'collect'],
+                    'Which stages to run (all: tuning, then final; collect: none, only the results of finished runs).')
   flags.DEFINE_list('settings', list(SETTINGS), f'Settings (of {list(SETTINGS)}).')
   flags.DEFINE_list('methods', [], 'Restrict to these ALGORITHM/AGGREGATOR methods (default: each setting\'s).')
   flags.DEFINE_list('client_lrs', [str(x) for x in CLIENT_LRS], 'Tuning grid: client learning rates.')
@@ -457,8 +458,9 @@ def main(argv):
         study.config(run).validate()
   except ValueError as e:
     raise app.UsageError(f'invalid study settings: {e}') from e
-  runtime.set_simulation_context()
-  run_all(study, FLAGS.stage, shard, num_shards)
+  if FLAGS.stage != 'collect':
+    runtime.set_simulation_context()
+    run_all(study, FLAGS.stage, shard, num_shards)
   print(write_results(study, collect(study)))
   print(f'Results: {os.path.abspath(study.output_dir)}/results.md')
 
