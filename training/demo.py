@@ -51,23 +51,29 @@ from training import progress
 from training import registry
 from training import simulation
 
-_ROUNDS = flags.DEFINE_integer('rounds', 25, 'Rounds per aggregator.')
-_NUM_CLIENTS = flags.DEFINE_integer('num_clients', 10, 'Clients (all take part in every round).')
-_PARTITION = flags.DEFINE_enum('partition', 'label_skew', list(digits.PARTITIONS), 'How the digits are split.')
-_MODEL = flags.DEFINE_enum('model', 'cnn', ['cnn', 'logistic', 'lenet'], 'Keras model.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed for the partition, the model init and the client data order.')
-_AGGREGATORS = flags.DEFINE_list('aggregators', None, 'Methods to compare (training.methods.resolve names: an '
-                                 'aggregator, a composed algorithm, or ALGORITHM/AGGREGATOR; default: the project\'s).')
-_CLIENT_EXECUTION = flags.DEFINE_enum(
-    'client_execution', client_execution.WORKER, list(client_execution.MODES),
-    'Where clients train: worker (the TFF worker) or local (this process\'s TensorFlow, its GPU if any; FedAvg '
-    'family only: by default the methods that cannot are left out).')
-_OUTPUT_DIR = flags.DEFINE_string('output_dir', 'outputs/demo', 'Where a timestamped run folder is written.')
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_STUDY_RESULTS = flags.DEFINE_string(
-    'study_results', os.path.join(_ROOT, 'docs', 'gma_study.json'),
-    'The GMA study\'s results.json: the hyperparameters it chose per setting and method.')
-_OMNISCIENT_ROUNDS = flags.DEFINE_integer('omniscient_rounds', 10, 'Rounds of the omniscient column (0: leave it out).')
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The demo's flags (defined when run as a program, so that importing the module defines none)."""
+  flags.DEFINE_integer('rounds', 25, 'Rounds per aggregator.')
+  flags.DEFINE_integer('num_clients', 10, 'Clients (all take part in every round).')
+  flags.DEFINE_enum('partition', 'label_skew', list(digits.PARTITIONS), 'How the digits are split.')
+  flags.DEFINE_enum('model', 'cnn', ['cnn', 'logistic', 'lenet'], 'Keras model.')
+  flags.DEFINE_integer('seed', 0, 'Seed for the partition, the model init and the client data order.')
+  flags.DEFINE_list('aggregators', None, 'Methods to compare (training.methods.resolve names: an aggregator, a '
+                    'composed algorithm, or ALGORITHM/AGGREGATOR; default: the project\'s).')
+  flags.DEFINE_enum(
+      'client_execution', client_execution.WORKER, list(client_execution.MODES),
+      'Where clients train: worker (the TFF worker) or local (this process\'s TensorFlow, its GPU if any; FedAvg '
+      'family only: by default the methods that cannot are left out).')
+  flags.DEFINE_string('output_dir', 'outputs/demo', 'Where a timestamped run folder is written.')
+  flags.DEFINE_string(
+      'study_results', os.path.join(_ROOT, 'docs', 'gma_study.json'),
+      'The GMA study\'s results.json: the hyperparameters it chose per setting and method.')
+  flags.DEFINE_integer('omniscient_rounds', 10, 'Rounds of the omniscient column (0: leave it out).')
+
 
 # The project's private aggregators and methods (the non-private robust baselines of the RFA study are left out:
 # they are study baselines, run them with --aggregators).
@@ -158,54 +164,54 @@ def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  mode = _CLIENT_EXECUTION.value
-  names = _AGGREGATORS.value or [m for m in DEFAULT_METHODS if runs_in(m, mode)]
+  mode = FLAGS.client_execution
+  names = FLAGS.aggregators or [m for m in DEFAULT_METHODS if runs_in(m, mode)]
   for name in names:
     try:
       methods.check(*methods.resolve(name), client_execution=mode)
     except ValueError as e:
       raise app.UsageError(f'--aggregators: {e}') from None
-  left_out = [] if _AGGREGATORS.value else [m for m in DEFAULT_METHODS if m not in names]
+  left_out = [] if FLAGS.aggregators else [m for m in DEFAULT_METHODS if m not in names]
   if left_out:
     print(f'--client_execution={mode}: leaving out {", ".join(left_out)} (their client work runs only in the TFF '
           f'worker)')
   runtime.set_simulation_context()
-  data = digits.federated_data(_PARTITION.value, _NUM_CLIENTS.value, _SEED.value)
+  data = digits.federated_data(FLAGS.partition, FLAGS.num_clients, FLAGS.seed)
   train_data = data.train
-  build_keras = models.keras_builder(_MODEL.value, data.input_shape, data.num_classes)
+  build_keras = models.keras_builder(FLAGS.model, data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
   evaluator = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
-  out_dir = os.path.join(_OUTPUT_DIR.value, datetime.datetime.now().strftime('%Y%m%d-%H%M%S'))
+  out_dir = os.path.join(FLAGS.output_dir, datetime.datetime.now().strftime('%Y%m%d-%H%M%S'))
   os.makedirs(out_dir, exist_ok=True)
 
   num_train = sum(train_data.num_examples(c) for c in train_data.client_ids)
-  is_study_setting = (_PARTITION.value, _NUM_CLIENTS.value, _MODEL.value) == ('label_skew', 10, 'cnn')
-  chosen = choose_hyperparameters(names, _STUDY_RESULTS.value, is_study_setting)
-  attacked = corruption.corrupted_clients(train_data.client_ids, CORRUPT_FRACTION, _SEED.value)
-  print(f'Digits ({num_train} train / {len(data.test_y)} test), {_PARTITION.value}, '
-        f'{_NUM_CLIENTS.value} clients (all per round), {_MODEL.value} model, FedAvg (client SGD momentum '
-        f'{_CONFIG.client_momentum}, {_LOCAL_EPOCHS} local epoch, batch {_BATCH_SIZE}), {_ROUNDS.value} rounds, '
-        f'seed {_SEED.value}; client metrics through secure sums.')
+  is_study_setting = (FLAGS.partition, FLAGS.num_clients, FLAGS.model) == ('label_skew', 10, 'cnn')
+  chosen = choose_hyperparameters(names, FLAGS.study_results, is_study_setting)
+  attacked = corruption.corrupted_clients(train_data.client_ids, CORRUPT_FRACTION, FLAGS.seed)
+  print(f'Digits ({num_train} train / {len(data.test_y)} test), {FLAGS.partition}, '
+        f'{FLAGS.num_clients} clients (all per round), {FLAGS.model} model, FedAvg (client SGD momentum '
+        f'{_CONFIG.client_momentum}, {_LOCAL_EPOCHS} local epoch, batch {_BATCH_SIZE}), {FLAGS.rounds} rounds, '
+        f'seed {FLAGS.seed}; client metrics through secure sums.')
   print('Hyperparameters per method:')
   for name in names:
     h = chosen[name]
     tau = f', tau {h.params.tau:g}' if methods.resolve(name)[1].startswith('gma') else ''
     print(f'  {name}: client lr {h.config.client_lr:g}, server lr {h.config.server_lr:g}{tau} ({h.source})')
   print(f'audit: the static audit of one round (PASS: client data reaches the server only through means and secure '
-        f'sums). omniscient: test accuracy after {_OMNISCIENT_ROUNDS.value} rounds with {len(attacked)} of '
+        f'sums). omniscient: test accuracy after {_OMNISCIENTFLAGS.rounds} rounds with {len(attacked)} of '
         f'{len(train_data.client_ids)} clients ({CORRUPT_FRACTION:.0%}) sending the omniscient attack (a simulated '
         f'attacker that knows every honest update and turns the weighted mean into minus the honest mean).')
   summary = {}
   for name in names:
     start = time.monotonic()
-    rows, method = run_one(name, train_data, evaluator, build_keras, model_fn, _ROUNDS.value, _SEED.value, mode,
+    rows, method = run_one(name, train_data, evaluator, build_keras, model_fn, FLAGS.rounds, FLAGS.seed, mode,
                            chosen[name])
     accuracy = [r['test/accuracy'] for r in rows]
     report = audit.audit_computation(method.process)
     omniscient = None
-    if _OMNISCIENT_ROUNDS.value > 0 and can_be_attacked(name) and mode == client_execution.WORKER:
-      attack_rows, _ = run_one(name, train_data, evaluator, build_keras, model_fn, _OMNISCIENT_ROUNDS.value,
-                               _SEED.value, mode, chosen[name], attacked)
+    if _OMNISCIENTFLAGS.rounds > 0 and can_be_attacked(name) and mode == client_execution.WORKER:
+      attack_rows, _ = run_one(name, train_data, evaluator, build_keras, model_fn, _OMNISCIENTFLAGS.rounds,
+                               FLAGS.seed, mode, chosen[name], attacked)
       omniscient = attack_rows[-1]['test/accuracy']
     summary[name] = {
         'description': methods.METHOD_DESCRIPTIONS.get(name, name),
@@ -237,10 +243,11 @@ def main(argv):
   with open(os.path.join(out_dir, 'comparison.md'), 'w') as f:
     f.write('\n'.join(table) + '\n')
   with open(os.path.join(out_dir, 'summary.json'), 'w') as f:
-    flag_values = {f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])}
+    flag_values = {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.modules[__name__])}
     json.dump({'flags': flag_values, 'aggregators': summary}, f, indent=2)
   print(f'\nFull outputs (per-round metrics CSV, summary.json, comparison.md): {os.path.abspath(out_dir)}')
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)
