@@ -78,7 +78,8 @@ def test_verdicts_follow_the_gains():
   assert gains[('label100', 'fedavg')] == pytest.approx(5.0)
   assert gains[('label10', 'fedadam')] == pytest.approx(-2.0)
   text = '\n'.join(reproduce_gma.verdicts(records))
-  assert 'GMA above AVG in 2 of 5 cells' in text and 'does not hold (majority' in text
+  assert 'by more than 0.5 points in 2 of 5 cells, within 0.5 in 1, below in 2' in text
+  assert 'does not hold (majority' in text
   assert 'gain iid +0.00, label skew -1.00; does not hold' in text
   assert '10 clients +1.00, 100 clients +5.00; holds' in text
   assert 'in 0 of 1 FedAdam/FedYogi cells; does not hold' in text
