@@ -198,7 +198,7 @@ def main(argv):
     tau = f', tau {h.params.tau:g}' if methods.resolve(name)[1].startswith('gma') else ''
     print(f'  {name}: client lr {h.config.client_lr:g}, server lr {h.config.server_lr:g}{tau} ({h.source})')
   print(f'audit: the static audit of one round (PASS: client data reaches the server only through means and secure '
-        f'sums). omniscient: test accuracy after {_OMNISCIENTFLAGS.rounds} rounds with {len(attacked)} of '
+        f'sums). omniscient: test accuracy after {FLAGS.omniscient_rounds} rounds with {len(attacked)} of '
         f'{len(train_data.client_ids)} clients ({CORRUPT_FRACTION:.0%}) sending the omniscient attack (a simulated '
         f'attacker that knows every honest update and turns the weighted mean into minus the honest mean).')
   summary = {}
@@ -209,8 +209,8 @@ def main(argv):
     accuracy = [r['test/accuracy'] for r in rows]
     report = audit.audit_computation(method.process)
     omniscient = None
-    if _OMNISCIENTFLAGS.rounds > 0 and can_be_attacked(name) and mode == client_execution.WORKER:
-      attack_rows, _ = run_one(name, train_data, evaluator, build_keras, model_fn, _OMNISCIENTFLAGS.rounds,
+    if FLAGS.omniscient_rounds > 0 and can_be_attacked(name) and mode == client_execution.WORKER:
+      attack_rows, _ = run_one(name, train_data, evaluator, build_keras, model_fn, FLAGS.omniscient_rounds,
                                FLAGS.seed, mode, chosen[name], attacked)
       omniscient = attack_rows[-1]['test/accuracy']
     summary[name] = {
