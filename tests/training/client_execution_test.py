@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 import tests
+from tests.training import interrupt
 from tff_gma import models
 from tff_gma.data import digits
 from training import client_execution
@@ -186,23 +187,12 @@ _TOY = dict(dataset='digits', partition='label_skew', num_clients=4, clients_per
             batch_size=32, seed=3)
 
 
-class _Interrupt(Exception):
-  pass
-
-
 def test_a_local_run_interrupted_and_resumed_equals_the_uninterrupted_one(tmp_path):
   from training import experiment  # pylint: disable=g-import-not-at-top
   config = experiment.ExperimentConfig(**_TOY, rounds=3, client_execution='local')
   whole = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'a')), show_progress=False)
-
-  def stop_after_two(round_num, state):
-    del state
-    if round_num == 2:
-      raise _Interrupt()
-
   config_b = dataclasses.replace(config, output_dir=str(tmp_path / 'b'))
-  with pytest.raises(_Interrupt):
-    experiment.run(config_b, show_progress=False, on_round=stop_after_two)
+  interrupt.run_until(config_b, 2)
   rounds_seen = []
   resumed = experiment.run(config_b, show_progress=False, on_round=lambda r, s: rounds_seen.append(r))
   assert rounds_seen == [3]

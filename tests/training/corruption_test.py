@@ -9,6 +9,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from absl import flags
 
+from tests.training import interrupt
 from training import corruption
 from tff_gma import models
 from training import simulation
@@ -239,22 +240,11 @@ def test_omniscient_runner_round_moves_the_model_by_the_negated_honest_mean(tmp_
     np.testing.assert_allclose(bad - start, -(good - start), rtol=1e-4, atol=2e-6)
 
 
-class _Interrupt(Exception):
-  pass
-
-
 def test_gaussian_corruption_runs_and_resumes_exactly(tmp_path):
   config = dataclasses.replace(_TOY, corruption='gaussian', corrupt_fraction=0.34, rounds=2, eval_every=2)
   whole = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'a')), show_progress=False)
-
-  def stop(round_num, state):
-    del state
-    if round_num == 1:
-      raise _Interrupt()
-
   resumed_config = dataclasses.replace(config, output_dir=str(tmp_path / 'b'))
-  with pytest.raises(_Interrupt):
-    experiment.run(resumed_config, show_progress=False, on_round=stop)
+  interrupt.run_until(resumed_config, 1)
   resumed = experiment.run(resumed_config, show_progress=False)
   for a, b in zip(_trainable(whole), _trainable(resumed)):
     np.testing.assert_array_equal(a, b)

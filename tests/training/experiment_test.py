@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.training import interrupt
 from training import checkpoints
 from training import dir_lock
 from training import experiment
@@ -47,21 +48,10 @@ def test_outputs_and_summary(tmp_path):
   assert summary['final_accuracy'] == saved['final_accuracy']
 
 
-class _Interrupt(Exception):
-  pass
-
-
 def test_interrupted_and_resumed_run_equals_uninterrupted_run(tmp_path):
   whole = experiment.run(dataclasses.replace(_TOY, output_dir=str(tmp_path / 'a')), show_progress=False)
-
-  def stop_after_two(round_num, state):
-    del state
-    if round_num == 2:
-      raise _Interrupt()
-
   config_b = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'b'))
-  with pytest.raises(_Interrupt):
-    experiment.run(config_b, show_progress=False, on_round=stop_after_two)
+  interrupt.run_until(config_b, 2)
   rounds_seen = []
   resumed = experiment.run(config_b, show_progress=False, on_round=lambda r, s: rounds_seen.append(r))
   assert rounds_seen == [3]  # Only the missing round ran.
@@ -73,6 +63,28 @@ def test_interrupted_and_resumed_run_equals_uninterrupted_run(tmp_path):
   longer = experiment.run(dataclasses.replace(config_b, rounds=4), show_progress=False,
                           on_round=lambda r, s: rounds_seen.append(r))
   assert rounds_seen == [3, 4] and longer.summary['rounds_completed'] == 4
+
+
+def test_checkpoint_every_saves_fewer_states_and_resumes_from_the_newest(tmp_path):
+  config = dataclasses.replace(_TOY, rounds=5)
+  whole = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'a')), show_progress=False)
+  config_b = dataclasses.replace(config, output_dir=str(tmp_path / 'b'))
+  interrupt.run_until(config_b, 4, checkpoint_every=3)
+  assert sorted(checkpoints.saved_rounds(config_b.output_dir)) == [0, 3]
+  assert [r['round'] for r in experiment._read_rows(os.path.join(config_b.output_dir, 'metrics.csv'))] == [
+      1, 2, 3, 4]
+  rounds_seen = []
+  resumed = experiment.run(config_b, show_progress=False, on_round=lambda r, s: rounds_seen.append(r),
+                           checkpoint_every=3)
+  assert rounds_seen == [4, 5]  # Round 4 had no checkpoint: it runs again, its first row dropped.
+  assert sorted(checkpoints.saved_rounds(config_b.output_dir)) == [0, 3, 5]  # The last round always saves.
+  for a, b in zip(_weights(whole), _weights(resumed)):
+    np.testing.assert_array_equal(a, b)
+  rows = experiment._read_rows(os.path.join(config_b.output_dir, 'metrics.csv'))
+  assert [r['round'] for r in rows] == [1, 2, 3, 4, 5]
+  for bad in (0, -1, 1.5, True):
+    with pytest.raises(ValueError, match='checkpoint_every'):
+      experiment.run(config_b, show_progress=False, checkpoint_every=bad)
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):
@@ -168,15 +180,8 @@ def test_algorithm_with_aggregator(algorithm, aggregator, tmp_path):
 def test_scaffold_run_resumes_exactly_with_client_control_variates(tmp_path):
   base = dataclasses.replace(_TOY, algorithm='scaffold', aggregator='mean', rounds=3, partition='iid')
   whole = experiment.run(dataclasses.replace(base, output_dir=str(tmp_path / 'a')), show_progress=False)
-
-  def stop_after_two(round_num, state):
-    del state
-    if round_num == 2:
-      raise _Interrupt()
-
   config_b = dataclasses.replace(base, output_dir=str(tmp_path / 'b'))
-  with pytest.raises(_Interrupt):
-    experiment.run(config_b, show_progress=False, on_round=stop_after_two)
+  interrupt.run_until(config_b, 2)
   resumed = experiment.run(config_b, show_progress=False)
   for a, b in zip(_weights(whole), _weights(resumed)):
     np.testing.assert_array_equal(a, b)

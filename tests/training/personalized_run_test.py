@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from tests.training import interrupt
 from training import experiment
 from training.client_state import ClientStateStore
 
@@ -19,21 +20,10 @@ def test_update_corruption_is_refused_for_personalized_rfa():
     dataclasses.replace(_TOY, corruption='omniscient', corrupt_fraction=0.2).validate()
 
 
-class _Interrupt(Exception):
-  pass
-
-
 def test_personalized_rfa_runs_and_resumes_exactly(tmp_path):
   whole = experiment.run(dataclasses.replace(_TOY, output_dir=str(tmp_path / 'a')), show_progress=False)
-
-  def stop(round_num, state):
-    del state
-    if round_num == 1:
-      raise _Interrupt()
-
   config_b = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'b'))
-  with pytest.raises(_Interrupt):
-    experiment.run(config_b, show_progress=False, on_round=stop)
+  interrupt.run_until(config_b, 1)
   assert os.path.exists(tmp_path / 'b' / 'personal' / 'round_1.npz')
   resumed = experiment.run(config_b, show_progress=False)
 

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -51,6 +52,17 @@ def test_the_winner_is_the_best_validation_score_once_every_run_finished(tmp_pat
                  'config': dataclasses.asdict(config)}, f)
   assert study.winner(runs) == runs[1]
   assert study.winner(runs[:1] + [runs[0]._replace(client_lr=0.3)]) is None  # One unfinished run: no winner.
+
+
+def test_a_final_stage_call_returns_when_tuning_is_unfinished(tmp_path, capsys):
+  # It must not wait for tuning runs that no `final` shard runs (it used to poll forever with --shard=i/n).
+  study = reproduce_gma.Study(['label10'], ['fedavg/mean'], (0.01,), (), (0,), str(tmp_path))
+  call = threading.Thread(target=reproduce_gma.run_all, args=(study, 'final', 0, 2, 0.01), daemon=True)
+  call.start()
+  call.join(timeout=60)
+  assert not call.is_alive(), 'run_all(stage=final) is still waiting for tuning runs'
+  assert '1 (setting, method) cells wait for tuning' in capsys.readouterr().out
+  assert not (tmp_path / 'runs').exists()  # Nothing ran.
 
 
 def test_convergence_rule():
