@@ -104,6 +104,9 @@ class Setting(NamedTuple):
 
 _CNN = dict(dataset='digits', model='cnn', local_epochs=1, batch_size=16, eval_every=1)
 _CONVEX = dict(_CNN, model='logistic', batch_size=1000)  # One full-batch step per round (<= 1,000 examples).
+# One gradient step per round: at 100 rounds every convex tuning run was still rising (best, client lr 0.1: +1.4
+# points in its last 10 rounds, 87.7%); the paper runs them "until convergence" (App. E). Rounds are cheap here.
+CONVEX_ROUNDS = 500
 SETTINGS = {
     'label10': Setting('label skew k=2, 10 clients, 10 per round',
                        dict(_CNN, partition='label_skew', classes_per_client=2, num_clients=10, clients_per_round=10),
@@ -120,10 +123,11 @@ SETTINGS = {
                            dict(_CNN, partition='dirichlet', alpha=0.1, num_clients=10, clients_per_round=10),
                            FEDAVG_METHODS, 100),
     'convex_iid': Setting('convex: logistic, 1 local step, iid, 10 clients',
-                          dict(_CONVEX, partition='iid', num_clients=10, clients_per_round=10), CONVEX_METHODS, 100),
+                          dict(_CONVEX, partition='iid', num_clients=10, clients_per_round=10), CONVEX_METHODS,
+                          CONVEX_ROUNDS),
     'convex_label': Setting('convex: logistic, 1 local step, label skew k=2, 10 clients',
                             dict(_CONVEX, partition='label_skew', classes_per_client=2, num_clients=10,
-                                 clients_per_round=10), CONVEX_METHODS, 100),
+                                 clients_per_round=10), CONVEX_METHODS, CONVEX_ROUNDS),
 }
 HEADLINE_SETTINGS = ('label10', 'label100', 'feature10')
 
@@ -247,7 +251,7 @@ class Study:
 
   def tuned(self, setting: str, algorithm: str, aggregator: str) -> tuple[list[Run], Optional[Run]]:
     """(the tuning runs known so far, the chosen run or None while tuning is incomplete)."""
-    first = [r for r in stage1_runs(setting, [(algorithm, aggregator)], self.client_lrs)]
+    first = stage1_runs(setting, [(algorithm, aggregator)], self.client_lrs)
     best = self.winner(first)
     if best is None:
       return first, None
