@@ -34,6 +34,7 @@ class CentralEvaluator:
   batch_size: int = 512
   pad_id: Optional[int] = None
   _model: Optional[tf.keras.Model] = dataclasses.field(default=None, init=False, repr=False, compare=False)
+  _model_classes: tuple = dataclasses.field(default=(), init=False, repr=False, compare=False)
 
   def __call__(self, model_weights: tff.learning.models.ModelWeights) -> dict[str, float]:
     return self.evaluate_arrays(model_weights, self.x, self.y)
@@ -61,14 +62,20 @@ class CentralEvaluator:
     ])
 
   def _keras_model(self, x: np.ndarray) -> tf.keras.Model:
-    # One Keras copy per evaluator, built at its first call and called eagerly: building one costs ~0.13 s for the
-    # digits CNN (measured: more than the round's training in the 10-of-100 GMA study settings, evaluated three
-    # times a round). Built at the first call, not in __init__, so that it exists only after TFF has traced the
-    # process's models (which it builds inside graphs).
-    if self._model is None:
+    # One Keras copy, reused while it is valid: building one per call cost ~0.13 s for the digits CNN, more than a
+    # round's training in the 10-of-100 GMA study settings, which evaluate three times a round. It is valid until a
+    # Keras model is made inside a graph (TFF traces its models in graphs): Keras then swaps the layer classes to
+    # their TF1 bases, and every model made before fails ("Your Layer or Model is in an invalid state"). The
+    # classes' MROs as of the build tell; a fresh build made eagerly swaps them back.
+    if self._model is None or self._classes_of(self._model) != self._model_classes:
       self._model = self.build_keras()
       self._model(x[:1], training=False)
+      self._model_classes = self._classes_of(self._model)
     return self._model
+
+  @staticmethod
+  def _classes_of(model: tf.keras.Model) -> tuple[tuple[type, ...], ...]:
+    return tuple(type(m).__mro__ for m in (model, *model.submodules) if isinstance(m, tf.keras.layers.Layer))
 
 
 def hold_out(train: client_data_lib.ArrayClientData, fraction: float, seed: int

@@ -1,9 +1,13 @@
-"""training.evaluation: held-out examples for personalized evaluation."""
+"""training.evaluation: the central evaluator's Keras copy; held-out examples for personalized evaluation."""
 
 import numpy as np
 import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
 
+from tff_gma import models
 from tff_gma.data import client_data
+from tff_gma.data import digits
 from training import evaluation
 
 
@@ -25,3 +29,30 @@ def test_hold_out_splits_each_client_and_keeps_every_example():
   np.testing.assert_array_equal(again_kept.client_arrays('c3')[1], kept.client_arrays('c3')[1])
   with pytest.raises(ValueError, match='fraction'):
     evaluation.hold_out(train, 1.0, seed=3)
+
+
+def test_the_evaluator_reuses_its_keras_copy_until_a_model_is_made_in_a_graph():
+  split = digits.load_split()
+  build_keras = models.keras_builder('cnn', digits.IMAGE_SHAPE, digits.NUM_CLASSES)
+  builds = []
+
+  def counted_build():
+    builds.append(1)
+    return build_keras()
+
+  evaluator = evaluation.CentralEvaluator(counted_build, split.x_test, split.y_test)
+  reference = build_keras()  # Independent copy: its own random weights are the ones evaluated.
+  weights = tff.learning.models.ModelWeights.from_model(reference)
+  probs = tf.nn.softmax(reference(split.x_test, training=False)).numpy().astype(np.float64)
+  expected = {'accuracy': np.mean(np.argmax(probs, -1) == split.y_test),
+              'loss': -np.mean(np.log(probs[np.arange(len(probs)), split.y_test]))}
+  for _ in range(3):
+    got = evaluator(weights)
+    assert got['accuracy'] == pytest.approx(expected['accuracy'])
+    assert got['loss'] == pytest.approx(expected['loss'], rel=1e-5)
+  assert len(builds) == 1  # Reused.
+  with tf.Graph().as_default():  # As TFF builds models: this swaps Keras's layer classes to their TF1 bases.
+    build_keras()
+  got = evaluator(weights)  # The old copy would raise "invalid state" here; a new one is built instead.
+  assert len(builds) == 2
+  assert got['accuracy'] == pytest.approx(expected['accuracy'])
