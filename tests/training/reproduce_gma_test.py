@@ -98,6 +98,18 @@ def test_verdicts_follow_the_gains():
   assert 'in 4 of 5 cells' in text  # The same learning rates won for AVG and GMA, except FedAdam.
 
 
+def test_more_so_needs_a_rise_beyond_a_tie_and_a_win_at_the_end():
+  assert reproduce_gma.more_so([1.0, 5.0])
+  assert not reproduce_gma.more_so([-0.14, -0.14 + 1e-12])  # Equal gains (and losses): not "more so".
+  assert not reproduce_gma.more_so([-9.89, 0.0])  # From a loss to a tie: GMA is not better anywhere.
+  assert not reproduce_gma.more_so([1.0, 1.3])  # A rise within the tie band.
+  assert not reproduce_gma.more_so([0.0, 2.0, 1.8])  # Not rising at every step.
+  assert reproduce_gma.more_so([0.0, 2.0, 3.0])
+  records = [_record('convex_iid', 'fedavg', 'mean', 0.90), _record('convex_iid', 'fedavg', 'gma', 0.8986),
+             _record('convex_label', 'fedavg', 'mean', 0.90), _record('convex_label', 'fedavg', 'gma', 0.8986 + 1e-9)]
+  assert 'gain iid -0.14, label skew -0.14; does not hold' in '\n'.join(reproduce_gma.verdicts(records))
+
+
 def test_tiny_study_end_to_end_in_two_shards(tmp_path):
   """Two shards side by side (each waits for the other's stage-1 runs), then a collecting call reads them back."""
   out = tmp_path / 'gma'
