@@ -93,7 +93,7 @@ TAUS = (0.2, 0.6)  # Stage 2, besides STAGE1_TAU.
 PLATEAU_POINTS = 0.5
 TIE_POINTS = 0.5  # A GMA-AVG difference of the mean best accuracies within this many points counts as a tie.
 # The state is saved every 10th round (and after the last): what a run computes is the same, and saving TFF's state
-# every round cost ~0.2 s of the ~0.6 s a 10-client CNN round takes here; an interrupted run re-runs <= 9 rounds.
+# every round cost ~0.2 s of the ~0.6 s a 10-of-100 CNN round took here; an interrupted run re-runs <= 9 rounds.
 CHECKPOINT_EVERY = 10
 LAST_EVALS = experiment.LAST_EVALS_FOR_FINAL  # 10: the paper's "last 10 rounds".
 ALL_METHODS = (('fedavg', 'mean'), ('fedavg', 'gma'), ('fedavg', 'gma_binary'), ('fedprox', 'mean'),
