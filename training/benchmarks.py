@@ -27,6 +27,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
+
 _CLOCK_TICKS = os.sysconf('SC_CLK_TCK') if hasattr(os, 'sysconf') else 100
 _KIB = 1024
 
@@ -49,12 +51,6 @@ def median(values: Sequence[float]) -> float:
   return float(statistics.median(values))
 
 
-def _check_positive_int(value, name: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f'{name} must be a positive integer, got {value!r}')
-  return int(value)
-
-
 def interleaved_times(
     calls: Mapping[str, Callable[[], Any]],
     repetitions: int,
@@ -73,7 +69,7 @@ def interleaved_times(
   Returns:
     name -> the samples, in sweep order.
   """
-  repetitions = _check_positive_int(repetitions, 'repetitions')
+  repetitions = checks.check_positive_int(repetitions, 'repetitions')
   if not calls:
     raise ValueError('calls must name at least one callable')
   names = list(calls)

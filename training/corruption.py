@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators import secure_mean
 from tff_gma.data import client_data as client_data_lib
 from training import simulation
@@ -68,12 +69,7 @@ def check_corruption(corruption: str, corrupt_fraction: float) -> float:
   """Validates the pair; returns `corrupt_fraction` as a float. ValueError naming the argument otherwise."""
   if corruption not in CORRUPTIONS:
     raise ValueError(f'corruption must be one of {CORRUPTIONS}, got {corruption!r}')
-  if isinstance(corrupt_fraction, bool) or not isinstance(corrupt_fraction, (int, float, np.integer, np.floating)):
-    raise ValueError(f'corrupt_fraction must be a number in [0, 1), got {corrupt_fraction!r}')
-  fraction = float(corrupt_fraction)
-  if not 0.0 <= fraction < 1.0:
-    raise ValueError(f'corrupt_fraction must lie in [0, 1), got {corrupt_fraction!r}')
-  return fraction
+  return checks.check_fraction(corrupt_fraction, 'corrupt_fraction', high_open=True)
 
 
 def num_corrupted(num_clients: int, corrupt_fraction: float) -> int:

@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.data import client_data as client_data_lib
-from tff_gma.learning import client_lib
 
 _HOLD_OUT_STREAM = 0x5046_5241
 
@@ -85,7 +85,7 @@ def hold_out(train: client_data_lib.ArrayClientData, fraction: float, seed: int
   floor(fraction * n) examples per client, drawn from the seed, are held out (none for a client of one example);
   every client keeps at least one training example.
   """
-  fraction = client_lib.check_fraction(fraction, 'fraction', high_open=True)
+  fraction = checks.check_fraction(fraction, 'fraction', high_open=True)
   rng = np.random.default_rng(np.random.SeedSequence([seed, _HOLD_OUT_STREAM]))
   kept, held = collections.OrderedDict(), {}
   for cid in train.client_ids:

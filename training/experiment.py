@@ -68,6 +68,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma import models
 from tff_gma.data import loaders
 from training import checkpoints
@@ -181,9 +182,10 @@ class ExperimentConfig:
     positive_ints = ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size', 'eval_every',
                      'num_passes', 'classes_per_client')
     for name in positive_ints:
-      value = getattr(self, name)
-      if not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f'{name} must be a positive integer, got {value!r}')
+      try:
+        checks.check_positive_int(getattr(self, name), name)
+      except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
       raise ConfigError(f'seed must be a non-negative integer, got {self.seed!r}')
     if self.clients_per_round > self.num_clients:
@@ -467,8 +469,7 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
   `metrics.csv` rows first), only how much an interruption costs; saving TFF's state costs ~0.2 s a round for the
   digits CNN, so long studies of cheap rounds pass more than 1.
   """
-  if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-    raise ValueError(f'checkpoint_every must be a positive integer, got {checkpoint_every!r}')
+  checkpoint_every = checks.check_positive_int(checkpoint_every, 'checkpoint_every')
   prepare(config)
   with dir_lock.DirectoryLock(config.output_dir) as lock:
     if lock.stale_holder:

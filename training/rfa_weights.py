@@ -39,7 +39,6 @@ attack a corrupted client sends) and personalized RFA (another client work).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -48,6 +47,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators import geometric_median
 from training import simulation
 
@@ -64,23 +64,9 @@ class DominatedAggregateWarning(UserWarning):
 # Validation.
 
 
-def _positive_int(value, name: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-    raise ValueError(f'{name} must be a positive integer, got {value!r}')
-  return int(value)
-
-
-def _positive_finite(value, name: str) -> float:
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value <= 0:
-    raise ValueError(f'{name} must be a positive finite number, got {value!r}')
-  return float(value)
-
-
 def check_bound(bound) -> float:
   """The dominance bound must lie in (0, 1]: it is compared with a normalized weight."""
-  if isinstance(bound, bool) or not isinstance(bound, numbers.Real) or not 0 < bound <= 1:
-    raise ValueError(f'bound must lie in (0, 1], got {bound!r}')
-  return float(bound)
+  return checks.check_fraction(bound, 'bound', low_open=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,18 +82,18 @@ class RfaSettings:
   init: Optional[str] = None  # 'mean' or 'zero'; None: 'zero' with one_step, else the factory's default.
 
   def __post_init__(self):
-    _positive_int(self.num_passes, 'num_passes')
+    checks.check_positive_int(self.num_passes, 'num_passes')
     if self.one_step and self.num_passes != 1:
       raise ValueError(f'num_passes must be 1 with one_step=True, got {self.num_passes!r}')
     if self.init is not None and self.init not in ('mean', 'zero') or self.one_step and self.init == 'mean':
       raise ValueError(f"init must be 'mean' or 'zero' ('zero' with one_step=True), got {self.init!r}")
-    _positive_finite(self.smoothing, 'smoothing')
+    checks.check_positive_finite(self.smoothing, 'smoothing')
     if self.secure:
       if self.value_bound is None:
         raise ValueError('value_bound is required when secure=True, got None')
-      _positive_finite(self.value_bound, 'value_bound')
-    _positive_finite(self.weight_bound, 'weight_bound')
-    if _positive_finite(self.max_weight_ratio, 'max_weight_ratio') <= 1:
+      checks.check_positive_finite(self.value_bound, 'value_bound')
+    checks.check_positive_finite(self.weight_bound, 'weight_bound')
+    if checks.check_positive_finite(self.max_weight_ratio, 'max_weight_ratio') <= 1:
       raise ValueError(f'max_weight_ratio must be greater than 1, got {self.max_weight_ratio!r}')
 
 

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import Optional
 
@@ -20,6 +19,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning.templates import proximal_client_work  # FedProx's client work.
 
+from tff_gma import checks
 from tff_gma.learning import gma_fed_avg
 
 ALGORITHMS = ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
@@ -46,8 +46,7 @@ class AlgorithmConfig:
     if self.name not in ALGORITHMS:
       raise ValueError(f'algorithm must be one of {ALGORITHMS}, got {self.name!r}')
     for field in ('client_lr', 'server_lr'):
-      if not 0 < getattr(self, field) < math.inf:
-        raise ValueError(f'{field} must be positive and finite, got {getattr(self, field)!r}')
+      checks.check_positive_finite(getattr(self, field), field)
     if not 0 <= self.client_momentum < 1:
       raise ValueError(f'client_momentum must lie in [0, 1), got {self.client_momentum!r}')
     if self.proximal_strength < 0:

@@ -51,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators import paired_values
 from tff_gma.aggregators import secure_mean
 
@@ -159,14 +160,14 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
       ValueError: for an invalid argument (the message names it).
     """
     self._tau = _check_tau(tau)
-    self._secure = secure_mean.check_bool(secure, 'secure')
+    self._secure = checks.check_bool(secure, 'secure')
     if value_bound is not None:
-      secure_mean.check_positive_finite(value_bound, 'value_bound')
+      checks.check_positive_finite(value_bound, 'value_bound')
     if sensitivity_bound is not None:
-      secure_mean.check_positive_finite(sensitivity_bound, 'sensitivity_bound')
+      checks.check_positive_finite(sensitivity_bound, 'sensitivity_bound')
     else:
       sensitivity_bound = value_bound
-    secure_mean.check_positive_finite(weight_bound, 'weight_bound')
+    checks.check_positive_finite(weight_bound, 'weight_bound')
     if self._secure and value_bound is None:
       raise ValueError('value_bound is required when secure=True, got None')
     self._update_mean = secure_mean.weighted_mean_factory(self._secure, value_bound, weight_bound)

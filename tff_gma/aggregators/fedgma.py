@@ -31,6 +31,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators import gradient_masked
 from tff_gma.aggregators import paired_values
 from tff_gma.aggregators import secure_mean
@@ -111,10 +112,10 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
     if isinstance(server_step_size, bool) or not step >= 0 or step == float('inf'):
       raise ValueError(f'server_step_size must be a finite non-negative number, got {server_step_size!r}')
     self._server_step_size = step
-    self._mask_threshold = secure_mean.check_fraction(mask_threshold, 'mask_threshold')
-    secure = secure_mean.check_bool(secure, 'secure')
+    self._mask_threshold = checks.check_fraction(mask_threshold, 'mask_threshold')
+    secure = checks.check_bool(secure, 'secure')
     if value_bound is not None:
-      secure_mean.check_positive_finite(value_bound, 'value_bound')
+      checks.check_positive_finite(value_bound, 'value_bound')
     if gradient_bound is None:
       gradient_bound = value_bound
     if secure and gradient_bound is None:

@@ -60,13 +60,13 @@ mean start; measured, see `DEFAULT_INIT`), smoothing nu = 1e-6, `secure=False`
 from __future__ import annotations
 
 import collections
-import numbers
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import weiszfeld
 
@@ -88,11 +88,10 @@ DEFAULT_INIT = 'zero'
 def _check_num_passes(num_passes, one_step: bool) -> int:
   if num_passes is None:
     return 1 if one_step else DEFAULT_NUM_PASSES
-  if isinstance(num_passes, bool) or not isinstance(num_passes, numbers.Integral) or num_passes < 1:
-    raise ValueError(f'num_passes must be a positive integer, got {num_passes!r}')
+  num_passes = checks.check_positive_int(num_passes, 'num_passes')
   if one_step and num_passes != 1:
     raise ValueError(f'num_passes must be 1 (or None) with one_step=True, got {num_passes!r}')
-  return int(num_passes)
+  return num_passes
 
 
 def _check_init(init, one_step: bool) -> str:
@@ -160,15 +159,15 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     Raises:
       ValueError: for an invalid argument (the message names it).
     """
-    self._one_step = secure_mean.check_bool(one_step, 'one_step')
+    self._one_step = checks.check_bool(one_step, 'one_step')
     self._num_passes = _check_num_passes(num_passes, self._one_step)
     self._init = _check_init(init, self._one_step)
-    self._smoothing = secure_mean.check_positive_finite(smoothing, 'smoothing')
-    self._secure = secure_mean.check_bool(secure, 'secure')
-    self._value_bound = None if value_bound is None else secure_mean.check_positive_finite(
+    self._smoothing = checks.check_positive_finite(smoothing, 'smoothing')
+    self._secure = checks.check_bool(secure, 'secure')
+    self._value_bound = None if value_bound is None else checks.check_positive_finite(
         value_bound, 'value_bound')
-    self._weight_bound = secure_mean.check_positive_finite(weight_bound, 'weight_bound')
-    self._max_weight_ratio = secure_mean.check_positive_finite(max_weight_ratio, 'max_weight_ratio')
+    self._weight_bound = checks.check_positive_finite(weight_bound, 'weight_bound')
+    self._max_weight_ratio = checks.check_positive_finite(max_weight_ratio, 'max_weight_ratio')
     if self._max_weight_ratio <= 1:
       raise ValueError(f'max_weight_ratio must be greater than 1, got {max_weight_ratio!r}')
     default_mean = secure_mean.weighted_mean_factory(self._secure, self._value_bound, self._weight_bound)
@@ -177,7 +176,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     elif not isinstance(mean_factory, tff.aggregators.WeightedAggregationFactory):
       raise ValueError(f'mean_factory must be a tff.aggregators.WeightedAggregationFactory, got {mean_factory!r}')
     self._mean_factory = mean_factory
-    self._report_final_objective = secure_mean.check_bool(report_final_objective, 'report_final_objective')
+    self._report_final_objective = checks.check_bool(report_final_objective, 'report_final_objective')
 
   @property
   def num_passes(self) -> int:

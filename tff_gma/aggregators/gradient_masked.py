@@ -51,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import sign_agreement
 
@@ -119,14 +120,14 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
     Raises:
       ValueError: for an invalid argument (the message names it).
     """
-    self._tau = secure_mean.check_fraction(tau, 'tau')
+    self._tau = checks.check_fraction(tau, 'tau')
     if mask not in sign_agreement.MASKS:
       raise ValueError(f'mask must be one of {sign_agreement.MASKS}, got {mask!r}')
     self._mask = mask
-    self._secure = secure_mean.check_bool(secure, 'secure')
+    self._secure = checks.check_bool(secure, 'secure')
     if value_bound is not None:
-      secure_mean.check_positive_finite(value_bound, 'value_bound')
-    secure_mean.check_positive_finite(weight_bound, 'weight_bound')
+      checks.check_positive_finite(value_bound, 'value_bound')
+    checks.check_positive_finite(weight_bound, 'weight_bound')
     if mean_factory is None:
       mean_factory = secure_mean.weighted_mean_factory(self._secure, value_bound, weight_bound)
     elif not isinstance(mean_factory, tff.aggregators.WeightedAggregationFactory):

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators import secure_mean
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -234,10 +235,7 @@ class MultiKrumFactory(_CollectingFactory):
   def __init__(self, byzantine_fraction: float, num_selected: Optional[int] = None):
     """Args: `byzantine_fraction`: beta in [0, 0.5), f = round(beta * n); `num_selected`: m (default n - f)."""
     self._byzantine_fraction = _check_fraction_below_half(byzantine_fraction, 'byzantine_fraction')
-    if num_selected is not None and (isinstance(num_selected, bool) or not isinstance(num_selected, numbers.Integral)
-                                     or num_selected < 1):
-      raise ValueError(f'num_selected must be a positive integer or None, got {num_selected!r}')
-    self._num_selected = None if num_selected is None else int(num_selected)
+    self._num_selected = checks.check_positive_int(num_selected, 'num_selected', optional=True)
 
   def _rule(self, points, weights):
     mean, m = multi_krum(points, weights, self._byzantine_fraction, self._num_selected)

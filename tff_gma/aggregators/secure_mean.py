@@ -64,12 +64,13 @@ from __future__ import annotations
 
 import collections
 import math
-import numbers
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_gma import checks
 
 SECAGG_LEVELS = 2**32 - 1  # Quantization levels of TFF's float secure sum (`primitives.secure_quantized_sum`).
 QUANTIZATION_SLACK = 1 + 1e-5  # Covers the float64 arithmetic of that quantization (module docstring: < 4e-6).
@@ -267,37 +268,6 @@ def num_elements(value_type) -> int:
   return int(sum(math.prod(leaf.shape) for leaf in _leaves(value_type)))
 
 
-def check_positive_finite(value, name: str) -> float:
-  """`float(value)` when it is a positive finite number; ValueError naming `name` otherwise."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f'{name} must be a positive finite number, got {value!r}')
-  number = float(value)
-  if not math.isfinite(number) or number <= 0:
-    raise ValueError(f'{name} must be a positive finite number, got {value!r}')
-  return number
-
-
-def check_fraction(value, name: str, *, low_open: bool = False, high_open: bool = False) -> float:
-  """`float(value)` when it is a number in [0, 1] (bounds excluded where asked); ValueError naming `name`."""
-  interval = ('(' if low_open else '[') + '0, 1' + (')' if high_open else ']')
-  if isinstance(value, (bool, np.bool_)):
-    raise ValueError(f'{name} must lie in {interval}, got {value!r} (a bool, not a number)')
-  if not isinstance(value, numbers.Real):
-    raise ValueError(f'{name} must be a number in {interval}, got {value!r}')
-  number = float(value)
-  low_ok = number > 0 if low_open else number >= 0
-  high_ok = number < 1 if high_open else number <= 1
-  if math.isnan(number) or not (low_ok and high_ok):
-    raise ValueError(f'{name} must lie in {interval}, got {value!r}')
-  return number
-
-
-def check_bool(value, name: str) -> bool:
-  if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f'{name} must be a bool, got {value!r}')
-  return bool(value)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Factories.
 
@@ -368,8 +338,8 @@ class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
 
   def __init__(self, value_bound: float, weight_bound: float = 1e4):
     """Args: `value_bound`: bound on the absolute value of every coordinate; `weight_bound`: largest weight."""
-    self._value_bound = check_positive_finite(value_bound, 'value_bound')
-    self._weight_bound = check_positive_finite(weight_bound, 'weight_bound')
+    self._value_bound = checks.check_positive_finite(value_bound, 'value_bound')
+    self._weight_bound = checks.check_positive_finite(weight_bound, 'weight_bound')
 
   @property
   def value_bound(self) -> float:

@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from tff_gma import checks
+
 DEFAULT_TRAIN_CORRELATION = (0.8, 0.9)
 DEFAULT_TEST_CORRELATION = 0.9
 
@@ -89,9 +91,7 @@ class Coloring:
       test_correlation: float = DEFAULT_TEST_CORRELATION,
   ) -> Coloring:
     """Draws distinct permutations for all clients; train correlations evenly spaced over the given range."""
-    if (isinstance(num_test_clients, bool) or not isinstance(num_test_clients, (int, np.integer))
-        or num_test_clients < 1):
-      raise ValueError(f'num_test_clients must be a positive integer, got {num_test_clients!r}')
+    checks.check_positive_int(num_test_clients, 'num_test_clients')
     try:
       low, high = (float(v) for v in train_correlation)
     except (TypeError, ValueError):

@@ -8,9 +8,9 @@ for their statistics, and the same seed always gives the same partition.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from tff_gma import checks
 
 PARTITIONS = ('iid', 'label_skew', 'dirichlet', 'quantity_skew')
 DEFAULT_CLASSES_PER_CLIENT = 2  # GMA paper, Table 1: k = 2 classes per client on (F)MNIST and CIFAR-10.
@@ -19,16 +19,9 @@ DEFAULT_BETA = 0.5  # Quantity skew; GMA paper Sec. 5.4 (after Li et al., 2021a)
 
 
 def _check_clients(labels: np.ndarray, num_clients: int) -> None:
-  if (isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1):
-    raise ValueError(f'num_clients must be a positive integer, got {num_clients!r}')
+  checks.check_positive_int(num_clients, 'num_clients')
   if num_clients > len(labels):
     raise ValueError(f'num_clients={num_clients} exceeds the number of examples ({len(labels)})')
-
-
-def _check_concentration(name: str, value: float) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not (
-      math.isfinite(value) and value > 0):
-    raise ValueError(f'{name} must be a positive finite number, got {value!r}')
 
 
 def _finish(parts: list[list[np.ndarray]]) -> list[np.ndarray]:
@@ -155,7 +148,7 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> 
   """
   labels = np.asarray(labels)
   _check_clients(labels, num_clients)
-  _check_concentration('alpha', alpha)
+  checks.check_positive_finite(alpha, 'alpha')
   rng = np.random.default_rng(seed)
   parts = [[] for _ in range(num_clients)]
   for c in np.unique(labels):
@@ -177,7 +170,7 @@ def quantity_skew(labels: np.ndarray, num_clients: int, beta: float, seed: int) 
   """
   labels = np.asarray(labels)
   _check_clients(labels, num_clients)
-  _check_concentration('beta', beta)
+  checks.check_positive_finite(beta, 'beta')
   rng = np.random.default_rng(seed)
   proportions = rng.dirichlet(np.full(num_clients, float(beta)))
   sizes = 1 + rng.multinomial(len(labels) - num_clients, proportions)

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from tff_gma import checks
+
 # The vocabulary of TFF's text-generation tutorial and Shakespeare baseline.
 CHAR_VOCAB = tuple(
     'dhlptx@DHLPTX'
@@ -42,9 +44,7 @@ def to_sequences(
     snippets: Iterable[bytes | str], sequence_length: int = DEFAULT_SEQUENCE_LENGTH,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Input and target id sequences, int32 [M, sequence_length] each, of a list of snippets."""
-  if isinstance(sequence_length, bool) or not isinstance(sequence_length, (int, np.integer)) or (
-      sequence_length < 1):
-    raise ValueError(f'sequence_length must be a positive integer, got {sequence_length!r}')
+  sequence_length = checks.check_positive_int(sequence_length, 'sequence_length')
   chunk = sequence_length + 1
   chunks = []
   for snippet in snippets:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -21,8 +20,6 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.types import computation_types  # tensorflow_to_type: no public alias
-
-from tff_gma.aggregators import secure_mean
 
 
 BATCHES = 'batches'  # The key of a client's batches in the client data of a process with client state.
@@ -108,9 +105,6 @@ def check_optimizer(optimizer, name: str) -> tff.learning.optimizers.Optimizer:
     raise ValueError(f'{name} must be a tff.learning.optimizers.Optimizer (e.g. '
                      f'tff.learning.optimizers.build_sgdm(0.1)), got {optimizer!r}')
   return optimizer
-
-
-check_fraction = secure_mean.check_fraction  # One check for fractions, shared with the aggregators.
 
 
 def broadcast_process(types: ModelTypes) -> tff.learning.templates.DistributionProcess:

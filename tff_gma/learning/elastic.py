@@ -34,6 +34,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators import elastic as elastic_aggregator
 from tff_gma.learning import client_lib
 
@@ -125,8 +126,8 @@ def build_elastic_client_work(
   Measurements: `train`, the aggregated training metrics (of the D_k batches only).
   """
   client_lib.check_optimizer(client_optimizer, 'client_optimizer_fn')
-  mu = client_lib.check_fraction(mu, 'mu', high_open=True)
-  sensitivity_fraction = client_lib.check_fraction(sensitivity_fraction, 'sensitivity_fraction', high_open=True)
+  mu = checks.check_fraction(mu, 'mu', high_open=True)
+  sensitivity_fraction = checks.check_fraction(sensitivity_fraction, 'sensitivity_fraction', high_open=True)
   types = client_lib.model_types(model_fn, metrics_aggregator)
   return client_lib.optimizer_client_work(
       types, client_optimizer, lambda: build_elastic_client_update(model_fn, mu, sensitivity_fraction))

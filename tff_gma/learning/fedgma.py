@@ -26,6 +26,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators.fedgma import DEFAULT_MASK_THRESHOLD
 from tff_gma.aggregators.fedgma import DEFAULT_SERVER_STEP_SIZE
 from tff_gma.aggregators.fedgma import FedGMAFactory
@@ -102,9 +103,7 @@ def build_fedgma_client_work(
 ) -> tff.learning.templates.ClientWorkProcess:
   """FedGMA's client work (module docstring); state = the client optimizer's hyperparameters."""
   client_lib.check_optimizer(client_optimizer, 'client_optimizer_fn')
-  if gradient_batches is not None and (isinstance(gradient_batches, bool) or not isinstance(gradient_batches, int)
-                                       or gradient_batches < 1):
-    raise ValueError(f'gradient_batches must be None or a positive int, got {gradient_batches!r}')
+  gradient_batches = checks.check_positive_int(gradient_batches, 'gradient_batches', optional=True)
   types = client_lib.model_types(model_fn, metrics_aggregator)
   return client_lib.optimizer_client_work(
       types, client_optimizer, lambda: build_fedgma_client_update(model_fn, gradient_batches))

@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.aggregators import secure_mean
 from tff_gma.learning import client_lib
 
@@ -184,11 +185,9 @@ def build_scaffold(
   Raises:
     ValueError: for an invalid argument (the message names it).
   """
-  client_lr = secure_mean.check_positive_finite(client_lr, 'client_lr')
-  server_lr = secure_mean.check_positive_finite(server_lr, 'server_lr')
-  if num_clients is not None and (isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer))
-                                  or num_clients < 1):
-    raise ValueError(f'num_clients must be None or a positive int, got {num_clients!r}')
+  client_lr = checks.check_positive_finite(client_lr, 'client_lr')
+  server_lr = checks.check_positive_finite(server_lr, 'server_lr')
+  num_clients = checks.check_positive_int(num_clients, 'num_clients', optional=True)
   if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES, tff.learning.ClientWeighting.UNIFORM):
     raise ValueError(f'client_weighting must be a tff.learning.ClientWeighting, got {client_weighting!r}')
   if model_aggregator is None:

@@ -2,7 +2,6 @@
 helpers against NumPy, the model types of a tiny Keras model, and one round of each composed process."""
 
 import collections
-import math
 
 import numpy as np
 import pytest
@@ -43,44 +42,6 @@ def _numpy_gradient(kernel, bias, batch):
 
 def _weights(values):
   return tff.learning.models.ModelWeights(trainable=[tf.Variable(v) for v in values], non_trainable=[])
-
-
-# ------------------------------------------------------------------------------------------------- check_fraction
-
-
-@pytest.mark.parametrize('value,kwargs,expected', [
-    (0, {}, 0.0), (1, {}, 1.0), (0.25, {}, 0.25), (np.float32(0.5), {}, 0.5), (np.int64(1), {}, 1.0),
-    (1, dict(low_open=True), 1.0), (0, dict(high_open=True), 0.0), (0.5, dict(low_open=True, high_open=True), 0.5),
-    (1e-12, dict(low_open=True), 1e-12), (-0.0, {}, 0.0),
-])
-def test_check_fraction_accepts(value, kwargs, expected):
-  got = client_lib.check_fraction(value, 'f', **kwargs)
-  assert type(got) is float and got == expected
-
-
-@pytest.mark.parametrize('value,kwargs,interval', [
-    (0, dict(low_open=True), '(0, 1]'), (1, dict(high_open=True), '[0, 1)'),
-    (0.0, dict(low_open=True, high_open=True), '(0, 1)'), (1.0, dict(low_open=True, high_open=True), '(0, 1)'),
-    (-0.0, dict(low_open=True), '(0, 1]'), (-1e-9, {}, '[0, 1]'), (1.000001, {}, '[0, 1]'),
-    (math.nan, {}, '[0, 1]'), (np.float32('nan'), dict(low_open=True), '(0, 1]'),
-    (math.inf, {}, '[0, 1]'), (-math.inf, {}, '[0, 1]'),
-    (True, {}, '[0, 1]'), (False, {}, '[0, 1]'),
-])
-def test_check_fraction_rejects_out_of_interval(value, kwargs, interval):
-  with pytest.raises(ValueError) as info:
-    client_lib.check_fraction(value, 'my_rate', **kwargs)
-  assert str(info.value).startswith(f'my_rate must lie in {interval}, got ')
-
-
-@pytest.mark.parametrize('value', [None, 'half', [0.5], object(), 1j])
-def test_check_fraction_rejects_non_numbers(value):
-  with pytest.raises(ValueError, match=r'my_rate must be a number in \[0, 1\]'):
-    client_lib.check_fraction(value, 'my_rate')
-
-
-def test_check_fraction_rejects_numpy_bools():
-  with pytest.raises(ValueError, match='my_rate'):
-    client_lib.check_fraction(np.bool_(True), 'my_rate')
 
 
 def test_check_optimizer():
