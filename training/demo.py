@@ -3,7 +3,7 @@
     python -m training.demo [--rounds=25] [--output_dir=outputs/demo] [--client_execution=local]
 
 The setup is the GMA study's `label10` (label skew k = 2, 10 clients all taking part, CNN, FedAvg, 1 local epoch,
-batch 16; `training.reproduce_gma`), and each method trains with the hyperparameters the study chose for it there
+batch 16; `training.studies.gma`), and each method trains with the hyperparameters the study chose for it there
 (`--study_results`, the study's `results.json` kept as `docs/gma_study.json`; the methods the study does not tune
 take FedAvg-mean's learning rates; without the study's choice, or with other demo flags, the defaults; the header
 says which). Besides accuracy the table shows what else the library is for:
@@ -11,7 +11,7 @@ says which). Besides accuracy the table shows what else the library is for:
 * `audit`: the static audit of the method's round (`tff_gma.audit`: PASS when client data reaches the server only
   through means and secure sums; the client metrics go through secure sums here, `secure_sum_then_finalize`);
 * `omniscient`: the test accuracy after `OMNISCIENT_ROUNDS` rounds from the same start with 25% of the clients
-  corrupted by the omniscient attack (`training.corruption`: a simulated attacker that knows every honest update of
+  corrupted by the omniscient attack (`training.engine.corruption`: a simulated attacker that knows every honest update of
   the round and sends updates that turn the weighted mean into minus the honest mean), for the methods whose client
   work the attack can corrupt.
 
@@ -43,13 +43,14 @@ from tff_gma import audit
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import digits
-from training import client_execution
-from training import corruption
-from training import evaluation
-from training import methods
-from training import progress
-from training import registry
-from training import simulation
+from training import config as config_lib
+from training.engine import client_execution
+from training.engine import corruption
+from training.engine import evaluation
+from training.engine import methods
+from training.runner import progress
+from training.engine import registry
+from training.runner import round_loop
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -62,7 +63,7 @@ def define_flags() -> None:
   flags.DEFINE_enum('partition', 'label_skew', list(digits.PARTITIONS), 'How the digits are split.')
   flags.DEFINE_enum('model', 'cnn', ['cnn', 'logistic', 'lenet'], 'Keras model.')
   flags.DEFINE_integer('seed', 0, 'Seed for the partition, the model init and the client data order.')
-  flags.DEFINE_list('aggregators', None, 'Methods to compare (training.methods.resolve names: an aggregator, a '
+  flags.DEFINE_list('aggregators', None, 'Methods to compare (training.engine.registry.resolve names: an aggregator, a '
                     'composed algorithm, or ALGORITHM/AGGREGATOR; default: the project\'s).')
   flags.DEFINE_enum(
       'client_execution', client_execution.WORKER, list(client_execution.MODES),
@@ -77,16 +78,16 @@ def define_flags() -> None:
 
 # The project's private aggregators and methods (the non-private robust baselines of the RFA study are left out:
 # they are study baselines, run them with --aggregators).
-DEFAULT_METHODS = ('mean', 'gma', 'gma_binary', 'rfa', 'rfa_one_step', 'elastic', 'fedgma')
-_CONFIG = simulation.AlgorithmConfig(name='fedavg', client_lr=0.05, server_lr=1.0)
-_LOCAL_EPOCHS, _BATCH_SIZE = 1, 16
+DEFAULT_METHODS = registry.method_names(registry.DEMO)
+_CONFIG = config_lib.AlgorithmConfig()
+_LOCAL_EPOCHS, _BATCH_SIZE = config_lib.ExperimentConfig.local_epochs, config_lib.ExperimentConfig.batch_size
 STUDY_SETTING = 'label10'  # The GMA study's setting that the demo's defaults are.
 CORRUPT_FRACTION = 0.25
 
 
 class Hyperparameters(NamedTuple):
-  config: simulation.AlgorithmConfig
-  params: registry.AggregatorParams
+  config: config_lib.AlgorithmConfig
+  params: config_lib.AggregatorParams
   source: str  # Where they come from, for the header.
 
 
@@ -100,16 +101,16 @@ def choose_hyperparameters(names: Sequence[str], study_results: str, is_study_se
           chosen[(record['algorithm'], record['aggregator'])] = record
   out = {}
   for name in names:
-    algorithm, aggregator = methods.resolve(name)
+    algorithm, aggregator = registry.resolve(name)
     record, source = chosen.get((algorithm, aggregator)), f'GMA study ({STUDY_SETTING})'
     if record is None and ('fedavg', 'mean') in chosen:
       record, source = chosen[('fedavg', 'mean')], f'FedAvg-mean\'s in the GMA study ({STUDY_SETTING}); not tuned'
     if record is None:
-      out[name] = Hyperparameters(_CONFIG, registry.AggregatorParams(), 'defaults (no study choice)')
+      out[name] = Hyperparameters(_CONFIG, config_lib.AggregatorParams(), 'defaults (no study choice)')
       continue
-    config = simulation.AlgorithmConfig(name='fedavg', client_lr=record['client_lr'], server_lr=record['server_lr'])
+    config = config_lib.AlgorithmConfig(name='fedavg', client_lr=record['client_lr'], server_lr=record['server_lr'])
     tau = record.get('tau') if aggregator.startswith('gma') else None
-    params = registry.AggregatorParams() if tau is None else registry.AggregatorParams(tau=tau)
+    params = config_lib.AggregatorParams() if tau is None else config_lib.AggregatorParams(tau=tau)
     out[name] = Hyperparameters(config, params, source)
   return out
 
@@ -117,7 +118,7 @@ def choose_hyperparameters(names: Sequence[str], study_results: str, is_study_se
 def runs_in(name: str, mode: str) -> bool:
   """Whether method `name` can train with `--client_execution=mode`."""
   try:
-    methods.check(*methods.resolve(name), client_execution=mode)
+    registry.check(*registry.resolve(name), client_execution=mode)
   except ValueError:
     return False
   return True
@@ -125,39 +126,38 @@ def runs_in(name: str, mode: str) -> bool:
 
 def can_be_attacked(name: str) -> bool:
   try:
-    methods.check(*methods.resolve(name), corruption='omniscient')
+    registry.check(*registry.resolve(name), corruption='omniscient')
   except ValueError:
     return False
   return True
 
 
-def run_one(name: str, train_data, evaluator, build_keras, model_fn, rounds: int, seed: int,
+def run_one(name: str, train_data, evaluator, build_keras, model_fn, num_rounds: int, seed: int,
             mode: str = client_execution.WORKER, hyperparameters: Optional[Hyperparameters] = None,
             attacked: Sequence[str] = ()):
-  """`rounds` rounds of method `name`; with `attacked` clients, under the omniscient attack. Returns (rows, method)."""
-  hyperparameters = hyperparameters or Hyperparameters(_CONFIG, registry.AggregatorParams(), 'defaults')
-  update_corruption = None if not attacked else methods.UpdateCorruption(
+  """`num_rounds` rounds of method `name`; with `attacked` clients, under the omniscient attack. Returns (rows, method)."""
+  hyperparameters = hyperparameters or Hyperparameters(_CONFIG, config_lib.AggregatorParams(), 'defaults')
+  update_corruption = None if not attacked else corruption.UpdateCorruption(
       'omniscient', tuple(attacked), tuple(train_data.client_ids), seed)
-  method = methods.build(model_fn, *methods.resolve(name), algorithm_config=hyperparameters.config,
+  method = methods.build(model_fn, *registry.resolve(name), algorithm_config=hyperparameters.config,
                          aggregator_params=hyperparameters.params, num_clients=len(train_data.client_ids),
                          metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize,
                          update_corruption=update_corruption, client_execution=mode)
   process = method.process
-  state = simulation.seeded_initial_state(process, build_keras, seed)  # Same start for every method.
-  bar = progress.RoundProgress(rounds, label=f'{name} (omniscient)' if attacked else name)
+  state = round_loop.seeded_initial_state(process, build_keras, seed)  # Same start for every method.
+  bar = progress.RoundProgress(num_rounds, label=f'{name} (omniscient)' if attacked else name)
   rows = []
-  for round_num in range(1, rounds + 1):
-    datasets = [
-        simulation.client_dataset(train_data, cid, local_epochs=_LOCAL_EPOCHS, batch_size=_BATCH_SIZE,
-                                  seed=seed, round_num=round_num)
-        for cid in train_data.client_ids
-    ]
-    state, metrics = method.run_round(state, train_data.client_ids, datasets, round_num)
-    row = {'round': round_num}
-    row.update({f'test/{k}': v for k, v in evaluator(process.get_model_weights(state)).items()})
-    row.update(simulation.flatten_metrics(metrics))
+
+  def evaluate_and_keep(done: round_loop.Round) -> None:
+    row = {'round': done.number}
+    row.update({f'test/{k}': v for k, v in evaluator(process.get_model_weights(done.state)).items()})
+    row.update(done.row)
     rows.append(row)
-    bar.update(round_num, acc=row['test/accuracy'])
+    bar.update(done.number, acc=row['test/accuracy'])
+
+  # Every client in every round.
+  inputs = round_loop.ClientInputs(train_data, len(train_data.client_ids), _LOCAL_EPOCHS, _BATCH_SIZE, seed)
+  round_loop.RoundLoop(method, state, inputs, after_round=(evaluate_and_keep,)).run(num_rounds)
   return rows, method
 
 
@@ -168,7 +168,7 @@ def main(argv):
   names = FLAGS.aggregators or [m for m in DEFAULT_METHODS if runs_in(m, mode)]
   for name in names:
     try:
-      methods.check(*methods.resolve(name), client_execution=mode)
+      registry.check(*registry.resolve(name), client_execution=mode)
     except ValueError as e:
       raise app.UsageError(f'--aggregators: {e}') from None
   left_out = [] if FLAGS.aggregators else [m for m in DEFAULT_METHODS if m not in names]
@@ -195,7 +195,7 @@ def main(argv):
   print('Hyperparameters per method:')
   for name in names:
     h = chosen[name]
-    tau = f', tau {h.params.tau:g}' if methods.resolve(name)[1].startswith('gma') else ''
+    tau = f', tau {h.params.tau:g}' if registry.resolve(name)[1].startswith('gma') else ''
     print(f'  {name}: client lr {h.config.client_lr:g}, server lr {h.config.server_lr:g}{tau} ({h.source})')
   print(f'audit: the static audit of one round (PASS: client data reaches the server only through means and secure '
         f'sums). omniscient: test accuracy after {FLAGS.omniscient_rounds} rounds with {len(attacked)} of '
@@ -214,7 +214,7 @@ def main(argv):
                                FLAGS.seed, mode, chosen[name], attacked)
       omniscient = attack_rows[-1]['test/accuracy']
     summary[name] = {
-        'description': methods.METHOD_DESCRIPTIONS.get(name, name),
+        'description': registry.METHOD_DESCRIPTIONS.get(name, name),
         'final_accuracy': float(np.mean(accuracy[-5:])),
         'best_accuracy': float(np.max(accuracy)),
         'final_loss': rows[-1]['test/loss'],

@@ -2,7 +2,7 @@
 
     python -m training.run --flagfile=configs/<name>.flags [--flag=value ...]
 
-Trains one federated experiment (see `training.experiment` for what is written to --output_dir). Rerunning the
+Trains one federated experiment (see `training.runner.experiment` for what is written to --output_dir). Rerunning the
 same command resumes from the last completed round; a larger --rounds continues training. Unknown flags and
 inconsistent settings fail before any training, naming the flag (`invalid flags: ...`, exit 1, nothing written).
 An --output_dir that another run holds, or whose checkpoints are all damaged, fails in one line (`error: ...`,
@@ -29,76 +29,50 @@ from absl import logging
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import loaders
-from training import checkpoints
-from training import client_execution
-from training import corruption
-from training import experiment
+from training import config as config_lib
+from training.runner import checkpoints
+from training.engine import client_execution
+from training.engine import corruption
+from training.engine import registry
+from training.runner import experiment
 
-_D = experiment.ExperimentConfig()
-_ALL_PARTITIONS = sorted({p for d in loaders.DATASETS for p in loaders.supported_partitions(d)})
+# The choices of the settings that name something; every other flag's kind follows its field's type.
+_ENUMS = {
+    'dataset': list(loaders.DATASETS),
+    'partition': sorted({p for d in loaders.DATASETS for p in loaders.supported_partitions(d)}),
+    'model': list(models.MODELS),
+    'algorithm': list(registry.ALGORITHMS),
+    'aggregator': list(registry.AGGREGATORS),
+    'rfa_init': ['mean', 'zero'],
+    'client_execution': list(client_execution.MODES),
+    'corruption': list(corruption.CORRUPTIONS),
+}
+_DEFINE = {'int': flags.DEFINE_integer, 'float': flags.DEFINE_float, 'bool': flags.DEFINE_bool,
+           'str': flags.DEFINE_string}
 
-flags.DEFINE_enum('dataset', _D.dataset, list(loaders.DATASETS), 'Data set (digits is embedded and offline).')
-flags.DEFINE_string('data_dir', _D.data_dir, 'Where TFDS/TFF data sets are (or are downloaded to).')
-flags.DEFINE_enum('partition', _D.partition, _ALL_PARTITIONS, 'How training examples are dealt to clients.')
-flags.DEFINE_integer('classes_per_client', _D.classes_per_client, 'label_skew/mixed_skew: classes per client.')
-flags.DEFINE_float('alpha', _D.alpha, 'dirichlet: label concentration (smaller = more skew).')
-flags.DEFINE_float('beta', _D.beta, 'quantity_skew: size concentration (paper: 0.5).')
-flags.DEFINE_integer('num_clients', _D.num_clients, 'Clients in the federation.')
-flags.DEFINE_integer('clients_per_round', _D.clients_per_round, 'Clients sampled per round.')
-flags.DEFINE_integer('rounds', _D.rounds, 'Total rounds (a resumed run continues up to this).')
-flags.DEFINE_integer('local_epochs', _D.local_epochs, 'Client epochs per round.')
-flags.DEFINE_integer('batch_size', _D.batch_size, 'Client batch size.')
-flags.DEFINE_enum('model', _D.model, list(models.MODELS), 'Keras model.')
-flags.DEFINE_enum('algorithm', _D.algorithm, list(experiment.ALGORITHMS),
-                  'Federated optimisation algorithm (personalized: personalized RFA, RFA paper Algorithm 4, with '
-                  '--aggregator=rfa).')
-flags.DEFINE_float('client_lr', _D.client_lr, 'Client SGD learning rate (momentum --client_momentum).')
-flags.DEFINE_float('server_lr', _D.server_lr, 'Server learning rate (SGD, or Adam/Yogi for fedadam/fedyogi).')
-flags.DEFINE_float('client_momentum', _D.client_momentum, 'Client SGD momentum (GMA paper: 0.9).')
-flags.DEFINE_float('proximal_strength', _D.proximal_strength, 'fedprox: proximal term mu.')
-flags.DEFINE_float('adaptive_epsilon', _D.adaptive_epsilon, 'fedadam/fedyogi: epsilon (adaptivity tau).')
-flags.DEFINE_enum('aggregator', _D.aggregator, list(experiment.AGGREGATORS), 'How client updates are aggregated.')
-flags.DEFINE_float('tau', _D.tau, 'gma/gma_binary: agreement threshold in [0, 1] (paper: 0.4).')
-flags.DEFINE_integer('num_passes', _D.num_passes, 'rfa: secure averages per round (paper: 3).')
-flags.DEFINE_float('smoothing', _D.smoothing, 'rfa/rfa_one_step: Weiszfeld smoothing nu.')
-flags.DEFINE_enum('rfa_init', _D.rfa_init, ['mean', 'zero'],
-                  'rfa: where Weiszfeld starts: the weighted mean (RFA paper) or the zero update (the current '
-                  'model; pass 1 is then one-step RFA).')
-flags.DEFINE_bool('secure', _D.secure, 'Aggregate the float sums through secure sums too.')
-flags.DEFINE_float('secure_bound', _D.secure_bound,
-                   'Per-coordinate clipping bound of secure float sums (required with --secure).')
-flags.DEFINE_bool('secure_metrics', _D.secure_metrics, 'Aggregate training metrics with secure sums.')
-flags.DEFINE_integer('eval_every', _D.eval_every, 'Evaluate every this many rounds (and at the last).')
-flags.DEFINE_float('validation_fraction', _D.validation_fraction,
-                   'In [0, 1). > 0: each client holds out this share of its examples (seeded); evaluations are on '
-                   'the pooled held-out examples (validation/*) and never on the test split, for tuning.')
-flags.DEFINE_integer('seed', _D.seed, 'Seed of the partition, initial model, client sampling and data order.')
-flags.DEFINE_string('output_dir', _D.output_dir, 'Output directory (reused to resume).')
-flags.DEFINE_string('workers', _D.workers, 'host:port,... (or unix:/path,...) of TFF workers to split clients over (python -m tff_gma.worker).')
-flags.DEFINE_enum('client_execution', _D.client_execution, list(client_execution.MODES),
-                  'Where clients train: worker (the TFF worker, CPU only) or local (this process\'s TensorFlow: '
-                  'its GPUs round-robin, else its CPU; aggregation stays in the worker; FedAvg family only).')
-flags.DEFINE_float('rfa_weight_bound', _D.rfa_weight_bound,
-                   'rfa: warn when one client\'s normalized RFA weight exceeds this (simulation-only audit; logs '
-                   'rfa_audit/* per round; trains the round\'s clients twice).')
-flags.DEFINE_bool('membership_inference', _D.membership_inference,
-                  'Attack the final model with a membership-inference attacker; writes membership.json.')
-flags.DEFINE_bool('audit', _D.audit, 'Write audit.md: the privacy audit of the round computation.')
-flags.DEFINE_enum('corruption', _D.corruption, list(corruption.CORRUPTIONS),
-                  'Simulated corruption of a fixed seeded set of clients: poisoned data (data_negate: x -> 1 - x; '
-                  'data_flip_labels: y -> C - 1 - y) or updates (gaussian noise; omniscient: the mean negated).')
-flags.DEFINE_float('corrupt_fraction', _D.corrupt_fraction,
-                   'rho: round(rho * num_clients) clients are corrupted (trimmed_mean and krum are told rho).')
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """One flag per `ExperimentConfig` field: its name, default and help; enums from the registries."""
+  for field in dataclasses.fields(config_lib.ExperimentConfig):
+    help_text = field.metadata['help']
+    if field.name in _ENUMS:
+      flags.DEFINE_enum(field.name, field.default, _ENUMS[field.name], help_text, flag_values=flag_values)
+      continue
+    kind = str(field.type).replace('Optional[', '').rstrip(']')
+    _DEFINE[kind](field.name, field.default, help_text, flag_values=flag_values)
+
+
+define_flags()
 
 FLAGS = flags.FLAGS
 
 
-def config_from_flags() -> experiment.ExperimentConfig:
-  return experiment.ExperimentConfig(**{f.name: FLAGS[f.name].value
-                                        for f in dataclasses.fields(experiment.ExperimentConfig)})
+def config_from_flags() -> config_lib.ExperimentConfig:
+  return config_lib.ExperimentConfig(**{f.name: FLAGS[f.name].value
+                                        for f in dataclasses.fields(config_lib.ExperimentConfig)})
 
 
-def interrupted_message(config: experiment.ExperimentConfig, args: list[str]) -> str:
+def interrupted_message(config: config_lib.ExperimentConfig, args: list[str]) -> str:
   """`interrupted after round N of R; resume with: python -m training.run <args>` (N: the last checkpoint)."""
   saved = checkpoints.saved_rounds(config.output_dir)
   done = max(saved, default=0)

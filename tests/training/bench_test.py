@@ -17,11 +17,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import aggregators
-from training import bench
-from training import benchmarks
-from training import client_execution
-from training import methods
-from training import registry
+from training import config as config_lib
+from training.bench import cli as bench
+from training.bench import timing
+from training.engine import client_execution
+from training.engine import registry
 
 _ROOT = tests.ROOT
 
@@ -32,7 +32,7 @@ _ROOT = tests.ROOT
 
 def test_interleaved_times_rotates_the_order_and_counts_repetitions():
   calls = []
-  samples = benchmarks.interleaved_times(
+  samples = timing.interleaved_times(
       {name: (lambda name=name: calls.append(name)) for name in 'abc'}, repetitions=4)
   assert calls == list('abc' 'bca' 'cab' 'abc')
   assert {name: len(s) for name, s in samples.items()} == {'a': 4, 'b': 4, 'c': 4}
@@ -47,10 +47,10 @@ def test_interleaved_times_measures_wall_and_cpu():
     while time.thread_time() < end:
       pass
 
-  samples = benchmarks.interleaved_times(
+  samples = timing.interleaved_times(
       {'short': lambda: spin_cpu(0.02), 'long': lambda: spin_cpu(0.12), 'sleep': lambda: time.sleep(0.1)},
       repetitions=3)
-  summary = {name: benchmarks.summarize(s) for name, s in samples.items()}
+  summary = {name: timing.summarize(s) for name, s in samples.items()}
   # Wall time is at least this thread's CPU time; CPU time orders the two spins whatever the load.
   assert summary['short']['seconds'] >= 0.02 and summary['long']['seconds'] >= 0.12
   assert 0.015 <= summary['short']['python_cpu_seconds'] < summary['long']['python_cpu_seconds']
@@ -64,20 +64,20 @@ def test_interleaved_times_measures_wall_and_cpu():
 
 def test_interleaved_times_rejects_bad_arguments():
   with pytest.raises(ValueError, match='repetitions'):
-    benchmarks.interleaved_times({'a': lambda: None}, 0)
+    timing.interleaved_times({'a': lambda: None}, 0)
   with pytest.raises(ValueError, match='calls'):
-    benchmarks.interleaved_times({}, 1)
+    timing.interleaved_times({}, 1)
 
 
 def test_ratios_and_median_match_numpy():
   medians = {'mean': 0.5, 'x': 0.55, 'y': 1.5}
-  ratios = benchmarks.ratios_to('mean', medians)
+  ratios = timing.ratios_to('mean', medians)
   np.testing.assert_allclose([ratios[k] for k in medians], np.array([0.5, 0.55, 1.5]) / 0.5)
-  assert benchmarks.median([3.0, 1.0, 2.0, 10.0]) == np.median([3.0, 1.0, 2.0, 10.0])
+  assert timing.median([3.0, 1.0, 2.0, 10.0]) == np.median([3.0, 1.0, 2.0, 10.0])
   with pytest.raises(ValueError, match='baseline'):
-    benchmarks.ratios_to('missing', medians)
+    timing.ratios_to('missing', medians)
   with pytest.raises(ValueError, match='baseline'):
-    benchmarks.ratios_to('zero', {'zero': 0.0, 'x': 1.0})
+    timing.ratios_to('zero', {'zero': 0.0, 'x': 1.0})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -85,18 +85,18 @@ def test_ratios_and_median_match_numpy():
 
 
 def test_process_cpu_seconds_counts_this_process_work():
-  before = benchmarks.process_cpu_seconds(os.getpid())
+  before = timing.process_cpu_seconds(os.getpid())
   end = time.process_time() + 0.3
   while time.process_time() < end:
     pass
-  assert benchmarks.process_cpu_seconds(os.getpid()) - before >= 0.2
-  assert benchmarks.process_cpu_seconds(2**22 + 12345) == 0.0  # No such process.
+  assert timing.process_cpu_seconds(os.getpid()) - before >= 0.2
+  assert timing.process_cpu_seconds(2**22 + 12345) == 0.0  # No such process.
 
 
 def test_peak_memory_sees_an_allocation_that_is_freed_again(simulation_context):
   size = 300 * 1024**2
-  with benchmarks.PeakMemory({'python': os.getpid(), 'worker': simulation_context.pid}) as memory:
-    baseline = benchmarks.resident_bytes(os.getpid())
+  with timing.PeakMemory({'python': os.getpid(), 'worker': simulation_context.pid}) as memory:
+    baseline = timing.resident_bytes(os.getpid())
     block = np.ones(size, dtype=np.uint8)  # Touched, so resident.
     time.sleep(0.1)
     del block
@@ -107,7 +107,7 @@ def test_peak_memory_sees_an_allocation_that_is_freed_again(simulation_context):
   assert result['sampled_peak_total_bytes'] >= baseline + 0.9 * size
   # The high-water mark was reset on entry (own processes), so a later block does not inherit this peak.
   if not result['peak_rss_since_start']['python']:
-    with benchmarks.PeakMemory({'python': os.getpid()}) as later:
+    with timing.PeakMemory({'python': os.getpid()}) as later:
       pass
     assert later.result['peak_rss_bytes']['python'] < result['peak_rss_bytes']['python'] - 0.5 * size
 
@@ -117,7 +117,7 @@ def test_peak_memory_sees_an_allocation_that_is_freed_again(simulation_context):
 
 
 def _client_values(value_type, seeds, make_value=None):
-  make_value = make_value or (lambda s: benchmarks.random_client_value(value_type, s))
+  make_value = make_value or (lambda s: timing.random_client_value(value_type, s))
   values = [tf.nest.map_structure(np.asarray, make_value(tf.constant(s, tf.int32))) for s in seeds]
   weights = np.array([float(s % 5 + 1) for s in seeds])
   return values, weights
@@ -125,14 +125,14 @@ def _client_values(value_type, seeds, make_value=None):
 
 def test_random_client_value_is_a_function_of_the_seed():
   vector = tff.TensorType(np.float32, [1000])
-  a = benchmarks.random_client_value(vector, tf.constant(3))
-  b = benchmarks.random_client_value(vector, tf.constant(3))
-  c = benchmarks.random_client_value(vector, tf.constant(4))
+  a = timing.random_client_value(vector, tf.constant(3))
+  b = timing.random_client_value(vector, tf.constant(3))
+  c = timing.random_client_value(vector, tf.constant(4))
   np.testing.assert_array_equal(a, b)
   assert not np.allclose(a, c)
   assert abs(float(np.mean(a))) < 0.2 and 0.8 < float(np.std(a)) < 1.2
   structure = collections.OrderedDict(u=vector, s=tff.TensorType(np.float32, [2, 3]))
-  value = benchmarks.random_client_value(structure, tf.constant(3), nonnegative=True)
+  value = timing.random_client_value(structure, tf.constant(3), nonnegative=True)
   assert list(value) == ['u', 's'] and value['s'].shape == (2, 3)
   assert np.all(np.asarray(value['s']) >= 0) and not np.allclose(value['u'][:6], np.ravel(value['s']))
 
@@ -142,12 +142,12 @@ def test_random_client_value_is_a_function_of_the_seed():
 def test_aggregation_probe_returns_the_norm_of_the_weighted_mean(factory):
   vector = tff.TensorType(np.float32, [500])
   seeds = [0, 1, 2, 3, 7]
-  probe = benchmarks.aggregation_probe(factory, vector)
+  probe = timing.aggregation_probe(factory, vector)
   norm, _ = probe(seeds)
   values, weights = _client_values(vector, seeds)
   expected = np.linalg.norm(np.average(np.stack(values).astype(np.float64), axis=0, weights=weights))
   np.testing.assert_allclose(norm, expected, rtol=1e-5)
-  generation = benchmarks.generation_probe(vector)(seeds)
+  generation = timing.generation_probe(vector)(seeds)
   np.testing.assert_allclose(
       generation, sum(w * np.linalg.norm(v.astype(np.float64)) for v, w in zip(values, weights)), rtol=1e-5)
 
@@ -156,10 +156,10 @@ def test_aggregation_probe_of_a_structured_value_returns_the_measurements():
   vector = tff.TensorType(np.float32, [200])
   value_type = collections.OrderedDict(update=vector, sensitivity=vector)
   make_value = lambda s: collections.OrderedDict(
-      update=benchmarks.random_client_value(vector, s),
-      sensitivity=benchmarks.random_client_value(vector, s + 1, nonnegative=True))
+      update=timing.random_client_value(vector, s),
+      sensitivity=timing.random_client_value(vector, s + 1, nonnegative=True))
   seeds = [5, 6, 7]
-  norm, measurements = benchmarks.aggregation_probe(
+  norm, measurements = timing.aggregation_probe(
       aggregators.ElasticFactory(tau=0.5), value_type, make_value=make_value)(seeds)
   values, weights = _client_values(value_type, seeds, make_value)
   update = np.average(np.stack([v['update'] for v in values]).astype(np.float64), axis=0, weights=weights)
@@ -212,10 +212,10 @@ def test_invalid_flags_are_refused_naming_the_flag(argv, flag):
 
 def test_every_registered_aggregator_is_a_default_candidate_built_by_the_registries():
   # No table of its own: the defaults start with every aggregator the methods know, and each builds.
-  assert bench.AGGREGATORS[:len(methods.AGGREGATORS)] == tuple(methods.AGGREGATORS)
+  assert bench.AGGREGATORS[:len(registry.AGGREGATORS)] == tuple(registry.AGGREGATORS)
   for entry in bench.AGGREGATORS + bench.Settings().scaling_aggregators:
     candidate = bench.parse_candidate(entry)
-    assert (candidate.algorithm, candidate.aggregator) == methods.resolve(entry.split('+')[0])
+    assert (candidate.algorithm, candidate.aggregator) == registry.resolve(entry.split('+')[0])
     kind, factory = bench.probe_factory(candidate, bench.PROBE_VALUE_BOUND)
     assert kind == ('update_and_sensitivity' if candidate.aggregator == 'elastic' else 'vector')
     assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
@@ -225,12 +225,12 @@ def test_every_registered_aggregator_is_a_default_candidate_built_by_the_registr
 def test_entries_carry_aggregator_and_method_settings():
   secure = bench.parse_candidate('gma_binary+secure+tau=0.3')
   assert (secure.algorithm, secure.aggregator) == ('fedavg', 'gma_binary')
-  assert secure.aggregator_params == registry.AggregatorParams(tau=0.3, secure=True)
+  assert secure.aggregator_params == config_lib.AggregatorParams(tau=0.3, secure=True)
   assert secure.params(2.0).secure_bound == 2.0  # The section's bound where the entry sets none...
   assert bench.parse_candidate('gma+secure+secure_bound=0.5').params(2.0).secure_bound == 0.5  # ...else its own.
   assert bench.parse_candidate('rfa').params(2.0).secure_bound is None
   elastic = bench.parse_candidate('elastic+elastic_tau=0.7')
-  assert elastic.method_params == methods.MethodParams(elastic_tau=0.7)
+  assert elastic.method_params == config_lib.MethodParams(elastic_tau=0.7)
   assert bench.parse_candidate('fedavg/rfa+rfa_init=zero').aggregator_params.rfa_init == 'zero'
   assert bench.probe_factory(bench.parse_candidate('scaffold'), 1.0) is None  # Composed: rounds only.
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from training import checkpoints
+from training.runner import checkpoints
 
 
 def _state(value):

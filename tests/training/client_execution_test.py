@@ -24,10 +24,11 @@ import tests
 from tests.training import interrupt
 from tff_gma import models
 from tff_gma.data import digits
-from training import client_execution
-from training import methods
-from training import registry
-from training import simulation
+from training import config as config_lib
+from training.engine import client_execution
+from training.engine import methods
+from training.engine import registry
+from training.runner import round_loop
 
 _ATOL, _RTOL = 2e-5, 1e-5  # Weights of the logistic model after 3 rounds (see the module docstring).
 _CNN_ATOL = 2e-4  # The CNN's weights after 1 round.
@@ -46,12 +47,12 @@ def _model(data, name):
 
 
 def _datasets(data, round_num):
-  return [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=_SEED, round_num=round_num)
+  return [round_loop.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=_SEED, round_num=round_num)
           for c in data.train.client_ids]
 
 
 def _train(method, build_keras, data, rounds):
-  state = simulation.seeded_initial_state(method.process, build_keras, _SEED)
+  state = round_loop.seeded_initial_state(method.process, build_keras, _SEED)
   all_metrics = []
   for round_num in range(1, rounds + 1):
     state, metrics = method.run_round(state, data.train.client_ids, _datasets(data, round_num), round_num)
@@ -78,8 +79,8 @@ def _flat_weights(process, state):
 def test_local_rounds_give_the_worker_rounds_model_and_metrics(digits_setup, algorithm, aggregator, config):
   data = digits_setup
   build_keras, model_fn = _model(data, 'logistic')
-  algorithm_config = simulation.AlgorithmConfig(**config)
-  params = registry.AggregatorParams()
+  algorithm_config = config_lib.AlgorithmConfig(**config)
+  params = config_lib.AggregatorParams()
   assert params.num_passes == 3
   built = {mode: methods.build(model_fn, algorithm, aggregator, algorithm_config=algorithm_config,
                                aggregator_params=params, client_execution=mode)
@@ -93,13 +94,13 @@ def test_local_rounds_give_the_worker_rounds_model_and_metrics(digits_setup, alg
   for a, b in zip(_flat_weights(process, worker_state), _flat_weights(process, local_state)):
     np.testing.assert_allclose(b, a, atol=_ATOL, rtol=_RTOL)
   assert not all(np.array_equal(a, b) for a, b in zip(
-      _flat_weights(process, worker_state), _flat_weights(process, simulation.seeded_initial_state(
+      _flat_weights(process, worker_state), _flat_weights(process, round_loop.seeded_initial_state(
           process, build_keras, _SEED))))  # It trained.
   assert tf.nest.map_structure(lambda _: 0, worker_state.client_work) == tf.nest.map_structure(
       lambda _: 0, local_state.client_work)
   # The same metrics, key for key (client metrics aggregated by the same sum_then_finalize).
   for w, l in zip(worker_metrics, local_metrics):
-    w, l = simulation.flatten_metrics(w), simulation.flatten_metrics(l)
+    w, l = round_loop.flatten_metrics(w), round_loop.flatten_metrics(l)
     assert set(w) == set(l)
     for key in w:
       np.testing.assert_allclose(l[key], w[key], rtol=1e-4, atol=1e-5, err_msg=key)
@@ -123,7 +124,7 @@ def test_the_cnn_after_one_round(digits_setup):
 def test_clients_spread_round_robin_over_devices_give_the_same_results(digits_setup):
   data = digits_setup
   _, model_fn = _model(data, 'logistic')
-  config = simulation.AlgorithmConfig()
+  config = config_lib.AlgorithmConfig()
   # Two names of this process's one CPU: two trainers, each with its own model, run in two threads.
   two = client_execution.LocalClientTrainer(model_fn, config, ['/device:CPU:0', '/job:localhost/device:CPU:0'])
   one = client_execution.LocalClientTrainer(model_fn, config, ['/device:CPU:0'])
@@ -170,14 +171,14 @@ def test_without_a_gpu_local_mode_says_once_that_it_uses_the_cpu(monkeypatch, ca
 ])
 def test_local_mode_refuses_what_it_does_not_run(algorithm, aggregator, corruption, named):
   with pytest.raises(ValueError, match='client_execution') as raised:
-    methods.check(algorithm, aggregator, corruption, client_execution='local')
+    registry.check(algorithm, aggregator, corruption, client_execution='local')
   assert named in str(raised.value)
-  methods.check(algorithm, aggregator, corruption, client_execution='worker')
+  registry.check(algorithm, aggregator, corruption, client_execution='worker')
   with pytest.raises(ValueError, match='client_execution'):
-    methods.check('fedavg', 'mean', client_execution='gpu')
+    registry.check('fedavg', 'mean', client_execution='gpu')
   with pytest.raises(ValueError, match='workers'):
-    methods.check('fedavg', 'mean', client_execution='local', workers='127.0.0.1:1')
-  methods.check('fedavg', 'mean', 'data_negate', client_execution='local')  # Data corruption: either mode.
+    registry.check('fedavg', 'mean', client_execution='local', workers='127.0.0.1:1')
+  registry.check('fedavg', 'mean', 'data_negate', client_execution='local')  # Data corruption: either mode.
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -188,8 +189,8 @@ _TOY = dict(dataset='digits', partition='label_skew', num_clients=4, clients_per
 
 
 def test_a_local_run_interrupted_and_resumed_equals_the_uninterrupted_one(tmp_path):
-  from training import experiment  # pylint: disable=g-import-not-at-top
-  config = experiment.ExperimentConfig(**_TOY, rounds=3, client_execution='local')
+  from training.runner import experiment  # pylint: disable=g-import-not-at-top
+  config = config_lib.ExperimentConfig(**_TOY, rounds=3, client_execution='local')
   whole = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'a')), show_progress=False)
   config_b = dataclasses.replace(config, output_dir=str(tmp_path / 'b'))
   interrupt.run_until(config_b, 2)
@@ -214,8 +215,8 @@ def test_a_local_run_interrupted_and_resumed_equals_the_uninterrupted_one(tmp_pa
 
 
 def test_a_run_written_before_the_setting_existed_resumes_in_worker_mode(tmp_path):
-  from training import experiment  # pylint: disable=g-import-not-at-top
-  config = experiment.ExperimentConfig(**_TOY, rounds=1, output_dir=str(tmp_path / 'run'))
+  from training.runner import experiment  # pylint: disable=g-import-not-at-top
+  config = config_lib.ExperimentConfig(**_TOY, rounds=1, output_dir=str(tmp_path / 'run'))
   experiment.run(config, show_progress=False)
   path = tmp_path / 'run' / 'config.json'
   saved = json.loads(path.read_text())

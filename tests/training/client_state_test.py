@@ -1,9 +1,9 @@
-"""training.client_state: the clients' kept values, by client id, checkpointed per round beside the server state."""
+"""training.engine.client_state: the clients' kept values, by client id, checkpointed per round beside the server state."""
 
 import numpy as np
 import pytest
 
-from training.client_state import ClientStateStore
+from training.engine.client_state import ClientStateStore
 
 
 def test_store_checkpoints_prunes_and_restores(tmp_path):

@@ -8,14 +8,15 @@ import os
 import pytest
 from absl import flags
 
-from training import experiment
+from training import config as config_lib
+from training.runner import experiment
 from training import run  # Defines the runner's flags.
 
 _ROOT = tests.ROOT
 _CONFIGS = sorted(glob.glob(os.path.join(_ROOT, 'configs', '*.flags')))
 
 
-def _parse(path: str) -> experiment.ExperimentConfig:
+def _parse(path: str) -> config_lib.ExperimentConfig:
   flags.FLAGS.unparse_flags()
   flags.FLAGS(['run', f'--flagfile={path}'])
   try:
@@ -31,7 +32,7 @@ def test_there_are_configs():
 @pytest.mark.parametrize('path', _CONFIGS, ids=os.path.basename)
 def test_config_is_valid(path):
   config = _parse(path)
-  config.validate()
+  experiment.validate(config)
   assert config.output_dir.startswith('outputs/')
 
 

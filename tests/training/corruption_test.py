@@ -10,14 +10,15 @@ import tensorflow_federated as tff
 from absl import flags
 
 from tests.training import interrupt
-from training import corruption
+from training import config as config_lib
+from training.engine import corruption
+from training.runner import round_loop
 from tff_gma import models
-from training import simulation
 from tff_gma.data import client_data
 from tff_gma.data import loaders
-from training import experiment
+from training.runner import experiment
 
-_TOY = experiment.ExperimentConfig(
+_TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='iid', num_clients=6, clients_per_round=4, rounds=1, model='logistic',
     batch_size=32, client_lr=0.1, client_momentum=0.0, seed=5)
 
@@ -48,7 +49,7 @@ def test_invalid_corruption_settings_raise(name, rho, match):
   with pytest.raises(ValueError, match=match):
     corruption.check_corruption(name, rho)
   with pytest.raises(ValueError, match=match):
-    dataclasses.replace(_TOY, corruption=name, corrupt_fraction=rho).validate()
+    experiment.validate(dataclasses.replace(_TOY, corruption=name, corrupt_fraction=rho))
 
 
 # ---------------------------------------------------------------------------------------------- data poisoning
@@ -167,7 +168,7 @@ def digits_clients():
   data = loaders.load_federated_data('digits', 'iid', 4, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  datasets = [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
+  datasets = [round_loop.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
               for c in data.train.client_ids]
   tf.keras.utils.set_random_seed(0)
   keras_model = build_keras()
@@ -219,7 +220,7 @@ def _trainable(result):
 
 def _initial_trainable(config):
   data = loaders.load_federated_data(config.dataset, config.partition, config.num_clients, config.seed)
-  tf.keras.utils.set_random_seed(config.seed)  # As simulation.seeded_initial_state.
+  tf.keras.utils.set_random_seed(config.seed)  # As round_loop.seeded_initial_state.
   keras_model = models.keras_builder(config.model, data.input_shape, data.num_classes)()
   return [v.numpy().astype(np.float64) for v in keras_model.trainable_weights]
 
@@ -231,7 +232,7 @@ def test_omniscient_runner_round_moves_the_model_by_the_negated_honest_mean(tmp_
   honest = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'honest')), show_progress=False)
   attacked = experiment.run(dataclasses.replace(config, corruption='omniscient', output_dir=str(tmp_path / 'attack')),
                             show_progress=False)
-  participants = simulation.sample_clients(client_data.client_ids(6), 4, config.seed, 1)
+  participants = round_loop.sample_clients(client_data.client_ids(6), 4, config.seed, 1)
   corrupted = corruption.corrupted_clients(client_data.client_ids(6), 0.34, config.seed)
   assert set(participants) & set(corrupted) and set(participants) - set(corrupted)  # A real attack this round.
   w0 = _initial_trainable(config)
@@ -250,7 +251,7 @@ def test_gaussian_corruption_runs_and_resumes_exactly(tmp_path):
     np.testing.assert_array_equal(a, b)
   rows = experiment._read_rows(str(tmp_path / 'a' / 'metrics.csv'))
   assert [r['corrupted_participants'] for r in rows] == [
-      float(len(set(simulation.sample_clients(client_data.client_ids(6), 4, 5, r)) &
+      float(len(set(round_loop.sample_clients(client_data.client_ids(6), 4, 5, r)) &
                 set(corruption.corrupted_clients(client_data.client_ids(6), 0.34, 5)))) for r in (1, 2)]
   assert all(r['client_work/corrupted_clients'] == r['corrupted_participants'] for r in rows)
 
@@ -264,7 +265,7 @@ def test_runner_flags_map_onto_the_config():
   finally:
     flags.FLAGS.unparse_flags()
   assert (config.corruption, config.corrupt_fraction, config.aggregator) == ('omniscient', 0.25, 'krum')
-  config.validate()
+  experiment.validate(config)
   with pytest.raises(flags.IllegalFlagValueError):
     flags.FLAGS(['run', '--corruption=sign_flip'])
   flags.FLAGS.unparse_flags()

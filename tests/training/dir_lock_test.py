@@ -9,7 +9,7 @@ import time
 import pytest
 
 import tests
-from training import dir_lock
+from training.runner import dir_lock
 
 
 def test_a_second_lock_on_the_directory_fails_naming_it_and_the_holders_pid(tmp_path):
@@ -42,7 +42,7 @@ def test_released_on_every_exit_path_and_created_directories_removed(tmp_path):
 
 _HOLD = '''
 import sys, time
-from training import dir_lock
+from training.runner import dir_lock
 lock = dir_lock.DirectoryLock(sys.argv[1]).acquire()
 print('held', flush=True)
 time.sleep(120)

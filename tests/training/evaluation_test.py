@@ -1,4 +1,4 @@
-"""training.evaluation: the central evaluator's Keras copy; held-out examples for personalized evaluation."""
+"""training.engine.evaluation: the central evaluator's Keras copy; held-out examples for personalized evaluation."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ import tensorflow_federated as tff
 from tff_gma import models
 from tff_gma.data import client_data
 from tff_gma.data import digits
-from training import evaluation
+from training.engine import evaluation
 
 
 def test_hold_out_splits_each_client_and_keeps_every_example():

@@ -10,9 +10,10 @@ import pytest
 import tensorflow_datasets as tfds
 import tensorflow_federated as tff
 
-from training import experiment
+from training import config as config_lib
+from training.runner import experiment
 
-_TOY = experiment.ExperimentConfig(rounds=1, num_clients=3, clients_per_round=3, batch_size=16, model='cnn',
+_TOY = config_lib.ExperimentConfig(rounds=1, num_clients=3, clients_per_round=3, batch_size=16, model='cnn',
                                    seed=1)
 
 

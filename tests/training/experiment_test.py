@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from tests.training import interrupt
-from training import checkpoints
-from training import dir_lock
-from training import experiment
-from training import methods
+from training.engine import registry
+from training import config as config_lib
+from training.runner import checkpoints
+from training.runner import dir_lock
+from training.runner import experiment
 
-_TOY = experiment.ExperimentConfig(
+_TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='label_skew', num_clients=4, clients_per_round=3, rounds=3, model='logistic',
     batch_size=32, client_lr=0.05, seed=3)
 
@@ -146,7 +147,7 @@ def test_an_older_config_without_rfa_init_is_the_mean_start_it_ran(tmp_path):
 def test_invalid_settings_fail_before_training(changes, flag, tmp_path):
   config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'never'), **changes)
   with pytest.raises(experiment.ConfigError, match=flag):
-    config.validate()
+    experiment.validate(config)
   with pytest.raises(experiment.ConfigError):
     experiment.run(config, show_progress=False)
   assert not (tmp_path / 'never').exists()
@@ -155,8 +156,8 @@ def test_invalid_settings_fail_before_training(changes, flag, tmp_path):
 # Every value of --algorithm and of --aggregator runs (each algorithm with the mean, each aggregator with FedAvg,
 # and a few crossings), rather than the whole product: each case builds and traces a TFF process.
 _MATRIX = sorted(
-    {(a, 'mean') for a in methods.ALGORITHMS}
-    | {('fedavg', g) for g in methods.AGGREGATORS}
+    {(a, 'mean') for a in registry.ALGORITHMS}
+    | {('fedavg', g) for g in registry.AGGREGATORS}
     | {('fedadam', 'gma'), ('fedyogi', 'rfa'), ('fedprox', 'gma_binary'), ('fedadam', 'elastic'),
        ('scaffold', 'gma'), ('fedgma', 'rfa_one_step')})
 
@@ -216,13 +217,13 @@ def test_rfa_weight_audit_is_logged_per_round(tmp_path):
     assert 1 / 3 - 1e-6 <= row['rfa_audit/max_normalized_weight'] <= 1.0
     assert row['rfa_audit/dominated'] in (0.0, 1.0)
   with pytest.raises(ValueError, match='rfa_weight_bound'):
-    dataclasses.replace(config, aggregator='gma').validate()
+    experiment.validate(dataclasses.replace(config, aggregator='gma'))
 
 
 def test_membership_inference_option_writes_the_attack(tmp_path):
   config = dataclasses.replace(_TOY, rounds=1, membership_inference=True, output_dir=str(tmp_path / 'run'))
   summary = experiment.run(config, show_progress=False).summary
-  attack = json.loads((tmp_path / 'run' / 'membership.json').read_text())
+  attack = json.loads((tmp_path / 'run' / 'membership_attack.json').read_text())
   assert 0.0 <= attack['attack_accuracy'] <= 1.0
   assert summary['membership_attack_accuracy'] == pytest.approx(attack['attack_accuracy'])
   saved = json.loads((tmp_path / 'run' / 'summary.json').read_text())

@@ -2,7 +2,8 @@
 
 import pytest
 
-from training import experiment
+from training import config as config_lib
+from training.runner import experiment
 
 
 class Interrupted(Exception):
@@ -20,7 +21,7 @@ def stop_after(last_round: int):
   return on_round
 
 
-def run_until(config: experiment.ExperimentConfig, last_round: int, **run_kwargs) -> None:
+def run_until(config: config_lib.ExperimentConfig, last_round: int, **run_kwargs) -> None:
   """Runs `config` and interrupts it after `last_round`."""
   with pytest.raises(Interrupted):
     experiment.run(config, show_progress=False, on_round=stop_after(last_round), **run_kwargs)

@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from training import membership
+from training.engine import membership_attack
 from tff_gma.data import digits
 from tff_gma.data import loaders
 
@@ -31,12 +31,12 @@ def numpy_features(logits, labels):
   return logits, np.array([sorted(p, reverse=True) for p in probs]), loss[:, None]
 
 
-@pytest.mark.parametrize('features', membership.FEATURES)
+@pytest.mark.parametrize('features', membership_attack.FEATURES)
 def test_separable_members_are_found(features):
   rng = np.random.default_rng(0)
   members = overfit_logits(rng, 1500, margin=12.0)  # Memorized: confident and right.
   nonmembers = overfit_logits(rng, 600, margin=0.0)  # Unseen: no better than a guess.
-  report = membership.membership_attack(*members, *nonmembers, seed=0, features=features)
+  report = membership_attack.membership_attack(*members, *nonmembers, seed=0, features=features)
   assert report['attack_accuracy'] > 0.9
   assert report['attack_auc'] > 0.95
   assert report['num_per_kind'] == 600
@@ -44,12 +44,12 @@ def test_separable_members_are_found(features):
   assert report['attack_advantage'] == pytest.approx(2 * report['attack_accuracy'] - 1)
 
 
-@pytest.mark.parametrize('features', membership.FEATURES)
+@pytest.mark.parametrize('features', membership_attack.FEATURES)
 def test_identical_distributions_give_chance(features):
   rng = np.random.default_rng(1)
   members = overfit_logits(rng, 2500, margin=2.0)
   nonmembers = overfit_logits(rng, 2500, margin=2.0)
-  report = membership.membership_attack(*members, *nonmembers, seed=3, features=features)
+  report = membership_attack.membership_attack(*members, *nonmembers, seed=3, features=features)
   # 5000 scored examples: the standard error is 0.007, so +-0.04 is more than 5 standard errors (and the seeds
   # are fixed, so the test is deterministic).
   assert abs(report['attack_accuracy'] - 0.5) < 0.04
@@ -62,13 +62,13 @@ def test_features_match_numpy_reference():
   rng = np.random.default_rng(2)
   logits, labels = overfit_logits(rng, 50, margin=3.0)
   ref_logits, ref_sorted, ref_loss = numpy_features(logits, labels)
-  np.testing.assert_allclose(membership.attack_features(logits, labels, 'logits'), ref_logits)
-  np.testing.assert_allclose(membership.attack_features(logits, labels, 'sorted_probs'), ref_sorted, rtol=1e-12)
-  np.testing.assert_allclose(membership.attack_features(logits, labels, 'loss'), ref_loss, rtol=1e-10)
-  np.testing.assert_allclose(membership.attack_features(logits, labels, 'all'),
+  np.testing.assert_allclose(membership_attack.attack_features(logits, labels, 'logits'), ref_logits)
+  np.testing.assert_allclose(membership_attack.attack_features(logits, labels, 'sorted_probs'), ref_sorted, rtol=1e-12)
+  np.testing.assert_allclose(membership_attack.attack_features(logits, labels, 'loss'), ref_loss, rtol=1e-10)
+  np.testing.assert_allclose(membership_attack.attack_features(logits, labels, 'all'),
                              np.concatenate([ref_logits, ref_sorted, ref_loss], axis=1), rtol=1e-10)
   # Large logits must not overflow (the model's logits are not bounded).
-  assert np.all(np.isfinite(membership.attack_features(1e4 * logits, labels, 'all')))
+  assert np.all(np.isfinite(membership_attack.attack_features(1e4 * logits, labels, 'all')))
 
 
 def test_loss_attack_is_close_to_the_best_threshold():
@@ -77,7 +77,7 @@ def test_loss_attack_is_close_to_the_best_threshold():
   rng = np.random.default_rng(4)
   members = overfit_logits(rng, 1000, margin=4.0)
   nonmembers = overfit_logits(rng, 1000, margin=2.5)
-  report = membership.membership_attack(*members, *nonmembers, seed=0, features='loss')
+  report = membership_attack.membership_attack(*members, *nonmembers, seed=0, features='loss')
   loss_m = numpy_features(*members)[2][:, 0]
   loss_n = numpy_features(*nonmembers)[2][:, 0]
   thresholds = np.concatenate([loss_m, loss_n])
@@ -90,7 +90,7 @@ def test_gap_attack_and_target_accuracies():
   rng = np.random.default_rng(5)
   members = overfit_logits(rng, 400, margin=3.0)
   nonmembers = overfit_logits(rng, 400, margin=1.0)
-  report = membership.membership_attack(*members, *nonmembers, seed=0, features='logits')
+  report = membership_attack.membership_attack(*members, *nonmembers, seed=0, features='logits')
   # Equal sizes: every example is drawn, so the accuracies are those of the full sets.
   acc_m = np.mean(np.argmax(members[0], 1) == members[1])
   acc_n = np.mean(np.argmax(nonmembers[0], 1) == nonmembers[1])
@@ -103,11 +103,11 @@ def test_balancing_and_determinism():
   rng = np.random.default_rng(6)
   members = overfit_logits(rng, 300, margin=3.0)
   nonmembers = overfit_logits(rng, 41, margin=2.0)
-  first = membership.membership_attack(*members, *nonmembers, seed=7)
-  again = membership.membership_attack(*members, *nonmembers, seed=7)
+  first = membership_attack.membership_attack(*members, *nonmembers, seed=7)
+  again = membership_attack.membership_attack(*members, *nonmembers, seed=7)
   assert first['num_per_kind'] == 41
   assert first == again
-  other = membership.membership_attack(*members, *nonmembers, seed=8)
+  other = membership_attack.membership_attack(*members, *nonmembers, seed=8)
   assert other['fold_accuracies'] != first['fold_accuracies']
 
 
@@ -127,14 +127,14 @@ def test_invalid_arguments_raise(change, name):
               logits_nonmembers=np.zeros((5, 10)), labels_nonmembers=np.zeros(5, np.int64))
   args.update(change)
   with pytest.raises(ValueError, match=name):
-    membership.membership_attack(**args)
+    membership_attack.membership_attack(**args)
 
 
 def test_script_runs_end_to_end(tmp_path):
   out = tmp_path / 'mia'
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
   proc = subprocess.run(
-      ['bash', os.path.join(_ROOT, 'scripts', 'membership_inference.sh'), '--seeds=0', '--rounds=2',
+      ['bash', os.path.join(_ROOT, 'scripts', 'membership_study.sh'), '--seeds=0', '--rounds=2',
        '--model=logistic', '--num_clients=3', f'--output_dir={out}'],
       cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""training.methods: algorithm x aggregator combinations, and SCAFFOLD's client state across a save/load."""
+"""training.engine.methods: algorithm x aggregator combinations, and SCAFFOLD's client state across a save/load."""
 
 import numpy as np
 import pytest
@@ -7,9 +7,13 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from tff_gma import learning
 from tff_gma import models
-from training import simulation
+from training.engine import registry
+from training import config as config_lib
+from training.engine import fedavg_family
+from training.runner import round_loop
 from tff_gma.data import loaders
-from training import methods
+from training.engine import corruption
+from training.engine import methods
 
 
 @pytest.mark.parametrize('algorithm, aggregator, flag', [
@@ -19,25 +23,25 @@ from training import methods
 ])
 def test_impossible_combinations_name_the_flag(algorithm, aggregator, flag):
   with pytest.raises(ValueError, match=flag):
-    methods.check(algorithm, aggregator)
+    registry.check(algorithm, aggregator)
 
 
 def test_scaffold_client_state_survives_checkpoint_and_restore(tmp_path):
   data = loaders.load_federated_data('digits', 'iid', 3, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  method = methods.build(model_fn, 'scaffold', 'mean', algorithm_config=simulation.AlgorithmConfig(client_lr=0.05),
+  method = methods.build(model_fn, 'scaffold', 'mean', algorithm_config=config_lib.AlgorithmConfig(client_lr=0.05),
                          num_clients=3)
-  state = simulation.seeded_initial_state(method.process, build_keras, 0)
+  state = round_loop.seeded_initial_state(method.process, build_keras, 0)
   ids = data.train.client_ids[:2]
-  datasets = [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
+  datasets = [round_loop.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
               for c in ids]
   state, _ = method.run_round(state, ids, datasets, 1)
   saved = {c: [np.array(v) for v in method.client_state.get(c)] for c in ids}
   assert any(np.any(v != 0) for v in saved[ids[0]])  # A client that trained has a non-zero control variate.
   method.checkpoint_client_state(str(tmp_path), 1)
 
-  fresh = methods.build(model_fn, 'scaffold', 'mean', algorithm_config=simulation.AlgorithmConfig(client_lr=0.05),
+  fresh = methods.build(model_fn, 'scaffold', 'mean', algorithm_config=config_lib.AlgorithmConfig(client_lr=0.05),
                         num_clients=3)
   fresh.restore_client_state(str(tmp_path), 1)
   for c in ids:
@@ -52,22 +56,22 @@ def test_scaffold_client_state_survives_checkpoint_and_restore(tmp_path):
     ('scaffold/rfa', ('scaffold', 'rfa')), ('fedadam/elastic', ('fedadam', 'elastic')),
 ])
 def test_method_names_resolve(name, expected):
-  assert methods.resolve(name) == expected
+  assert registry.resolve(name) == expected
 
 
 @pytest.mark.parametrize('name', ['nope', 'fedprox/elastic', 'personalized/elastic', 'fedavg/'])
 def test_unknown_method_names_are_refused(name):
   with pytest.raises(ValueError):
-    methods.resolve(name)
+    registry.resolve(name)
 
 
 def test_update_corruption_needs_the_fedavg_family():
   with pytest.raises(ValueError, match='corruption'):
-    methods.check('scaffold', 'mean', 'omniscient')
+    registry.check('scaffold', 'mean', 'omniscient')
   with pytest.raises(ValueError, match='corruption'):
-    methods.check('fedavg', 'elastic', 'gaussian')
-  methods.check('fedprox', 'rfa', 'omniscient')
-  methods.check('scaffold', 'mean', 'data_negate')  # Data poisoning needs no cooperation of the client work.
+    registry.check('fedavg', 'elastic', 'gaussian')
+  registry.check('fedprox', 'rfa', 'omniscient')
+  registry.check('scaffold', 'mean', 'data_negate')  # Data poisoning needs no cooperation of the client work.
 
 
 def test_fedadam_with_gma_is_algorithm_2():
@@ -75,25 +79,25 @@ def test_fedadam_with_gma_is_algorithm_2():
   data = loaders.load_federated_data('digits', 'iid', 3, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  config = simulation.AlgorithmConfig(name='fedadam', client_lr=0.05, server_lr=0.05)
-  datasets = [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
+  config = config_lib.AlgorithmConfig(name='fedadam', client_lr=0.05, server_lr=0.05)
+  datasets = [round_loop.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
               for c in data.train.client_ids]
 
   def one_round(process):
-    state = process.next(simulation.seeded_initial_state(process, build_keras, 0), datasets).state
+    state = process.next(round_loop.seeded_initial_state(process, build_keras, 0), datasets).state
     return process.get_model_weights(state).trainable
 
   runner = one_round(methods.build(model_fn, 'fedadam', 'gma', algorithm_config=config).process)
   # The corrupted runs compose the same server: with no client corrupted, the same round.
   ids = tuple(data.train.client_ids)
   corruptible = methods.build(model_fn, 'fedadam', 'gma', algorithm_config=config,
-                              update_corruption=methods.UpdateCorruption('gaussian', (), ids, 0))
+                              update_corruption=corruption.UpdateCorruption('gaussian', (), ids, 0))
   corrupted_state, _ = corruptible.run_round(
-      simulation.seeded_initial_state(corruptible.process, build_keras, 0), ids, datasets, 1)
+      round_loop.seeded_initial_state(corruptible.process, build_keras, 0), ids, datasets, 1)
   algorithm_2 = one_round(learning.build_gma_fed_avg(
-      model_fn, simulation.client_optimizer(config), simulation.server_optimizer(config),
+      model_fn, fedavg_family.client_optimizer(config), fedavg_family.server_optimizer(config),
       loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR))  # The runner's client loop.
-  drop_in = one_round(simulation.build_learning_process(model_fn, config, aggregators.GradientMaskedFactory()))
+  drop_in = one_round(fedavg_family.build_learning_process(model_fn, config, aggregators.GradientMaskedFactory()))
   for a, b, c in zip(runner, algorithm_2, corruptible.process.get_model_weights(corrupted_state).trainable):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # The same computation: float noise only.
     np.testing.assert_allclose(c, b, rtol=1e-6, atol=1e-7)

@@ -7,17 +7,18 @@ import numpy as np
 import pytest
 
 from tests.training import interrupt
-from training import experiment
-from training.client_state import ClientStateStore
+from training import config as config_lib
+from training.runner import experiment
+from training.engine.client_state import ClientStateStore
 
-_TOY = experiment.ExperimentConfig(
+_TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='label_skew', num_clients=5, clients_per_round=3, rounds=2, model='logistic',
     batch_size=32, client_lr=0.1, algorithm='personalized', aggregator='rfa', seed=2)
 
 
 def test_update_corruption_is_refused_for_personalized_rfa():
   with pytest.raises(ValueError, match='corruption'):
-    dataclasses.replace(_TOY, corruption='omniscient', corrupt_fraction=0.2).validate()
+    experiment.validate(dataclasses.replace(_TOY, corruption='omniscient', corrupt_fraction=0.2))
 
 
 def test_personalized_rfa_runs_and_resumes_exactly(tmp_path):

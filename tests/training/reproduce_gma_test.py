@@ -11,38 +11,39 @@ import numpy as np
 import pytest
 
 import tests
-from training import reproduce_gma
+from training.runner import experiment
+from training.studies import gma as gma_study
 
 _ROOT = tests.ROOT
 
 
 def test_tuning_runs_hold_out_a_validation_split_and_final_runs_do_not():
-  run = reproduce_gma.Run('label100', 'fedadam', 'gma', 0.05, 0.01, 0.4, 0, True)
-  tuning = reproduce_gma.run_config(run, '/tmp/study')
-  assert tuning.validation_fraction == reproduce_gma.VALIDATION_FRACTION > 0
+  run = gma_study.Run('label100', 'fedadam', 'gma', 0.05, 0.01, 0.4, 0, True)
+  tuning = gma_study.run_config(run, '/tmp/study')
+  assert tuning.validation_fraction == gma_study.VALIDATION_FRACTION > 0
   assert (tuning.partition, tuning.num_clients, tuning.clients_per_round, tuning.classes_per_client) == (
       'label_skew', 100, 10, 2)
-  final = reproduce_gma.run_config(run._replace(tuning=False, seed=3), '/tmp/study')
+  final = gma_study.run_config(run._replace(tuning=False, seed=3), '/tmp/study')
   assert final.validation_fraction == 0 and final.seed == 3
   assert final.output_dir != tuning.output_dir and final.rounds == tuning.rounds == 150
-  for setting in reproduce_gma.SETTINGS:
-    for algorithm, aggregator in reproduce_gma.SETTINGS[setting].methods:
-      reproduce_gma.run_config(run._replace(setting=setting, algorithm=algorithm, aggregator=aggregator),
-                               '/tmp/study').validate()
+  for setting in gma_study.SETTINGS:
+    for algorithm, aggregator in gma_study.SETTINGS[setting].methods:
+      experiment.validate(gma_study.run_config(run._replace(setting=setting, algorithm=algorithm, aggregator=aggregator),
+                               '/tmp/study'))
 
 
 def test_stage_two_tunes_tau_for_gma_only_at_the_stage_one_winner():
-  winner = reproduce_gma.Run('label10', 'fedavg', 'gma', 0.1, 1.5, 0.4, 0, True)
-  second = reproduce_gma.stage2_runs('label10', 'fedavg', 'gma', winner, (0.1, 0.4, 0.8))
+  winner = gma_study.Run('label10', 'fedavg', 'gma', 0.1, 1.5, 0.4, 0, True)
+  second = gma_study.stage2_runs('label10', 'fedavg', 'gma', winner, (0.1, 0.4, 0.8))
   assert [(r.client_lr, r.server_lr, r.tau) for r in second] == [(0.1, 1.5, 0.1), (0.1, 1.5, 0.8)]
-  assert reproduce_gma.stage2_runs('label10', 'fedavg', 'mean', winner._replace(aggregator='mean'), (0.1,)) == []
-  first = reproduce_gma.stage1_runs('label10', [('fedyogi', 'mean')], (0.01, 0.1))
+  assert gma_study.stage2_runs('label10', 'fedavg', 'mean', winner._replace(aggregator='mean'), (0.1,)) == []
+  first = gma_study.stage1_runs('label10', [('fedyogi', 'mean')], (0.01, 0.1))
   assert {(r.client_lr, r.server_lr) for r in first} == {(0.01, 0.01), (0.01, 0.1), (0.1, 0.01), (0.1, 0.1)}
 
 
 def test_the_winner_is_the_best_validation_score_once_every_run_finished(tmp_path):
-  study = reproduce_gma.Study(['label10'], [], (0.01, 0.05), (0.2,), (0,), str(tmp_path))
-  runs = reproduce_gma.stage1_runs('label10', [('fedavg', 'mean')], (0.01, 0.05))
+  study = gma_study.Study(['label10'], [], (0.01, 0.05), (0.2,), (0,), str(tmp_path))
+  runs = gma_study.stage1_runs('label10', [('fedavg', 'mean')], (0.01, 0.05))
   assert study.winner(runs) is None  # Nothing finished.
   for run, score in zip(runs, [0.5, 0.9, 0.7, 0.9]):  # A tie goes to the first listed.
     config = study.config(run)
@@ -56,8 +57,8 @@ def test_the_winner_is_the_best_validation_score_once_every_run_finished(tmp_pat
 
 def test_a_final_stage_call_returns_when_tuning_is_unfinished(tmp_path, capsys):
   # It must not wait for tuning runs that no `final` shard runs (it used to poll forever with --shard=i/n).
-  study = reproduce_gma.Study(['label10'], ['fedavg/mean'], (0.01,), (), (0,), str(tmp_path))
-  call = threading.Thread(target=reproduce_gma.run_all, args=(study, 'final', 0, 2, 0.01), daemon=True)
+  study = gma_study.Study(['label10'], ['fedavg/mean'], (0.01,), (), (0,), str(tmp_path))
+  call = threading.Thread(target=gma_study.run_all, args=(study, 'final', 0, 2, 0.01), daemon=True)
   call.start()
   call.join(timeout=60)
   assert not call.is_alive(), 'run_all(stage=final) is still waiting for tuning runs'
@@ -66,10 +67,10 @@ def test_a_final_stage_call_returns_when_tuning_is_unfinished(tmp_path, capsys):
 
 
 def test_convergence_rule():
-  assert not reproduce_gma.converged([0.5] * 19)  # Too short to tell.
-  assert reproduce_gma.converged([0.90] * 10 + [0.904] * 10)  # +0.4 points: a plateau.
-  assert not reproduce_gma.converged([0.80] * 10 + [0.82] * 10)  # +2 points: still rising.
-  assert reproduce_gma.converged(list(np.linspace(0.1, 0.9, 30)) + [0.9] * 20)
+  assert not gma_study.converged([0.5] * 19)  # Too short to tell.
+  assert gma_study.converged([0.90] * 10 + [0.904] * 10)  # +0.4 points: a plateau.
+  assert not gma_study.converged([0.80] * 10 + [0.82] * 10)  # +2 points: still rising.
+  assert gma_study.converged(list(np.linspace(0.1, 0.9, 30)) + [0.9] * 20)
 
 
 def _record(setting, algorithm, aggregator, best, lr=(0.05, 1.0)):
@@ -86,10 +87,10 @@ def test_verdicts_follow_the_gains():
       _record('convex_iid', 'fedavg', 'mean', 0.90), _record('convex_iid', 'fedavg', 'gma', 0.90),
       _record('convex_label', 'fedavg', 'mean', 0.70), _record('convex_label', 'fedavg', 'gma', 0.69),
   ]
-  gains = reproduce_gma.gains(records)
+  gains = gma_study.gains(records)
   assert gains[('label100', 'fedavg')] == pytest.approx(5.0)
   assert gains[('label10', 'fedadam')] == pytest.approx(-2.0)
-  text = '\n'.join(reproduce_gma.verdicts(records))
+  text = '\n'.join(gma_study.verdicts(records))
   assert 'by more than 0.5 points in 2 of 5 cells, within 0.5 in 1, below in 2' in text
   assert 'does not hold (majority' in text
   assert 'gain iid +0.00, label skew -1.00; does not hold' in text
@@ -99,15 +100,15 @@ def test_verdicts_follow_the_gains():
 
 
 def test_more_so_needs_a_rise_beyond_a_tie_and_a_win_at_the_end():
-  assert reproduce_gma.more_so([1.0, 5.0])
-  assert not reproduce_gma.more_so([-0.14, -0.14 + 1e-12])  # Equal gains (and losses): not "more so".
-  assert not reproduce_gma.more_so([-9.89, 0.0])  # From a loss to a tie: GMA is not better anywhere.
-  assert not reproduce_gma.more_so([1.0, 1.3])  # A rise within the tie band.
-  assert not reproduce_gma.more_so([0.0, 2.0, 1.8])  # Not rising at every step.
-  assert reproduce_gma.more_so([0.0, 2.0, 3.0])
+  assert gma_study.more_so([1.0, 5.0])
+  assert not gma_study.more_so([-0.14, -0.14 + 1e-12])  # Equal gains (and losses): not "more so".
+  assert not gma_study.more_so([-9.89, 0.0])  # From a loss to a tie: GMA is not better anywhere.
+  assert not gma_study.more_so([1.0, 1.3])  # A rise within the tie band.
+  assert not gma_study.more_so([0.0, 2.0, 1.8])  # Not rising at every step.
+  assert gma_study.more_so([0.0, 2.0, 3.0])
   records = [_record('convex_iid', 'fedavg', 'mean', 0.90), _record('convex_iid', 'fedavg', 'gma', 0.8986),
              _record('convex_label', 'fedavg', 'mean', 0.90), _record('convex_label', 'fedavg', 'gma', 0.8986 + 1e-9)]
-  assert 'gain iid -0.14, label skew -0.14; does not hold' in '\n'.join(reproduce_gma.verdicts(records))
+  assert 'gain iid -0.14, label skew -0.14; does not hold' in '\n'.join(gma_study.verdicts(records))
 
 
 def test_tiny_study_end_to_end_in_two_shards(tmp_path):
@@ -116,7 +117,7 @@ def test_tiny_study_end_to_end_in_two_shards(tmp_path):
   args = ['--settings=label10,feature10', '--methods=fedavg/mean,fedadam/gma', '--rounds=2', '--client_lrs=0.05',
           '--taus=0.2', '--seeds=0,1', f'--output_dir={out}']
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  script = os.path.join(_ROOT, 'scripts', 'reproduce_gma.sh')
+  script = os.path.join(_ROOT, 'scripts', 'gma_study.sh')
   shards = [subprocess.Popen(['bash', script, *args, f'--shard={i}/2'], cwd=_ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for i in range(2)]
   for proc in shards:
@@ -143,7 +144,7 @@ def test_tiny_study_end_to_end_in_two_shards(tmp_path):
 
 
 def test_invalid_settings_fail_with_one_line(tmp_path):
-  proc = subprocess.run([sys.executable, '-m', 'training.reproduce_gma', '--settings=label7',
+  proc = subprocess.run([sys.executable, '-m', 'training.studies.gma', '--settings=label7',
                          f'--output_dir={tmp_path / "x"}'], cwd=_ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0 and 'unknown setting' in proc.stderr and 'Traceback' not in proc.stderr
   assert not (tmp_path / 'x').exists()

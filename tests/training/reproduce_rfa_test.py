@@ -8,45 +8,46 @@ import subprocess
 
 import pytest
 
-from training import reproduce_rfa
+from training.runner import experiment
+from training.studies import rfa as rfa_study
 
 _ROOT = tests.ROOT
 
 
 def test_cells_share_the_uncorrupted_runs():
-  cells = reproduce_rfa.cells(['logistic'], ['gaussian', 'omniscient'], [0.0, 0.1, 0.4], ['mean', 'rfa'], [0, 1])
+  cells = rfa_study.cells(['logistic'], ['gaussian', 'omniscient'], [0.0, 0.1, 0.4], ['mean', 'rfa'], [0, 1])
   assert len(cells) == 2 * 2 * (1 + 2 * 2)
   assert ('logistic', 'none', 0.0, 'rfa', 1, None) in cells
   assert not any(c.corruption != 'none' and c.rho == 0 for c in cells)
-  config = reproduce_rfa.cell_config(reproduce_rfa.Cell('cnn', 'omniscient', 0.25, 'krum', 3), 7, 2, '/tmp/x',
+  config = rfa_study.cell_config(rfa_study.Cell('cnn', 'omniscient', 0.25, 'krum', 3), 7, 2, '/tmp/x',
                                      local_epochs=2)
   assert (config.model, config.num_clients, config.clients_per_round, config.aggregator, config.corruption,
           config.corrupt_fraction, config.seed, config.rounds, config.eval_every, config.local_epochs) == (
               'cnn', 20, 10, 'krum', 'omniscient', 0.25, 3, 7, 2, 2)
-  config.validate()
+  experiment.validate(config)
   assert config.client_execution == 'worker'
   # --client_execution reaches every cell; local mode refuses the update corruptions, naming the setting.
-  local = reproduce_rfa.cell_config(reproduce_rfa.Cell('cnn', 'data_negate', 0.25, 'rfa', 3), 7, 2, '/tmp/x',
+  local = rfa_study.cell_config(rfa_study.Cell('cnn', 'data_negate', 0.25, 'rfa', 3), 7, 2, '/tmp/x',
                                     client_execution='local')
   assert local.client_execution == 'local'
-  local.validate()
+  experiment.validate(local)
   with pytest.raises(ValueError, match='client_execution'):
-    reproduce_rfa.cell_config(reproduce_rfa.Cell('cnn', 'omniscient', 0.25, 'rfa', 3), 7, 2, '/tmp/x',
-                              client_execution='local').validate()
+    experiment.validate(rfa_study.cell_config(rfa_study.Cell('cnn', 'omniscient', 0.25, 'rfa', 3), 7, 2, '/tmp/x',
+                              client_execution='local'))
 
 
 def test_aggregator_entries_carry_settings_and_participation_is_a_grid_axis():
-  cells = reproduce_rfa.cells(['cnn'], ['omniscient'], [0.0, 0.4], ['rfa+rfa_init=zero+num_passes=5'], [0],
+  cells = rfa_study.cells(['cnn'], ['omniscient'], [0.0, 0.4], ['rfa+rfa_init=zero+num_passes=5'], [0],
                               [10, 20])
   assert len(cells) == 2 * 2
-  configs = [reproduce_rfa.cell_config(c, 3, 1, '/tmp/x') for c in cells]
+  configs = [rfa_study.cell_config(c, 3, 1, '/tmp/x') for c in cells]
   assert {(c.aggregator, c.rfa_init, c.num_passes) for c in configs} == {('rfa', 'zero', 5)}
   assert sorted(c.clients_per_round for c in configs) == [10, 10, 20, 20]
   assert len({c.output_dir for c in configs}) == 4  # Each cell its own run directory.
-  assert reproduce_rfa.setting_label(configs[-1]) == 'cnn, 20 of 20 per round'
+  assert rfa_study.setting_label(configs[-1]) == 'cnn, 20 of 20 per round'
   for bad in ('rfa+num_passes', 'rfa+seed=3', 'rfa+no_such_setting=1', 'rfa+num_passes=x'):
     with pytest.raises(ValueError, match='aggregators|invalid literal'):
-      reproduce_rfa.parse_aggregator(bad)
+      rfa_study.parse_aggregator(bad)
 
 
 def test_start_goals_are_judged_per_seed():
@@ -62,7 +63,7 @@ def test_start_goals_are_judged_per_seed():
                 record(full, 20, 'omniscient', 0.4, 'rfa', seed, 0.92 if seed == 0 else 0.80),
                 record(half, 10, 'omniscient', 0.4, 'rfa', seed, 0.60),
                 record(half, 10, 'omniscient', 0.4, 'median', seed, 0.50 if seed == 0 else 0.70)]
-  goals = reproduce_rfa.check_start_goals(results, [0.0, 0.25, 0.4])
+  goals = rfa_study.check_start_goals(results, [0.0, 0.25, 0.4])
   assert len(goals) == 2, goals
   assert 'does not hold (rho=0.4 seed 1: 80.0 vs 95.0)' in goals[0]  # 15 points down for seed 1 only.
   assert 'does not hold (rho=0.4 seed 1: 60.0 vs 70.0)' in goals[1]
@@ -78,32 +79,32 @@ def test_claims_are_judged_from_the_numbers():
   holds = _results({('none', 0.0, 'mean'): 0.80, ('none', 0.0, 'rfa'): 0.79, ('none', 0.0, 'rfa_one_step'): 0.78,
                     ('omniscient', 0.4, 'mean'): 0.05, ('omniscient', 0.4, 'rfa'): 0.60,
                     ('omniscient', 0.4, 'rfa_one_step'): 0.50})
-  claims = '\n'.join(reproduce_rfa.check_claims(holds, [0.0, 0.4]))
+  claims = '\n'.join(rfa_study.check_claims(holds, [0.0, 0.4]))
   assert 'does not hold' not in claims and claims.count('holds') == 4, claims
   assert '(mean - RFA = +1.0 points)' in claims and 'keeps 82% of RFA' in claims
   fails = _results({('none', 0.0, 'mean'): 0.80, ('none', 0.0, 'rfa'): 0.70, ('none', 0.0, 'rfa_one_step'): 0.70,
                     ('omniscient', 0.4, 'mean'): 0.45, ('omniscient', 0.4, 'rfa'): 0.50,
                     ('omniscient', 0.4, 'rfa_one_step'): 0.45})
-  claims = '\n'.join(reproduce_rfa.check_claims(fails, [0.0, 0.4]))
+  claims = '\n'.join(rfa_study.check_claims(fails, [0.0, 0.4]))
   assert claims.count('does not hold') == 4, claims
-  table = reproduce_rfa.summarize(holds, [0.0, 0.4])
+  table = rfa_study.summarize(holds, [0.0, 0.4])
   assert '**logistic, omniscient**' in table and '| mean | 80.0 +- 1.0 | 5.0 +- 1.0 |' in table
-  side_by_side = reproduce_rfa.summarize_at(holds, 0.4)
+  side_by_side = rfa_study.summarize_at(holds, 0.4)
   assert '| aggregator | logistic, omniscient |' in side_by_side and '| rfa | 60.0 |' in side_by_side
 
 
 def test_shard_parsing():
-  assert reproduce_rfa.parse_shard('0/1') == (0, 1) and reproduce_rfa.parse_shard('2/3') == (2, 3)
+  assert rfa_study.parse_shard('0/1') == (0, 1) and rfa_study.parse_shard('2/3') == (2, 3)
   for bad in ('1/1', '-1/2', '1', 'a/b', '0/0'):
     with pytest.raises(ValueError, match='shard'):
-      reproduce_rfa.parse_shard(bad)
+      rfa_study.parse_shard(bad)
 
 
 def test_study_script_runs_end_to_end(tmp_path):
   out = tmp_path / 'rfa'
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
   study = lambda *extra: subprocess.run(
-      ['bash', os.path.join(_ROOT, 'scripts', 'reproduce_rfa.sh'), '--seeds=0', '--rounds=1', '--local_epochs=1',
+      ['bash', os.path.join(_ROOT, 'scripts', 'rfa_study.sh'), '--seeds=0', '--rounds=1', '--local_epochs=1',
        '--models=logistic', '--corruptions=omniscient', '--fractions=0,0.4', '--aggregators=mean,rfa',
        f'--output_dir={out}', *extra],
       cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
@@ -127,34 +128,34 @@ def test_study_script_runs_end_to_end(tmp_path):
 
 
 def test_finished_cells_are_read_back_not_rerun(tmp_path):
-  config = reproduce_rfa.cell_config(reproduce_rfa.Cell('logistic', 'gaussian', 0.1, 'mean', 0), 4, 1,
+  config = rfa_study.cell_config(rfa_study.Cell('logistic', 'gaussian', 0.1, 'mean', 0), 4, 1,
                                      str(tmp_path))
-  assert reproduce_rfa.finished_summary(config) is None  # Nothing there yet.
+  assert rfa_study.finished_summary(config) is None  # Nothing there yet.
   os.makedirs(config.output_dir)
   summary = {'final_accuracy': 0.5, 'best_accuracy': 0.6, 'rounds_completed': 4,
              'config': dataclasses.asdict(config)}
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f)
-  assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
+  assert rfa_study.finished_summary(config)['best_accuracy'] == 0.6
   # Cells extracted from an archive into another directory are the same cells.
   moved = dict(summary, config=dict(summary['config'], output_dir='/elsewhere/runs/cell'))
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(moved, f)
-  assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
+  assert rfa_study.finished_summary(config)['best_accuracy'] == 0.6
   # A summary written before a setting existed (at its default) still counts as the same cell.
   older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'membership_inference'})
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(older, f)
-  assert reproduce_rfa.finished_summary(config)['best_accuracy'] == 0.6
+  assert rfa_study.finished_summary(config)['best_accuracy'] == 0.6
   # ... at the value it ran with where the default changed since: RFA started from the mean before rfa_init.
   older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'rfa_init'})
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(older, f)
-  assert config.rfa_init == 'zero' and reproduce_rfa.finished_summary(config) is None
-  assert reproduce_rfa.finished_summary(dataclasses.replace(config, rfa_init='mean'))['best_accuracy'] == 0.6
+  assert config.rfa_init == 'zero' and rfa_study.finished_summary(config) is None
+  assert rfa_study.finished_summary(dataclasses.replace(config, rfa_init='mean'))['best_accuracy'] == 0.6
   # Another setting of the same cell directory, or a run stopped before its last round, must run (again).
-  assert reproduce_rfa.finished_summary(dataclasses.replace(config, client_lr=0.1)) is None
+  assert rfa_study.finished_summary(dataclasses.replace(config, client_lr=0.1)) is None
   summary['rounds_completed'] = 3
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f)
-  assert reproduce_rfa.finished_summary(config) is None
+  assert rfa_study.finished_summary(config) is None

@@ -1,18 +1,18 @@
 """RFA effective-weight audit: NumPy reference, dominance warning, agreement with the factory and a real round."""
 
-import collections
 import warnings
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import aggregators
 from tff_gma import models
 from tff_gma.aggregators import geometric_median
-from training import simulation
-from training import rfa_weights
+from training import config as config_lib
+from training.engine import fedavg_family
+from training.engine import rfa_weights
+from training.runner import round_loop
 from tff_gma.data import loaders
 
 VALUE_TYPE = tff.to_type([tff.TensorType(np.float32, [2, 3]), tff.TensorType(np.float32, [4])])
@@ -194,8 +194,8 @@ def _setup():
   data = loaders.load_federated_data('digits', 'label_skew', 3, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  algorithm = simulation.AlgorithmConfig(client_lr=0.1, server_lr=1.0)
-  datasets = [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=64, seed=0, round_num=1)
+  algorithm = config_lib.AlgorithmConfig(client_lr=0.1, server_lr=1.0)
+  datasets = [round_loop.client_dataset(data.train, c, local_epochs=1, batch_size=64, seed=0, round_num=1)
               for c in data.train.client_ids]
   return data, build_keras, model_fn, algorithm, datasets
 
@@ -207,8 +207,8 @@ def _delta(before, after):
 def test_monitor_replays_the_rounds_rfa_aggregate():
   data, build_keras, model_fn, algorithm, datasets = _setup()
   factory = aggregators.GeometricMedianFactory(num_passes=2, smoothing=NU)
-  process = simulation.build_learning_process(model_fn, algorithm, factory)
-  state = simulation.seeded_initial_state(process, build_keras, 0)
+  process = fedavg_family.build_learning_process(model_fn, algorithm, factory)
+  state = round_loop.seeded_initial_state(process, build_keras, 0)
   start = process.get_model_weights(state)
 
   monitor = rfa_weights.RfaWeightMonitor(model_fn, algorithm, bound=0.99, settings=rfa_weights.RfaSettings(2, NU))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import tests
-from training import dir_lock
+from training.runner import dir_lock
 
 
 def _run(tmp_path, *flags):

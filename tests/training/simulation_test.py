@@ -2,12 +2,13 @@
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import models
-from training import evaluation
-from training import simulation
+from training import config as config_lib
+from training.engine import evaluation
+from training.engine import fedavg_family
+from training.runner import round_loop
 from tff_gma.data import digits
 
 
@@ -17,14 +18,14 @@ def _train(algorithm: str, rounds: int, seed: int = 0, aggregator=None):
   train = data.train
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  config = simulation.AlgorithmConfig(
+  config = config_lib.AlgorithmConfig(
       name=algorithm, client_lr=0.05, server_lr=0.05 if algorithm in ('fedadam', 'fedyogi') else 1.0)
-  process = simulation.build_learning_process(model_fn, config, aggregator)
-  state = simulation.seeded_initial_state(process, build_keras, seed)
+  process = fedavg_family.build_learning_process(model_fn, config, aggregator)
+  state = round_loop.seeded_initial_state(process, build_keras, seed)
   evaluator = evaluation.CentralEvaluator(build_keras, split.x_test, split.y_test)
   history = [evaluator(process.get_model_weights(state))['accuracy']]
   for r in range(1, rounds + 1):
-    data = [simulation.client_dataset(train, c, local_epochs=1, batch_size=16, seed=seed, round_num=r)
+    data = [round_loop.client_dataset(train, c, local_epochs=1, batch_size=16, seed=seed, round_num=r)
             for c in train.client_ids]
     state = process.next(state, data).state
     history.append(evaluator(process.get_model_weights(state))['accuracy'])
@@ -75,13 +76,13 @@ def test_evaluator_reports_a_diverged_model_without_warnings():
 
 def test_sample_clients_is_a_function_of_seed_and_round():
   ids = [f'c{i}' for i in range(20)]
-  a = simulation.sample_clients(ids, 5, seed=3, round_num=7)
-  assert a == simulation.sample_clients(ids, 5, seed=3, round_num=7)
+  a = round_loop.sample_clients(ids, 5, seed=3, round_num=7)
+  assert a == round_loop.sample_clients(ids, 5, seed=3, round_num=7)
   assert len(set(a)) == 5 and set(a) <= set(ids)
-  assert a != simulation.sample_clients(ids, 5, seed=3, round_num=8)
-  assert simulation.sample_clients(ids, 20, seed=3, round_num=1) == ids
+  assert a != round_loop.sample_clients(ids, 5, seed=3, round_num=8)
+  assert round_loop.sample_clients(ids, 20, seed=3, round_num=1) == ids
   with pytest.raises(ValueError, match='clients_per_round'):
-    simulation.sample_clients(ids, 21, seed=0, round_num=1)
+    round_loop.sample_clients(ids, 21, seed=0, round_num=1)
 
 
 @pytest.mark.parametrize('kwargs, name', [
@@ -90,9 +91,9 @@ def test_sample_clients_is_a_function_of_seed_and_round():
 ])
 def test_algorithm_config_rejects_bad_values(kwargs, name):
   with pytest.raises(ValueError, match=name):
-    simulation.AlgorithmConfig(**kwargs)
+    config_lib.AlgorithmConfig(**kwargs)
 
 
 def test_flatten_metrics():
   nested = {'a': {'b': np.float32(1.5), 'c': np.array([1, 2])}, 'd': 3}
-  assert simulation.flatten_metrics(nested) == {'a/b': 1.5, 'd': 3.0}
+  assert round_loop.flatten_metrics(nested) == {'a/b': 1.5, 'd': 3.0}

@@ -14,10 +14,11 @@ import pytest
 import tests
 from tff_gma.data import client_data
 from tff_gma.data import loaders
-from training import evaluation
-from training import experiment
+from training import config as config_lib
+from training.engine import evaluation
+from training.runner import experiment
 
-_TOY = experiment.ExperimentConfig(
+_TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='mixed_skew', num_clients=4, clients_per_round=4, rounds=2, model='logistic',
     batch_size=32, client_lr=0.05, seed=3, validation_fraction=0.2)
 
@@ -99,13 +100,13 @@ def test_a_validation_run_reports_validation_metrics_and_never_test_ones(tmp_pat
 def test_invalid_validation_settings_are_refused_naming_them(changes, named, tmp_path):
   config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'never'), **changes)
   with pytest.raises(experiment.ConfigError, match=named):
-    config.validate()
+    experiment.validate(config)
   assert not (tmp_path / 'never').exists()
 
 
 def test_personalized_and_membership_inference_still_run_without_validation():
   for changes in ({'algorithm': 'personalized', 'aggregator': 'rfa'}, {'membership_inference': True}):
-    dataclasses.replace(_TOY, validation_fraction=0.0, **changes).validate()
+    experiment.validate(dataclasses.replace(_TOY, validation_fraction=0.0, **changes))
 
 
 def test_an_older_config_without_validation_fraction_resumes_at_zero(tmp_path):

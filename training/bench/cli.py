@@ -4,12 +4,12 @@
     python -m training.bench              # the full benchmark (run it on a quiet machine)
     python -m training.bench --smoke      # every section and key on tiny sizes (the tests)
 
-The candidates are methods of `training.methods`, named as `methods.resolve` names them (an aggregator, which is
+The candidates are methods of `training.engine.methods`, named as `registry.resolve` names them (an aggregator, which is
 FedAvg with it; a composed algorithm; ALGORITHM/AGGREGATOR), each optionally with aggregator or method settings:
-`NAME+setting=value+...` (fields of `training.registry.AggregatorParams` or `training.methods.MethodParams`; a
+`NAME+setting=value+...` (fields of `training.engine.config_lib.AggregatorParams` or `training.engine.config_lib.MethodParams`; a
 bare boolean setting means true), e.g. `gma+secure`, `rfa+num_passes=5`. The entry is the candidate's label in
-the JSON. Default: every aggregator the methods know (`methods.AGGREGATORS`: the registry's and Elastic), then
-secure GMA and RFA with 1 and 5 passes; an aggregator added to `training.registry` is benchmarked with no edit
+the JSON. Default: every aggregator the methods know (`registry.AGGREGATORS`: the registry's and Elastic), then
+secure GMA and RFA with 1 and 5 passes; an aggregator added to `training.engine.registry` is benchmarked with no edit
 here. Secure entries without `secure_bound` get the section's bound (model updates: 1; the probe's values: 4).
 
 Three sections, each written into the JSON (--output, default outputs/bench/bench.json) and a Markdown table
@@ -23,9 +23,9 @@ beside it (bench.md):
   `pipeline_throughput_ratio` = stock round time / project round time (> 1: the project's pipeline is faster).
   And the client-loop comparison: stock FedAvg with `loop_implementation=DATASET_ITERATOR`
   (`stock_fedavg_iterator`) against TFF's default DATASET_REDUCE (`stock_fedavg`): `iterator_loop_speedup`.
-* aggregation: each FedAvg candidate's aggregation process alone (`training.registry.build`; Elastic's
+* aggregation: each FedAvg candidate's aggregation process alone (`training.engine.registry.build`; Elastic's
   `ElasticFactory`), for models of 1e4, 1e5, 1e6 floats and 10 / 100 clients, with the client values generated
-  inside the TFF worker (`training.benchmarks.aggregation_probe`): `aggregation_time_ratio[config][candidate]`.
+  inside the TFF worker (`training.bench.timing.aggregation_probe`): `aggregation_time_ratio[config][candidate]`.
   The generation of the client values is the same for every candidate of a config (Elastic's values are twice
   as many: an update and a sensitivity) and is timed on its own (`generation_vector`,
   `generation_update_and_sensitivity`); `aggregation_extra_seconds` is what each candidate adds to a call of the
@@ -33,7 +33,7 @@ beside it (bench.md):
 * scaling: round time and peak resident memory (this process and the TFF worker) against clients per round
   (10, 50, 100, 500) of the digits set split over 500 clients (about 3 examples each).
 * client_execution: FedAvg with the mean, its clients trained in the TFF worker (`--client_execution=worker`)
-  against in this process's TensorFlow (`local`, `training.client_execution`), interleaved in one run, on the
+  against in this process's TensorFlow (`local`, `training.engine.client_execution`), interleaved in one run, on the
   digits CNN (the digits over 10 clients) and on ResNet-18-GN with CIFAR-10-shaped generated examples ([32, 32, 3],
   10 clients x 300; `--client_execution_examples` makes it smaller): `client_execution_time_ratio[model]` =
   local round time / worker round time (< 1: local is faster), with the TensorFlow devices each mode trained on
@@ -72,34 +72,36 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_gma import aggregators
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import client_data as client_data_lib
 from tff_gma.data import loaders
-from training import benchmarks
-from training import client_execution
-from training import methods
-from training import registry
-from training import simulation
+from training import config as config_lib
+from training.bench import timing
+from training.engine import client_execution
+from training.engine import methods
+from training.engine import registry
+from training.engine import fedavg_family
+from training.runner import round_loop
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASELINE = 'mean'
-# Parameter variants benchmarked by default besides every aggregator of `methods.AGGREGATORS` (the targets
+# Parameter variants benchmarked by default besides every aggregator of `registry.AGGREGATORS` (the targets
 # concern secure GMA and RFA's number of passes).
 VARIANTS = ('gma+secure', 'gma_binary+secure', 'rfa+num_passes=1', 'rfa+num_passes=5')
-AGGREGATORS = tuple(methods.AGGREGATORS) + VARIANTS
+AGGREGATORS = tuple(registry.AGGREGATORS) + VARIANTS
 PIPELINE = ('stock_fedavg', 'stock_fedavg_iterator', 'project_pipeline')
 SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution')
 GIB = 1024**3
 MEMORY_LIMIT_GIB = 24.0
 # Targets of issue 8 (ratios to `mean` in the same run).
 GMA_TARGET, RFA_3_TARGET, ELASTIC_TARGET = 1.10, 1.5, 1.3
+ROUND_TARGETS = {'gma': GMA_TARGET, 'gma_binary': GMA_TARGET, 'rfa': RFA_3_TARGET, 'elastic': ELASTIC_TARGET}
 PIPELINE_TARGET = 0.95
 
 # The digits setup (the runner's defaults: client SGD 0.05 with momentum 0.9, server SGD 1).
-ALGORITHM_CONFIG = simulation.AlgorithmConfig()
-BATCH_SIZE = 16
+ALGORITHM_CONFIG = config_lib.AlgorithmConfig()
+BATCH_SIZE = config_lib.ExperimentConfig.batch_size  # The runner's default client batch.
 SECURE_VALUE_BOUND = 1.0  # Per-coordinate bound of a model update for secure entries (digits models: |d| << 1).
 PROBE_VALUE_BOUND = 4.0  # The probe's values are standard normal.
 DIGITS_TRAIN_EXAMPLES = 1437
@@ -111,7 +113,7 @@ class Settings:
   sections: tuple[str, ...] = SECTIONS
   aggregators: tuple[str, ...] = AGGREGATORS  # Candidate entries (see the module docstring).
   model: str = 'cnn'
-  # The candidates' client training loop: the project's (`simulation.build_client_work`), recorded; TFF's
+  # The candidates' client training loop: the project's (`fedavg_family.build_client_work`), recorded; TFF's
   # default DATASET_REDUCE loop is measured by the `stock_fedavg` / `stock_fedavg_iterator` pair.
   loop: str = 'iterator'
   round_clients: int = 10
@@ -172,14 +174,14 @@ def _log(message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """A benchmark entry: `methods.resolve(name)` with aggregator and method settings."""
+  """A benchmark entry: `registry.resolve(name)` with aggregator and method settings."""
   label: str
   algorithm: str
   aggregator: str
-  aggregator_params: registry.AggregatorParams = registry.AggregatorParams()
-  method_params: methods.MethodParams = methods.MethodParams()
+  aggregator_params: config_lib.AggregatorParams = config_lib.AggregatorParams()
+  method_params: config_lib.MethodParams = config_lib.MethodParams()
 
-  def params(self, secure_bound: float) -> registry.AggregatorParams:
+  def params(self, secure_bound: float) -> config_lib.AggregatorParams:
     """The aggregator settings, with `secure_bound` where the entry is secure and sets none."""
     if self.aggregator_params.secure and self.aggregator_params.secure_bound is None:
       return dataclasses.replace(self.aggregator_params, secure_bound=secure_bound)
@@ -213,12 +215,12 @@ def parse_candidate(entry: str) -> Candidate:
   """
   name, *settings = entry.split('+')
   try:
-    algorithm, aggregator = methods.resolve(name)
+    algorithm, aggregator = registry.resolve(name)
   except ValueError as e:
     raise ValueError(f'{entry!r}: {e}') from None
   fields = {
-      'aggregator': {f.name: f for f in dataclasses.fields(registry.AggregatorParams)},
-      'method': {f.name: f for f in dataclasses.fields(methods.MethodParams)},
+      'aggregator': {f.name: f for f in dataclasses.fields(config_lib.AggregatorParams)},
+      'method': {f.name: f for f in dataclasses.fields(config_lib.MethodParams)},
   }
   overrides: dict[str, dict[str, Any]] = {'aggregator': {}, 'method': {}}
   for setting in settings:
@@ -229,8 +231,8 @@ def parse_candidate(entry: str) -> Candidate:
       raise ValueError(f'{entry!r}: unknown setting {key!r}; expected NAME+setting=value+... with settings among '
                        f'{", ".join(known)}')
     overrides[where][key] = _setting_value(fields[where][key], raw if sep else None, entry)
-  return Candidate(entry, algorithm, aggregator, registry.AggregatorParams(**overrides['aggregator']),
-                   methods.MethodParams(**overrides['method']))
+  return Candidate(entry, algorithm, aggregator, config_lib.AggregatorParams(**overrides['aggregator']),
+                   config_lib.MethodParams(**overrides['method']))
 
 
 def probe_factory(candidate: Candidate,
@@ -244,11 +246,9 @@ def probe_factory(candidate: Candidate,
   if candidate.algorithm != 'fedavg':
     return None
   params = candidate.params(value_bound)
-  if candidate.aggregator == 'elastic':
-    return 'update_and_sensitivity', aggregators.ElasticFactory(
-        tau=candidate.method_params.elastic_tau, secure=params.secure, value_bound=params.secure_bound)
-  if candidate.aggregator in methods.PROCESS_AGGREGATORS:
-    return None
+  record = registry.aggregator(candidate.aggregator)
+  if record.kind == registry.PROCESS:
+    return None if record.probe is None else record.probe(params, candidate.method_params)
   return 'vector', registry.build(candidate.aggregator, params)
 
 
@@ -263,32 +263,13 @@ def round_target(candidate: Candidate) -> Optional[float]:
   """The issue's limit on the candidate's round time ratio to the mean, if it has one."""
   if candidate.algorithm != 'fedavg':
     return None
-  if candidate.aggregator.startswith('gma'):
-    return GMA_TARGET
-  if candidate.aggregator == 'rfa' and candidate.aggregator_params.num_passes == 3:
-    return RFA_3_TARGET
-  if candidate.aggregator == 'elastic':
-    return ELASTIC_TARGET
-  return None
+  if candidate.aggregator == 'rfa' and candidate.aggregator_params.num_passes != 3:
+    return None  # The limit is RFA's with the paper's 3 passes.
+  return ROUND_TARGETS.get(candidate.aggregator)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Section: rounds.
-
-
-@dataclasses.dataclass
-class _Runner:
-  """A method with its own (advancing) state and a way to make the round's clients and datasets."""
-  method: methods.Method
-  state: Any
-  inputs: Callable[[int], tuple[list, list]]  # round_num -> (client ids, datasets).
-  round_num: int = 0
-
-  def run_round(self):
-    self.round_num += 1
-    client_ids, datasets = self.inputs(self.round_num)
-    self.state, metrics = self.method.run_round(self.state, client_ids, datasets, self.round_num)
-    return metrics
 
 
 def _digits_setup(settings: Settings, num_clients: int):
@@ -297,15 +278,9 @@ def _digits_setup(settings: Settings, num_clients: int):
   return data, build_keras, models.model_fn(build_keras, data.input_spec)
 
 
-def _project_inputs(data, settings: Settings, clients: int) -> Callable[[int], tuple[list, list]]:
+def _project_inputs(data, settings: Settings, clients: int) -> round_loop.ClientInputs:
   """The runner's per-round work: seeded client sampling, then shuffled, repeated, batched datasets."""
-  ids = data.train.client_ids
-
-  def inputs(round_num: int) -> tuple[list, list]:
-    participants = simulation.sample_clients(ids, clients, settings.seed, round_num)
-    return participants, [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=BATCH_SIZE,
-                                                    seed=settings.seed, round_num=round_num) for c in participants]
-  return inputs
+  return round_loop.ClientInputs(data.train, clients, local_epochs=1, batch_size=BATCH_SIZE, seed=settings.seed)
 
 
 def _stock_process(name: str, model_fn) -> tff.learning.templates.LearningProcess:
@@ -313,27 +288,27 @@ def _stock_process(name: str, model_fn) -> tff.learning.templates.LearningProces
   loop = {'stock_fedavg': tff.learning.LoopImplementation.DATASET_REDUCE,
           'stock_fedavg_iterator': tff.learning.LoopImplementation.DATASET_ITERATOR}[name]
   return tff.learning.algorithms.build_weighted_fed_avg(
-      model_fn, client_optimizer_fn=simulation.client_optimizer(ALGORITHM_CONFIG), loop_implementation=loop)
+      model_fn, client_optimizer_fn=fedavg_family.client_optimizer(ALGORITHM_CONFIG), loop_implementation=loop)
 
 
-def _compile_runners(names: Sequence[str], make: Callable[[str], _Runner], worker_pids: Sequence[int]):
+def _compile_runners(names: Sequence[str], make: Callable[[str], round_loop.RoundLoop], worker_pids: Sequence[int]):
   """Builds each runner and runs its first round; returns runners and the timings of both steps."""
   runners, build_seconds, compile_seconds = {}, {}, {}
   for name in names:
     _log(f'building and compiling {name}')
-    runner, build = benchmarks.timed_call(lambda: make(name), worker_pids)
-    _, first = benchmarks.timed_call(runner.run_round, worker_pids)
+    runner, build = timing.timed_call(lambda: make(name), worker_pids)
+    _, first = timing.timed_call(runner.step, worker_pids)
     runners[name] = runner
     build_seconds[name] = build.wall
     compile_seconds[name] = first.wall
   return runners, build_seconds, compile_seconds
 
 
-def _profile_rounds(runner: _Runner, rounds: int, top: int = 25) -> str:
+def _profile_rounds(runner: round_loop.RoundLoop, rounds: int, top: int = 25) -> str:
   profiler = cProfile.Profile()
   profiler.enable()
   for _ in range(rounds):
-    runner.run_round()
+    runner.step()
   profiler.disable()
   out = io.StringIO()
   pstats.Stats(profiler, stream=out).sort_stats('cumulative').print_stats(top)
@@ -350,7 +325,7 @@ def bench_rounds(settings: Settings, worker_pids: Sequence[int], profile: Sequen
   fixed = project_inputs(1)
   initial_weights = None
 
-  def make(name: str) -> _Runner:
+  def make(name: str) -> round_loop.RoundLoop:
     nonlocal initial_weights
     if name in candidates:
       method, inputs = build_method(candidates[name], model_fn, len(ids)), lambda _: fixed
@@ -358,18 +333,18 @@ def bench_rounds(settings: Settings, worker_pids: Sequence[int], profile: Sequen
       method, inputs = methods.build(model_fn, 'fedavg', BASELINE, algorithm_config=ALGORITHM_CONFIG), project_inputs
     else:
       method, inputs = methods.Method(_stock_process(name, model_fn)), lambda _: (ids, stock_datasets)
-    state = simulation.seeded_initial_state(method.process, build_keras, settings.seed)
+    state = round_loop.seeded_initial_state(method.process, build_keras, settings.seed)
     if initial_weights is None:
       initial_weights = method.process.get_model_weights(state)
     state = method.process.set_model_weights(state, initial_weights)  # Every process starts from the same model.
-    return _Runner(method, state, inputs)
+    return round_loop.RoundLoop(method, state, inputs)
 
   names = list(settings.aggregators) + list(PIPELINE)
   runners, build_seconds, compile_seconds = _compile_runners(names, make, worker_pids)
   _log(f'rounds: {settings.round_repetitions} interleaved sweeps over {len(names)} processes')
-  samples = benchmarks.interleaved_times(
-      {name: r.run_round for name, r in runners.items()}, settings.round_repetitions, worker_pids=worker_pids)
-  summaries = {name: benchmarks.summarize(s) for name, s in samples.items()}
+  samples = timing.interleaved_times(
+      {name: r.step for name, r in runners.items()}, settings.round_repetitions, worker_pids=worker_pids)
+  summaries = {name: timing.summarize(s) for name, s in samples.items()}
   medians = {name: summaries[name]['seconds'] for name in settings.aggregators}
   cpu_medians = {name: summaries[name]['cpu_seconds'] for name in settings.aggregators}
   profiles = {}
@@ -382,8 +357,8 @@ def bench_rounds(settings: Settings, worker_pids: Sequence[int], profile: Sequen
       setup=dict(dataset='digits', partition='iid', model=settings.model, clients=len(ids),
                  examples=int(sum(data.train.num_examples(c) for c in ids)), batch_size=BATCH_SIZE,
                  local_epochs=1, repetitions=settings.round_repetitions, loop=settings.loop),
-      round_time_ratio=benchmarks.ratios_to(BASELINE, medians),
-      round_cpu_ratio=benchmarks.ratios_to(BASELINE, cpu_medians),
+      round_time_ratio=timing.ratios_to(BASELINE, medians),
+      round_cpu_ratio=timing.ratios_to(BASELINE, cpu_medians),
       pipeline_throughput_ratio=stock / project,
       iterator_loop_speedup=stock / summaries['stock_fedavg_iterator']['seconds'],
       timings=summaries,
@@ -404,9 +379,9 @@ def _probe_value(kind: str, size: int) -> tuple[Any, Callable[[tf.Tensor], Any]]
   if kind == 'update_and_sensitivity':  # An update and a (non-negative) sensitivity of the model's size each.
     return collections.OrderedDict(update=vector, sensitivity=vector), (
         lambda seed: collections.OrderedDict(
-            update=benchmarks.random_client_value(vector, seed),
-            sensitivity=benchmarks.random_client_value(vector, seed + 1, nonnegative=True)))
-  return vector, lambda seed: benchmarks.random_client_value(vector, seed)
+            update=timing.random_client_value(vector, seed),
+            sensitivity=timing.random_client_value(vector, seed + 1, nonnegative=True)))
+  return vector, lambda seed: timing.random_client_value(vector, seed)
 
 
 def bench_aggregation(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
@@ -426,16 +401,16 @@ def bench_aggregation(settings: Settings, worker_pids: Sequence[int]) -> dict[st
       probes, generators = {}, {}
       for name, (kind, factory) in factories.items():
         value_type, make_value = _probe_value(kind, size)
-        probes[name] = benchmarks.aggregation_probe(factory, value_type, make_value=make_value)
+        probes[name] = timing.aggregation_probe(factory, value_type, make_value=make_value)
         if f'generation_{kind}' not in generators:
-          generators[f'generation_{kind}'] = benchmarks.generation_probe(value_type, make_value=make_value)
+          generators[f'generation_{kind}'] = timing.generation_probe(value_type, make_value=make_value)
       probes.update(generators)
       calls = {name: (lambda p=p: p(seeds)) for name, p in probes.items()}
-      compile_seconds[key] = {name: benchmarks.timed_call(call, worker_pids)[1].wall for name, call in calls.items()}
-      samples = benchmarks.interleaved_times(calls, settings.aggregation_repetitions, worker_pids=worker_pids)
-      timings[key] = {name: benchmarks.summarize(s) for name, s in samples.items()}
+      compile_seconds[key] = {name: timing.timed_call(call, worker_pids)[1].wall for name, call in calls.items()}
+      samples = timing.interleaved_times(calls, settings.aggregation_repetitions, worker_pids=worker_pids)
+      timings[key] = {name: timing.summarize(s) for name, s in samples.items()}
       medians = {name: timings[key][name]['seconds'] for name in factories}
-      ratio[key] = benchmarks.ratios_to(BASELINE, medians)
+      ratio[key] = timing.ratios_to(BASELINE, medians)
       # What each candidate adds to a call of the mean, in seconds. (A ratio of times net of the generation
       # would divide by the mean's own cost, a sum, which is about the generation's and so lost in its noise.)
       extra[key] = {name: t - medians[BASELINE] for name, t in medians.items()}
@@ -483,24 +458,24 @@ def bench_client_execution(settings: Settings, worker_pids: Sequence[int]) -> di
                                                   settings.client_execution_clients)
       train, data_name = data.train, 'digits'
     ids = list(train.client_ids)
-    fixed = (ids, [simulation.client_dataset(train, c, local_epochs=1, batch_size=BATCH_SIZE, seed=settings.seed,
+    fixed = (ids, [round_loop.client_dataset(train, c, local_epochs=1, batch_size=BATCH_SIZE, seed=settings.seed,
                                              round_num=1) for c in ids])
     runners, build_seconds, compile_seconds, devices = {}, {}, {}, {}
     initial_weights = None
     for mode in client_execution.MODES:
       _log(f'client_execution {model}: building and compiling {mode}')
-      method, build = benchmarks.timed_call(lambda m=mode: methods.build(
+      method, build = timing.timed_call(lambda m=mode: methods.build(
           model_fn, 'fedavg', BASELINE, algorithm_config=ALGORITHM_CONFIG, client_execution=m), worker_pids)
-      state = simulation.seeded_initial_state(method.process, build_keras, settings.seed)
+      state = round_loop.seeded_initial_state(method.process, build_keras, settings.seed)
       if initial_weights is None:
         initial_weights = method.process.get_model_weights(state)
-      runner = _Runner(method, method.process.set_model_weights(state, initial_weights), lambda _: fixed)
-      _, first = benchmarks.timed_call(runner.run_round, worker_pids)
+      runner = round_loop.RoundLoop(method, method.process.set_model_weights(state, initial_weights), lambda _: fixed)
+      _, first = timing.timed_call(runner.step, worker_pids)
       runners[mode], build_seconds[mode], compile_seconds[mode] = runner, build.wall, first.wall
     _log(f'client_execution {model}: {settings.client_execution_repetitions} interleaved sweeps')
-    samples = benchmarks.interleaved_times({m: r.run_round for m, r in runners.items()},
+    samples = timing.interleaved_times({m: r.step for m, r in runners.items()},
                                            settings.client_execution_repetitions, worker_pids=worker_pids)
-    timings = {m: benchmarks.summarize(s) for m, s in samples.items()}
+    timings = {m: timing.summarize(s) for m, s in samples.items()}
     devices = {m: r.method.client_devices() for m, r in runners.items()}
     ratio[model] = timings['local']['seconds'] / timings['worker']['seconds']
     cpu_ratio[model] = timings['local']['cpu_seconds'] / timings['worker']['cpu_seconds']
@@ -529,25 +504,25 @@ def bench_scaling(settings: Settings, worker: runtime.WorkerProcess) -> list[dic
   rows = []
   for name in settings.scaling_aggregators:
     method = build_method(parse_candidate(name), model_fn, total_clients)
-    runner = _Runner(method, simulation.seeded_initial_state(method.process, build_keras, settings.seed),
-                     _project_inputs(data, settings, min(settings.scaling_clients)))
+    runner = round_loop.RoundLoop(method, round_loop.seeded_initial_state(method.process, build_keras, settings.seed),
+                              _project_inputs(data, settings, min(settings.scaling_clients)))
     # Compile on the smallest round: one computation serves every number of clients (the cardinality is an
     # argument of the call, not of the compiled computation).
     _log(f'scaling {name}: compiling')
-    _, first = benchmarks.timed_call(runner.run_round, [worker.pid])
+    _, first = timing.timed_call(runner.step, [worker.pid])
     for clients in sorted(settings.scaling_clients):
       _log(f'scaling {name}: {clients} clients per round')
       runner.inputs = _project_inputs(data, settings, clients)
-      with benchmarks.PeakMemory(pids) as memory:
-        samples = [benchmarks.timed_call(runner.run_round, [worker.pid])[1]
+      with timing.PeakMemory(pids) as memory:
+        samples = [timing.timed_call(runner.step, [worker.pid])[1]
                    for _ in range(settings.scaling_repetitions)]
-      summary = benchmarks.summarize(samples)
+      summary = timing.summarize(samples)
       rows.append(collections.OrderedDict(
           aggregator=name,
           clients_per_round=clients,
           total_clients=total_clients,
           examples_per_round=int(sum(data.train.num_examples(c) for c in
-                                     simulation.sample_clients(ids, clients, settings.seed, 1))),
+                                     round_loop.sample_clients(ids, clients, settings.seed, 1))),
           compile_seconds=first.wall,
           **summary,
           worker_cpu_seconds_per_client=summary['worker_cpu_seconds'] / clients,
@@ -592,17 +567,17 @@ def to_markdown(result: dict[str, Any]) -> str:
   if 'rounds' in result['details']:
     rounds = result['details']['rounds']
     setup = rounds['setup']
-    lines += [f'## Round time (`training.methods`, digits, model {setup["model"]}, {setup["loop"]} loop)', '',
+    lines += [f'## Round time (`training.engine.methods`, digits, model {setup["model"]}, {setup["loop"]} loop)', '',
               f'{setup["clients"]} clients, {setup["examples"]} examples, batch {setup["batch_size"]}, '
               f'{setup["repetitions"]} interleaved repetitions; medians. CPU columns: seconds of CPU per round in '
               'this Python process and in the TFF worker.', '',
               '| process | round s | ratio to mean | CPU ratio to mean | Python CPU s | worker CPU s | build s | '
               'first call s |', '|---' * 8 + '|']
-    for name, timing in rounds['timings'].items():
+    for name, times in rounds['timings'].items():
       ratio, cpu_ratio = result['round_time_ratio'].get(name), result['round_cpu_ratio'].get(name)
-      lines.append(f'| {name} | {_fmt(timing["seconds"])} | {_fmt(ratio, 2) if ratio is not None else "-"} | '
+      lines.append(f'| {name} | {_fmt(times["seconds"])} | {_fmt(ratio, 2) if ratio is not None else "-"} | '
                    f'{_fmt(cpu_ratio, 2) if cpu_ratio is not None else "-"} | '
-                   f'{_fmt(timing["python_cpu_seconds"])} | {_fmt(timing["worker_cpu_seconds"])} | '
+                   f'{_fmt(times["python_cpu_seconds"])} | {_fmt(times["worker_cpu_seconds"])} | '
                    f'{_fmt(rounds["build_seconds"][name], 1)} | {_fmt(rounds["compile_seconds"][name], 1)} |')
     lines += ['', f'Project mean pipeline throughput / stock FedAvg: '
               f'**{_fmt(result["pipeline_throughput_ratio"], 3)}**. Stock FedAvg with '
@@ -685,7 +660,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       'JSON path; the Markdown table goes beside it as bench.md (and profile_NAME.txt).',
                       flag_values=f)
   flags.DEFINE_list('sections', None, f'Subset of {",".join(SECTIONS)} (default: all).', flag_values=f)
-  flags.DEFINE_list('aggregators', None, 'Candidates: training.methods names, each optionally NAME+setting=value+... '
+  flags.DEFINE_list('aggregators', None, 'Candidates: training.engine.methods names, each optionally NAME+setting=value+... '
                     f'(mean is always kept; default: {",".join(AGGREGATORS)}).', flag_values=f)
   flags.DEFINE_enum('model', None, list(models.MODELS), 'Model of the digits setup (default cnn).', flag_values=f)
   flags.DEFINE_integer('round_repetitions', None, 'Interleaved sweeps of the rounds section.', flag_values=f)

@@ -12,10 +12,10 @@ aggregation must not send to the server. The simulation harness already holds ev
 recomputes the round's client updates itself and replays the aggregation in NumPy:
 
   * `build_client_updates(model_fn, algorithm)` returns a `ClientUpdates` that runs the very client work of
-    `simulation.build_learning_process` (`simulation.build_client_work`) on the round's datasets from the round's
+    `fedavg_family.build_learning_process` (`fedavg_family.build_client_work`) on the round's datasets from the round's
     global model. Its result is placed at
     CLIENTS; in simulation it comes back to Python as one update and one weight per client. The client work is
-    deterministic given the datasets (whose shuffling `simulation.client_dataset` seeds), so these are the
+    deterministic given the datasets (whose shuffling `training.runner.round_loop.client_dataset` seeds), so these are the
     updates the learning process aggregates in that round.
   * `replay_rfa(updates, weights, ...)` runs `GeometricMedianFactory`'s smoothed Weiszfeld algorithm in float64
     with the factory's exact weights b'_i = a_i * c / max(c, d_i) (`tff_gma.aggregators.weiszfeld`), dropping
@@ -49,7 +49,8 @@ import tensorflow_federated as tff
 
 from tff_gma import checks
 from tff_gma.aggregators import geometric_median
-from training import simulation
+from training import config as config_lib
+from training.engine import fedavg_family
 
 METRIC_PREFIX = 'rfa_audit'
 DEFAULT_WEIGHT_BOUND = geometric_median.DEFAULT_WEIGHT_BOUND
@@ -277,16 +278,16 @@ class ClientUpdates:
 
 def build_client_updates(
     model_fn: Callable[[], tff.learning.models.VariableModel],
-    algorithm: simulation.AlgorithmConfig,
+    algorithm: config_lib.AlgorithmConfig,
 ) -> ClientUpdates:
-  """The client work of `simulation.build_learning_process(model_fn, algorithm, ...)`, runnable on its own.
+  """The client work of `fedavg_family.build_learning_process(model_fn, algorithm, ...)`, runnable on its own.
 
-  `simulation.build_client_work` is the one client work the learning process runs; FedAdam/FedYogi differ only at
+  `fedavg_family.build_client_work` is the one client work the learning process runs; FedAdam/FedYogi differ only at
   the server. Each call starts from the client work's initial state, as every round does.
   """
-  if not isinstance(algorithm, simulation.AlgorithmConfig):
-    raise ValueError(f'algorithm must be a simulation.AlgorithmConfig, got {algorithm!r}')
-  return ClientUpdates(simulation.build_client_results(simulation.build_client_work(model_fn, algorithm)))
+  if not isinstance(algorithm, config_lib.AlgorithmConfig):
+    raise ValueError(f'algorithm must be a config_lib.AlgorithmConfig, got {algorithm!r}')
+  return ClientUpdates(fedavg_family.build_client_results(fedavg_family.build_client_work(model_fn, algorithm)))
 
 
 class RfaWeightMonitor:
@@ -298,7 +299,7 @@ class RfaWeightMonitor:
   """
 
   def __init__(self, model_fn: Callable[[], tff.learning.models.VariableModel],
-               algorithm: simulation.AlgorithmConfig, bound: float, settings: RfaSettings = RfaSettings()):
+               algorithm: config_lib.AlgorithmConfig, bound: float, settings: RfaSettings = RfaSettings()):
     self._bound = check_bound(bound)
     if not isinstance(settings, RfaSettings):
       raise ValueError(f'settings must be an RfaSettings, got {settings!r}')

@@ -13,9 +13,9 @@ for the whole run. The corruptions (`CORRUPTIONS`, the runner's `--corruption`):
 * `omniscient`: the corrupted clients' updates are chosen so that the weighted arithmetic mean over the round's
   selected clients is the negative of the honest weighted mean (the weighted mean of the updates all selected
   clients would have sent honestly). THIS IS A SIMULATED ATTACKER WITH KNOWLEDGE NO REAL CLIENT HAS: it needs
-  every selected client's honest update of the round. The harness (`UpdateCorruption`) computes them with a
+  every selected client's honest update of the round. The harness (`CorruptedRounds`) computes them with a
   separate computation (`CorruptedLearningProcess.honest_client_results`, the round's client work without
-  aggregation, `simulation.build_client_results`), solves for the attack vector in NumPy (`omniscient_attack`) and hands it to the corrupted clients
+  aggregation, `fedavg_family.build_client_results`), solves for the attack vector in NumPy (`omniscient_attack`) and hands it to the corrupted clients
   as client data; their client work sends it instead of their update. The deployed round computation does
   nothing of the sort: it only runs the client work that a client's data tells it to run.
 
@@ -41,7 +41,8 @@ import tensorflow_federated as tff
 from tff_gma import checks
 from tff_gma.aggregators import secure_mean
 from tff_gma.data import client_data as client_data_lib
-from training import simulation
+from training import config as config_lib
+from training.engine import fedavg_family
 
 NONE = 'none'
 DATA_CORRUPTIONS = ('data_negate', 'data_flip_labels')
@@ -269,22 +270,22 @@ class CorruptedLearningProcess(tff.learning.templates.LearningProcess):
 
 def build_learning_process(
     model_fn: Callable[[], tff.learning.models.VariableModel],
-    config: simulation.AlgorithmConfig,
+    config: config_lib.AlgorithmConfig,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     metrics_aggregator=None,
     *,
     mask_on_step: bool = False,
 ) -> CorruptedLearningProcess:
-  """The round of `simulation.build_learning_process` (FedAvg/FedProx/FedAdam/FedYogi) with corruptible clients.
+  """The round of `fedavg_family.build_learning_process` (FedAvg/FedProx/FedAdam/FedYogi) with corruptible clients.
 
-  The same composition (`mask_on_step` included: GMA's Algorithm 2, see `simulation.build_server_processes`) and
-  the same client work (`simulation.build_client_work`), wrapped by `build_corrupted_client_work`.
+  The same composition (`mask_on_step` included: GMA's Algorithm 2, see `fedavg_family.build_server_processes`) and
+  the same client work (`fedavg_family.build_client_work`), wrapped by `build_corrupted_client_work`.
   """
-  inner = simulation.build_client_work(model_fn, config, metrics_aggregator)
-  composed = simulation.build_learning_process(
+  inner = fedavg_family.build_client_work(model_fn, config, metrics_aggregator)
+  composed = fedavg_family.build_learning_process(
       model_fn, config, model_aggregator, client_work=build_corrupted_client_work(inner), mask_on_step=mask_on_step)
   update_type = composed.next.type_signature.parameter[0].member.global_model_weights.trainable
-  return CorruptedLearningProcess(composed, simulation.build_client_results(inner), update_type)
+  return CorruptedLearningProcess(composed, fedavg_family.build_client_results(inner), update_type)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -295,7 +296,16 @@ def _client_seed(seed: int, round_num: int, index: int) -> np.ndarray:
   return np.random.SeedSequence([seed, round_num, index, _NOISE_STREAM]).generate_state(2).astype(np.int64)
 
 
+@dataclasses.dataclass(frozen=True)
 class UpdateCorruption:
+  """A run's update corruption: which clients send `kind` (`gaussian`/`omniscient`) instead of their update."""
+  kind: str
+  corrupted: tuple[str, ...]
+  client_ids: tuple[str, ...]
+  seed: int
+
+
+class CorruptedRounds:
   """Runs rounds of a `CorruptedLearningProcess` with a fixed set of corrupted clients (`gaussian`/`omniscient`).
 
   `run_round(state, participants, datasets, round_num)` builds each participant's client data (its batches and
@@ -307,7 +317,7 @@ class UpdateCorruption:
   def __init__(self, process: CorruptedLearningProcess, corruption: str, corrupted: Sequence[str],
                client_ids: Sequence[str], seed: int):
     if corruption not in UPDATE_CORRUPTIONS:
-      raise ValueError(f'corruption must be one of {UPDATE_CORRUPTIONS} for UpdateCorruption, got {corruption!r}')
+      raise ValueError(f'corruption must be one of {UPDATE_CORRUPTIONS} for CorruptedRounds, got {corruption!r}')
     if not isinstance(process, CorruptedLearningProcess):
       raise ValueError(f'process must be a CorruptedLearningProcess (corruption.build_learning_process), got '
                        f'{type(process).__name__}')

@@ -1,11 +1,11 @@
 """Membership inference against FedAvg with mean vs GMA aggregation on the embedded digits (GMA paper, App. F).
 
-    python -m training.membership_inference [--seeds=0,1,2] [--rounds=30] [--model=cnn]
+    python -m training.studies.membership [--seeds=0,1,2] [--rounds=30] [--model=cnn]
         [--partition=label_skew] [--output_dir=outputs/membership_inference]
 
-For each aggregator (mean, gma) and seed, one run of the experiment runner (`training.experiment`, identical
+For each aggregator (mean, gma) and seed, one run of the experiment runner (`training.runner.experiment`, identical
 settings and seeds for both aggregators, every client in every round; runs live under --output_dir and resume).
-Then a logistic-regression attacker (`training.membership.membership_attack`) is trained on the final
+Then a logistic-regression attacker (`training.engine.membership_attack.membership_attack`) is trained on the final
 model's logits for members (the pooled training examples of all clients, every one of which trained in every
 round) and non-members (the central test split), balanced by drawing as many members as there are test
 examples. Attack accuracy near 50% means the model's outputs reveal little about membership.
@@ -31,10 +31,10 @@ import numpy as np
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import loaders
-from training import evaluation
-from training import experiment
-from training import membership
-from training import registry
+from training import config as config_lib
+from training.engine import evaluation
+from training.runner import experiment
+from training.engine import membership_attack
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (one run per aggregator and seed).')
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per run.')
@@ -44,14 +44,14 @@ _PARTITION = flags.DEFINE_string('partition', 'label_skew', 'Partition of the di
 _NUM_CLIENTS = flags.DEFINE_integer('num_clients', 10, 'Clients, all taking part in every round.')
 _LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', 1, 'Local epochs per round (more: more overfitting).')
 _CLIENT_LR = flags.DEFINE_float('client_lr', 0.05, 'Client learning rate.')
-_TAU = flags.DEFINE_float('tau', registry.AggregatorParams.tau, 'GMA threshold (paper: 0.4).')
+_TAU = flags.DEFINE_float('tau', config_lib.AggregatorParams.tau, 'GMA threshold (paper: 0.4).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'outputs/membership_inference', 'Where runs and results go.')
 
-FEATURE_SETS = ('logits', 'all')  # The paper's attacker input, and the strongest of `membership.FEATURES`.
+FEATURE_SETS = ('logits', 'all')  # The paper's attacker input, and the strongest of `membership_attack.FEATURES`.
 
 
-def run_config(aggregator: str, seed: int) -> experiment.ExperimentConfig:
-  return experiment.ExperimentConfig(
+def run_config(aggregator: str, seed: int) -> config_lib.ExperimentConfig:
+  return config_lib.ExperimentConfig(
       dataset='digits', partition=_PARTITION.value, num_clients=_NUM_CLIENTS.value,
       clients_per_round=_NUM_CLIENTS.value, rounds=_ROUNDS.value, local_epochs=_LOCAL_EPOCHS.value,
       batch_size=16, model=_MODEL.value, algorithm='fedavg', client_lr=_CLIENT_LR.value, server_lr=1.0,
@@ -59,7 +59,7 @@ def run_config(aggregator: str, seed: int) -> experiment.ExperimentConfig:
       output_dir=os.path.join(_OUTPUT_DIR.value, f'{_PARTITION.value}-{aggregator}-seed{seed}'))
 
 
-def attack_run(config: experiment.ExperimentConfig) -> dict[str, Any]:
+def attack_run(config: config_lib.ExperimentConfig) -> dict[str, Any]:
   """Trains (or resumes) the run and attacks its final model."""
   weights = experiment.run(config, show_progress=False).model_weights
   data = loaders.load_federated_data(config.dataset, config.partition, config.num_clients, config.seed,
@@ -75,7 +75,7 @@ def attack_run(config: experiment.ExperimentConfig) -> dict[str, Any]:
             'test_accuracy': float(np.mean(np.argmax(nonmember_logits, 1) == data.test_y)),
             'num_members': len(member_y), 'num_nonmembers': len(data.test_y)}
   for features in FEATURE_SETS:
-    attack = membership.membership_attack(member_logits, member_y, nonmember_logits, data.test_y,
+    attack = membership_attack.membership_attack(member_logits, member_y, nonmember_logits, data.test_y,
                                           seed=config.seed, features=features)
     result[features] = attack
   return result

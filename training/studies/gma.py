@@ -1,6 +1,6 @@
 """The GMA study on the embedded digits: AVG vs GMA as the GMA paper measures it (Tables 2-3, 7-9, App. C-E).
 
-    python -m training.reproduce_gma [--stage=all|tune|final] [--settings=...] [--shard=i/n]
+    python -m training.studies.gma [--stage=all|tune|final] [--settings=...] [--shard=i/n]
         [--output_dir=outputs/gma_study]
 
 Settings (`SETTINGS`; CNN unless said, 1 local epoch, batch 16, client SGD with momentum 0.9):
@@ -68,8 +68,7 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-import dataclasses  # pylint: disable=g-import-not-at-top
-import json
+import json  # pylint: disable=g-import-not-at-top
 import time
 import zlib
 from collections.abc import Sequence
@@ -81,9 +80,10 @@ from absl import logging
 import numpy as np
 
 from tff_gma import runtime
-from training import client_execution
-from training import experiment
-from training import reproduce_rfa
+from training import config as config_lib
+from training.engine import client_execution
+from training.runner import experiment
+from training.studies import rfa as rfa_study
 
 TUNE_SEED = 0
 FINAL_SEEDS = (0, 1, 2, 3)
@@ -188,9 +188,9 @@ def is_gma(aggregator: str) -> bool:
 
 
 def run_config(run: Run, output_dir: str, rounds: Optional[int] = None,
-               execution: str = client_execution.WORKER) -> experiment.ExperimentConfig:
+               execution: str = client_execution.WORKER) -> config_lib.ExperimentConfig:
   setting = SETTINGS[run.setting]
-  return experiment.ExperimentConfig(
+  return config_lib.ExperimentConfig(
       **setting.config, algorithm=run.algorithm, aggregator=run.aggregator, client_lr=run.client_lr,
       server_lr=run.server_lr, tau=run.tau, seed=run.seed, rounds=rounds or setting.rounds,
       validation_fraction=VALIDATION_FRACTION if run.tuning else 0.0, client_execution=execution,
@@ -243,11 +243,11 @@ class Study:
                     for s in settings}
     self.output_dir, self.rounds, self.execution = output_dir, rounds, execution
 
-  def config(self, run: Run) -> experiment.ExperimentConfig:
+  def config(self, run: Run) -> config_lib.ExperimentConfig:
     return run_config(run, self.output_dir, self.rounds, self.execution)
 
   def summary(self, run: Run) -> Optional[dict[str, Any]]:
-    return reproduce_rfa.finished_summary(self.config(run))
+    return rfa_study.finished_summary(self.config(run))
 
   def score(self, run: Run) -> Optional[float]:
     summary = self.summary(run)
@@ -461,7 +461,7 @@ def plot(records: list[dict[str, Any]], path: str) -> None:
 
 
 def write_results(study: Study, records: list[dict[str, Any]]) -> str:
-  text = [f'GMA study on the embedded digits (`training.reproduce_gma`). Tuning: best validation accuracy '
+  text = [f'GMA study on the embedded digits (`training.studies.gma`). Tuning: best validation accuracy '
           f'(20% of each client held out), seed {TUNE_SEED}, client lr {list(study.client_lrs)} x server lr '
           f'{SERVER_LRS}, then tau {sorted(set(study.taus) | {STAGE1_TAU})} for GMA; final runs: seeds '
           f'{list(study.seeds)} on all training examples. Accuracy % mean +- std over seeds; "best" = best test '
@@ -488,13 +488,13 @@ def main(argv):
     for name in FLAGS.settings:
       if name not in SETTINGS:
         raise ValueError(f'settings: unknown setting {name!r}; expected some of {list(SETTINGS)}')
-    shard, num_shards = reproduce_rfa.parse_shard(FLAGS.shard)
+    shard, num_shards = rfa_study.parse_shard(FLAGS.shard)
     study = Study(FLAGS.settings, FLAGS.methods, [float(x) for x in FLAGS.client_lrs],
                   [float(x) for x in FLAGS.taus], [int(s) for s in FLAGS.seeds], FLAGS.output_dir,
                   FLAGS.rounds or None, FLAGS.client_execution)
     for setting in study.settings:  # Every setting is checked before anything runs.
       for run in stage1_runs(setting, study.methods[setting], study.client_lrs):
-        study.config(run).validate()
+        experiment.validate(study.config(run))
   except ValueError as e:
     raise app.UsageError(f'invalid study settings: {e}') from e
   if FLAGS.stage != 'collect':

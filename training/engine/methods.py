@@ -1,7 +1,7 @@
-"""The one method registry: every method the runner, the demo, the studies and the benchmark can name.
+"""Building a method: `build` makes the learning process of a registry pair, `Method` drives its rounds.
 
-A method is a learning algorithm (`ALGORITHMS`) with an aggregator (`AGGREGATORS`, see `training.registry`),
-built by `build` and driven through one interface, `Method`:
+A method is a learning algorithm with an aggregator (their records: `training.engine.registry`), built by `build`
+and driven through one interface, `Method`:
 
 * `run_round(state, client_ids, datasets, round_num) -> (state, metrics)`;
 * `checkpoint_client_state(directory, round_num)` / `restore_client_state(directory, round_num)`: what clients
@@ -10,20 +10,20 @@ built by `build` and driven through one interface, `Method`:
   RFA's personalized models), `{}` for the others.
 
 What is behind it:
-* TFF's FedAvg/FedProx/FedAdam/FedYogi composed from the one client work of `training.simulation`, with any
-  aggregator of `training.registry` as the model aggregator; with update corruption (`gaussian`, `omniscient`),
-  the same process with the corrupted client work of `training.corruption` and its simulated attacker;
+* TFF's FedAvg/FedProx/FedAdam/FedYogi composed from the one client work of `training.engine.fedavg_family`, with any
+  aggregator of `training.engine.registry` as the model aggregator; with update corruption (`gaussian`, `omniscient`),
+  the same process with the corrupted client work of `training.engine.corruption` and its simulated attacker;
 * the composed processes of `tff_gma.learning`: Elastic FedAvg (`--aggregator=elastic`, with the FedAvg/FedAdam/
   FedYogi server optimizers), FedGMA (`--algorithm=fedgma`), SCAFFOLD (`--algorithm=scaffold`) and personalized
-  RFA (`--algorithm=personalized`); the last two keep client state (`training.client_state`).
+  RFA (`--algorithm=personalized`); the last two keep client state (`training.engine.client_state`).
 
 Where the clients train (`build(..., client_execution=...)`, the runner's `--client_execution`): `worker` (default)
 runs the whole round in the TFF worker; `local` runs the FedAvg family's client work in this process's TensorFlow
-(its GPUs where there are any) and the rest of the round in the worker (`training.client_execution`), from the same
-`simulation.Components`; the composed methods and the update corruptions are refused there (`check`).
+(its GPUs where there are any) and the rest of the round in the worker (`training.engine.client_execution`), from the same
+`fedavg_family.Components`; the composed methods and the update corruptions are refused there (`check`).
 
-Adding an aggregator is one entry in `training.registry` (plus its module and test); adding an algorithm is one
-branch of `_build_process` here.
+Adding an aggregator or an algorithm is one record in `training.engine.registry` (plus its module and test); the
+records' builders are what `_build_process` calls.
 """
 
 from __future__ import annotations
@@ -38,86 +38,15 @@ import tensorflow_federated as tff
 
 from tff_gma import aggregators
 from tff_gma import learning
-from tff_gma.learning import elastic as elastic_learning
-from tff_gma.learning import fedgma as fedgma_learning
-from training import client_execution as client_execution_lib
-from training import client_state
-from training import corruption as corruption_lib
-from training import evaluation
-from training import registry
-from training import simulation
+from training import config as config_lib
+from training.engine import client_execution as client_execution_lib
+from training.engine import client_state
+from training.engine import corruption as corruption_lib
+from training.engine import evaluation
+from training.engine import registry
+from training.engine import fedavg_family
 
-PERSONALIZED = 'personalized'  # Personalized RFA (RFA paper, Algorithm 4) with --aggregator=rfa.
-COMPOSED_ALGORITHMS = ('fedgma', 'scaffold', PERSONALIZED)
-ALGORITHMS = simulation.ALGORITHMS + COMPOSED_ALGORITHMS
-# Aggregators that are learning processes of their own rather than a `model_aggregator`.
-PROCESS_AGGREGATORS = ('elastic',)
-AGGREGATORS = registry.NAMES + PROCESS_AGGREGATORS
-AGGREGATOR_DESCRIPTIONS = {
-    **registry.DESCRIPTIONS,
-    'elastic': 'elastic aggregation: update scaled by parameter sensitivity (tau)',
-}
-METHOD_DESCRIPTIONS = {
-    **AGGREGATOR_DESCRIPTIONS,
-    'fedgma': 'FedGMA: averaged models + AND-masked server step (p=0.8)',
-    'scaffold': 'SCAFFOLD with client control variates, weighted mean of the updates',
-    PERSONALIZED: 'personalized RFA: shared parameters by RFA, personal ones kept by the clients',
-}
 KEEP_CHECKPOINTS = 3  # Rounds of server checkpoints (and of client state) kept in an output directory.
-
-
-@dataclasses.dataclass(frozen=True)
-class MethodParams:
-  """Hyperparameters of the composed methods (paper defaults, from the library)."""
-  elastic_tau: float = elastic_learning.DEFAULT_TAU  # Elastic aggregation tau.
-  elastic_mu: float = elastic_learning.DEFAULT_MU  # Elastic sensitivity momentum.
-  sensitivity_fraction: float = elastic_learning.DEFAULT_SENSITIVITY_FRACTION  # Share of batches for it.
-  fedgma_step_size: float = fedgma_learning.DEFAULT_SERVER_STEP_SIZE  # FedGMA extra server step eta_s.
-  fedgma_threshold: float = fedgma_learning.DEFAULT_MASK_THRESHOLD  # FedGMA AND-mask p.
-
-
-def resolve(name: str) -> tuple[str, str]:
-  """A method's short name (the demo's and the benchmark's) -> (algorithm, aggregator).
-
-  An aggregator name is FedAvg with it; a composed algorithm's name is that algorithm with its usual aggregator
-  (the mean; RFA for personalized RFA); 'ALGORITHM/AGGREGATOR' names both.
-  """
-  if '/' in name:
-    algorithm, _, aggregator = name.partition('/')
-  elif name in AGGREGATORS:
-    algorithm, aggregator = 'fedavg', name
-  elif name in COMPOSED_ALGORITHMS:
-    algorithm, aggregator = name, 'rfa' if name == PERSONALIZED else 'mean'
-  else:
-    raise ValueError(f'unknown method {name!r}; known: {", ".join(METHOD_DESCRIPTIONS)} or ALGORITHM/AGGREGATOR')
-  check(algorithm, aggregator)
-  return algorithm, aggregator
-
-
-def check(algorithm: str, aggregator: str, corruption: str = corruption_lib.NONE,
-          client_execution: str = client_execution_lib.WORKER, workers: Optional[str] = None) -> None:
-  """Raises ValueError naming the flag when the combination does not exist (or cannot run in that mode)."""
-  if algorithm not in ALGORITHMS:
-    raise ValueError(f'algorithm: unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}')
-  if aggregator not in AGGREGATORS:
-    raise ValueError(f'aggregator: unknown aggregator {aggregator!r}; expected one of {AGGREGATORS}')
-  if aggregator in PROCESS_AGGREGATORS and algorithm not in ('fedavg', 'fedadam', 'fedyogi'):
-    raise ValueError(f'aggregator: {aggregator} runs with algorithm fedavg, fedadam or fedyogi, not {algorithm!r}')
-  if corruption in corruption_lib.UPDATE_CORRUPTIONS and (
-      algorithm not in simulation.ALGORITHMS or aggregator in PROCESS_AGGREGATORS):
-    raise ValueError(f'corruption: {corruption} corrupts the client work of fedavg, fedprox, fedadam and fedyogi '
-                     f'with a model aggregator, not algorithm={algorithm!r}, aggregator={aggregator!r}')
-  client_execution_lib.check(client_execution, algorithm=algorithm, aggregator=aggregator, corruption=corruption,
-                             workers=workers, composed=aggregator in PROCESS_AGGREGATORS)
-
-
-@dataclasses.dataclass(frozen=True)
-class UpdateCorruption:
-  """A run's update corruption: which clients send `kind` (`gaussian`/`omniscient`) instead of their update."""
-  kind: str
-  corrupted: tuple[str, ...]
-  client_ids: tuple[str, ...]
-  seed: int
 
 
 class Method:
@@ -182,12 +111,12 @@ def build(
     algorithm: str,
     aggregator: str,
     *,
-    algorithm_config: Optional[simulation.AlgorithmConfig] = None,
-    aggregator_params: Optional[registry.AggregatorParams] = None,
-    method_params: Optional[MethodParams] = None,
+    algorithm_config: Optional[config_lib.AlgorithmConfig] = None,
+    aggregator_params: Optional[config_lib.AggregatorParams] = None,
+    method_params: Optional[config_lib.MethodParams] = None,
     num_clients: Optional[int] = None,
     metrics_aggregator=None,
-    update_corruption: Optional[UpdateCorruption] = None,
+    update_corruption: Optional[corruption_lib.UpdateCorruption] = None,
     held_out: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None,
     cache_key: Optional[tuple] = None,
     client_execution: str = client_execution_lib.WORKER,
@@ -208,14 +137,14 @@ def build(
       process is reused by later calls with the same settings.
     client_execution: `worker` (default): the whole round runs in the TFF worker; `local`: the clients train in
       this process's TensorFlow (a GPU where there is one) and the rest of the round runs in the worker
-      (`training.client_execution`; FedAvg family only).
+      (`training.engine.client_execution`; FedAvg family only).
   """
-  check(algorithm, aggregator, update_corruption.kind if update_corruption else corruption_lib.NONE,
+  registry.check(algorithm, aggregator, update_corruption.kind if update_corruption else corruption_lib.NONE,
         client_execution)
-  config = algorithm_config or simulation.AlgorithmConfig()
-  config = dataclasses.replace(config, name=algorithm if algorithm in simulation.ALGORITHMS else 'fedavg')
-  params = aggregator_params or registry.AggregatorParams()
-  extra = method_params or MethodParams()
+  config = algorithm_config or config_lib.AlgorithmConfig()
+  config = dataclasses.replace(config, name=algorithm if algorithm in config_lib.FEDAVG_FAMILY else 'fedavg')
+  params = aggregator_params or config_lib.AggregatorParams()
+  extra = method_params or config_lib.MethodParams()
   corrupted = update_corruption is not None
   key = None if cache_key is None else (
       cache_key, algorithm, aggregator, config, params, extra, num_clients, metrics_aggregator, corrupted,
@@ -230,7 +159,7 @@ def build(
   if isinstance(process, client_execution_lib.LocalRound):
     return Method(process.process, local_round=process)
   if corrupted:
-    harness = corruption_lib.UpdateCorruption(process, update_corruption.kind, update_corruption.corrupted,
+    harness = corruption_lib.CorruptedRounds(process, update_corruption.kind, update_corruption.corrupted,
                                               update_corruption.client_ids, update_corruption.seed)
     return Method(process, lambda *args: tuple(harness.run_round(*args)))
   if isinstance(process, learning.LearningProcessWithClientState):
@@ -238,40 +167,28 @@ def build(
   return Method(process)
 
 
-def _build_process(model_fn, algorithm: str, aggregator: str, config: simulation.AlgorithmConfig,
-                   params: registry.AggregatorParams, extra: MethodParams, num_clients: Optional[int],
+def _build_process(model_fn, algorithm: str, aggregator: str, config: config_lib.AlgorithmConfig,
+                   params: config_lib.AggregatorParams, extra: config_lib.MethodParams, num_clients: Optional[int],
                    metrics_aggregator, corrupted: bool, client_execution: str = client_execution_lib.WORKER
                    ) -> tff.learning.templates.LearningProcess | client_execution_lib.LocalRound:
-  if aggregator == 'elastic':
-    return learning.build_elastic_fed_avg(
-        model_fn, simulation.client_optimizer(config), simulation.server_optimizer(config),
-        tau=extra.elastic_tau, mu=extra.elastic_mu, sensitivity_fraction=extra.sensitivity_fraction,
-        secure=params.secure, value_bound=params.secure_bound, metrics_aggregator=metrics_aggregator)
+  aggregator_record, algorithm_record = registry.aggregator(aggregator), registry.algorithm(algorithm)
+  if aggregator_record.kind == registry.PROCESS:
+    return aggregator_record.build_process(model_fn, config, None, extra, num_clients, metrics_aggregator, params)
   model_aggregator = registry.build(aggregator, params)
-  if algorithm == 'fedgma':
-    return learning.build_fedgma(
-        model_fn, simulation.client_optimizer(config), simulation.server_optimizer(config),
-        server_step_size=extra.fedgma_step_size, mask_threshold=extra.fedgma_threshold,
-        model_aggregator=model_aggregator, metrics_aggregator=metrics_aggregator)
-  if algorithm == 'scaffold':
-    return learning.build_scaffold(
-        model_fn, config.client_lr, config.server_lr, model_aggregator, num_clients=num_clients,
-        metrics_aggregator=metrics_aggregator)
-  if algorithm == PERSONALIZED:
-    return learning.build_personalized_rfa(
-        model_fn, simulation.client_optimizer(config), simulation.server_optimizer(config), model_aggregator,
-        metrics_aggregator)
+  if algorithm_record.kind == registry.COMPOSED:
+    return algorithm_record.build_process(model_fn, config, model_aggregator, extra, num_clients, metrics_aggregator,
+                                          params)
   # GMA with FedAdam/FedYogi is the GMA paper's Algorithm 2: the adaptive moments see the unmasked mean and the mask
   # scales the step (the drop-in factory would mask before Adam, which largely undoes the mask). FedAvg/FedProx
   # keep the drop-in factory: with their SGD server both placements are the same.
   mask_on_step = (isinstance(model_aggregator, aggregators.GradientMaskedFactory)
-                  and config.name in simulation.ADAPTIVE_ALGORITHMS)
+                  and config.name in config_lib.ADAPTIVE_ALGORITHMS)
   if client_execution == client_execution_lib.LOCAL:  # The same components; the clients train in this process.
-    components = simulation.build_components(model_fn, config, model_aggregator, metrics_aggregator,
-                                             mask_on_step=mask_on_step)
+    components = fedavg_family.build_components(model_fn, config, model_aggregator, metrics_aggregator,
+                                                mask_on_step=mask_on_step)
     return client_execution_lib.LocalRound(components, model_fn, config, metrics_aggregator)
   if corrupted:
     return corruption_lib.build_learning_process(
         model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)
-  return simulation.build_learning_process(
+  return fedavg_family.build_learning_process(
       model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)

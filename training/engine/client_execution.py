@@ -3,7 +3,7 @@
 TFF 0.87.0's PyPI wheel runs every computation in its C++ `worker_binary`, built without GPU support: a
 `tf.device('/GPU:0')` inside a computation is silently soft-placed on the worker's CPU. TensorFlow in this Python
 process is a CUDA build, so a GPU can only be used here, in the driver. `local` mode therefore splits the round
-at `training.simulation.Components`:
+at `training.engine.fedavg_family.Components`:
 
 * the client work's math runs in this process, on its TensorFlow devices (every visible GPU, clients assigned
   round-robin and the devices run concurrently; the CPU when there is no GPU, said once in a warning): TFF's own
@@ -23,7 +23,7 @@ What `local` mode does not run (refused by `check`, with the reason):
   control variates, personal parameters), each consumed by its own server logic; moving it needs a driver-side
   copy of each method's client update and server computation, not written;
 * update corruption (`gaussian`, `omniscient`): it lives inside the corrupted client work
-  (`training.corruption.build_corrupted_client_work`) with its own client data and a `corrupted_clients`
+  (`training.engine.corruption.build_corrupted_client_work`) with its own client data and a `corrupted_clients`
   measurement; data corruptions (`data_negate`, `data_flip_labels`) are plain data and run in either mode;
 * several workers (`--workers`): that splits the client work over workers, the opposite of this mode.
 
@@ -47,7 +47,8 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.learning.templates import model_delta_client_work
 from tensorflow_federated.python.learning.templates import proximal_client_work
 
-from training import simulation
+from training import config as config_lib
+from training.engine import fedavg_family
 
 WORKER = 'worker'
 LOCAL = 'local'
@@ -67,7 +68,7 @@ def check(client_execution: str, *, algorithm: str, aggregator: str, corruption:
     raise ValueError(f'client_execution must be one of {MODES}, got {client_execution!r}')
   if client_execution == WORKER:
     return
-  if composed or algorithm not in simulation.ALGORITHMS:
+  if composed or algorithm not in config_lib.FEDAVG_FAMILY:
     raise ValueError(
         f'client_execution: local runs the client work of fedavg, fedprox, fedadam and fedyogi in this process; '
         f'{algorithm}/{aggregator} has its own client work (tff_gma.learning: extra client outputs for its own '
@@ -75,7 +76,7 @@ def check(client_execution: str, *, algorithm: str, aggregator: str, corruption:
   if corruption in ('gaussian', 'omniscient'):
     raise ValueError(
         f'client_execution: corruption={corruption} corrupts updates inside the TFF client work '
-        f'(training.corruption), which local mode does not run: use --client_execution=worker (data corruptions '
+        f'(training.engine.corruption), which local mode does not run: use --client_execution=worker (data corruptions '
         f'run in either mode)')
   if workers is not None:
     raise ValueError('client_execution: local trains the clients in this process, --workers splits them over TFF '
@@ -127,10 +128,10 @@ def _assign_trainers(num_clients: int, num_trainers: int) -> list[int]:
 class _DeviceTrainer:
   """TFF's client update function with its own model, its variables on `device`."""
 
-  def __init__(self, device: str, model_fn, config: simulation.AlgorithmConfig):
+  def __init__(self, device: str, model_fn, config: config_lib.AlgorithmConfig):
     self.device = device
     self._proximal = config.name == 'fedprox'
-    self._optimizer = simulation.client_optimizer(config)
+    self._optimizer = fedavg_family.client_optimizer(config)
     models = []
 
     def capturing_model_fn():
@@ -141,13 +142,13 @@ class _DeviceTrainer:
     with tf.device(device):
       if self._proximal:
         self._update = proximal_client_work.build_model_delta_update_with_tff_optimizer(
-            capturing_model_fn, weighting=simulation.CLIENT_WEIGHTING,
+            capturing_model_fn, weighting=fedavg_family.CLIENT_WEIGHTING,
             delta_l2_regularizer=float(config.proximal_strength),
-            loop_implementation=simulation.LOOP_IMPLEMENTATION)
+            loop_implementation=fedavg_family.LOOP_IMPLEMENTATION)
       else:
         self._update = model_delta_client_work.build_model_delta_update_with_tff_optimizer(
-            capturing_model_fn, weighting=simulation.CLIENT_WEIGHTING,
-            loop_implementation=simulation.LOOP_IMPLEMENTATION)
+            capturing_model_fn, weighting=fedavg_family.CLIENT_WEIGHTING,
+            loop_implementation=fedavg_family.LOOP_IMPLEMENTATION)
     (self._model,) = models
 
   def train(self, weights, dataset: tf.data.Dataset, hparams):
@@ -169,12 +170,12 @@ class _DeviceTrainer:
 
 
 class LocalClientTrainer:
-  """The FedAvg family's client work (`simulation.build_client_work`'s math) run in this process."""
+  """The FedAvg family's client work (`fedavg_family.build_client_work`'s math) run in this process."""
 
-  def __init__(self, model_fn: Callable[[], tff.learning.models.VariableModel], config: simulation.AlgorithmConfig,
+  def __init__(self, model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig,
                devices: Optional[Sequence[str]] = None):
-    if config.name not in simulation.ALGORITHMS:
-      raise ValueError(f'config.name must be one of {simulation.ALGORITHMS}, got {config.name!r}')
+    if config.name not in config_lib.FEDAVG_FAMILY:
+      raise ValueError(f'config.name must be one of {config_lib.FEDAVG_FAMILY}, got {config.name!r}')
     self.devices = local_devices(devices)
     self._trainers = [_DeviceTrainer(d, model_fn, config) for d in self.devices]  # One per entry, own variables.
     self.devices_used: set[str] = set()  # Devices the updates were computed on (TensorFlow's full names).
@@ -210,7 +211,7 @@ def _unfinalized_metrics_type(model_fn):
   return finalizers, tff.types.tensorflow_to_type(specs)
 
 
-def build_server_round(components: simulation.Components, process: tff.learning.templates.LearningProcess,
+def build_server_round(components: fedavg_family.Components, process: tff.learning.templates.LearningProcess,
                        model_fn, metrics_aggregator=None) -> tff.Computation:
   """`(state@SERVER, ClientResult@CLIENTS, unfinalized metrics@CLIENTS) -> LearningProcessOutput`.
 
@@ -250,7 +251,7 @@ def build_server_round(components: simulation.Components, process: tff.learning.
 class LocalRound:
   """One round of `components.compose()` with the client work run in this process (`run_round`)."""
 
-  def __init__(self, components: simulation.Components, model_fn, config: simulation.AlgorithmConfig,
+  def __init__(self, components: fedavg_family.Components, model_fn, config: config_lib.AlgorithmConfig,
                metrics_aggregator=None, devices: Optional[Sequence[str]] = None,
                process: Optional[tff.learning.templates.LearningProcess] = None):
     self.process = process or components.compose()

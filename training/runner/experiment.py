@@ -1,6 +1,6 @@
 """One federated experiment: data, model, learning process, rounds, evaluation, outputs and checkpoints.
 
-`ExperimentConfig` holds every setting (the runner maps its absl flags onto it); `run(config)` trains and
+`config_lib.ExperimentConfig` holds every setting (the runner maps its absl flags onto it); `run(config)` trains and
 writes into `config.output_dir`:
 
 * `metrics.csv`: one row per completed round (`tff.program.CSVFileReleaseManager`, keyed by round): the
@@ -16,7 +16,7 @@ Rerunning with the same output directory resumes after the last saved round (a l
 Every random choice is a function of (seed, round), so an interrupted and resumed run ends with exactly the
 model of an uninterrupted one.
 
-Corruption (`corruption`, `corrupt_fraction`; `training.corruption`): a fixed, seeded set of
+Corruption (`corruption`, `corrupt_fraction`; `training.engine.corruption`): a fixed, seeded set of
 round(corrupt_fraction * num_clients) clients is corrupted for the whole run: their data poisoned before training
 (`data_negate`, `data_flip_labels`), or their updates replaced inside the client work (`gaussian`; `omniscient`,
 whose attack the simulation harness computes from the round's honest updates). Rows then carry
@@ -26,15 +26,15 @@ examples, its personal parameters are saved per round under `personal/` beside `
 control variates likewise under `control_variate/`), and evaluations add `personalized/*` (w + v_k on the
 held-out examples) and `personalized/shared_*` (w alone on them).
 
-Every method is built by the one registry, `training.methods`. Settings are checked once, by `prepare` (which
+Every method is built by the one registry, `training.engine.methods`. Settings are checked once, by `prepare` (which
 `run` calls first), before anything is written: an invalid setting raises `ConfigError` naming it, and so does a
 `rounds` below the rounds the directory's run has already trained (its summary would describe fewer rounds than
 its checkpoint holds: pass at least those rounds to report or continue it).
 
-A run holds its output directory exclusively (`training.dir_lock`, taken once the checks have passed, released
+A run holds its output directory exclusively (`training.runner.dir_lock`, taken once the checks have passed, released
 on every exit): a second run into it fails at once with `dir_lock.DirectoryLockedError`, naming the directory
 and the holder's pid; a lock left by a dead process is taken over. Resuming loads the newest checkpoint that loads
-(`training.checkpoints`): damaged newer ones are moved aside and the log says which round resumes and why; when
+(`training.runner.checkpoints`): damaged newer ones are moved aside and the log says which round resumes and why; when
 none loads, `checkpoints.CheckpointError` names the damaged paths. Rows of `metrics.csv` after the resumed round
 are dropped, so the file always matches the checkpoint.
 
@@ -71,22 +71,20 @@ import tensorflow_federated as tff
 from tff_gma import checks
 from tff_gma import models
 from tff_gma.data import loaders
-from training import checkpoints
-from training import corruption as corruption_lib
-from training import dir_lock
-from training import evaluation
-from training import membership
-from training import methods
-from training import progress
-from training import registry
-from training import rfa_weights
-from training import simulation
+from training import config as config_lib
+from training.runner import checkpoints
+from training.engine import corruption as corruption_lib
+from training.runner import dir_lock
+from training.engine import evaluation
+from training.engine import membership_attack
+from training.engine import methods
+from training.runner import progress
+from training.engine import registry
+from training.engine import rfa_weights
+from training.runner import round_loop
 
 LAST_EVALS_FOR_FINAL = 10  # "Final" figure: mean over the last 10 evaluated rounds (GMA paper).
 PERSONAL_TEST_FRACTION = 0.2  # Personalized RFA: share of each client's examples held out to evaluate it.
-ALGORITHMS = methods.ALGORITHMS
-AGGREGATORS = methods.AGGREGATORS
-_AGGREGATOR_DEFAULTS = registry.AggregatorParams()
 
 
 class ConfigError(ValueError):
@@ -98,144 +96,90 @@ DirectoryLockedError = dir_lock.DirectoryLockedError  # Another run holds it (na
 CheckpointError = checkpoints.CheckpointError  # Checkpoints exist and none loads (names the damaged paths).
 
 
-@dataclasses.dataclass(frozen=True)
-class ExperimentConfig:
-  """Everything that defines a run. Field names are the runner's flag names."""
-  dataset: str = 'digits'
-  data_dir: Optional[str] = None
-  partition: str = 'iid'
-  classes_per_client: int = 2
-  alpha: float = 0.5
-  beta: float = 0.5
-  num_clients: int = 10
-  clients_per_round: int = 10
-  rounds: int = 20
-  local_epochs: int = 1
-  batch_size: int = 16
-  model: str = 'cnn'
-  algorithm: str = 'fedavg'
-  client_lr: float = 0.05
-  server_lr: float = 1.0
-  client_momentum: float = simulation.CLIENT_MOMENTUM
-  proximal_strength: float = 0.01
-  adaptive_epsilon: float = 1e-3
-  aggregator: str = 'mean'
-  tau: float = _AGGREGATOR_DEFAULTS.tau
-  num_passes: int = _AGGREGATOR_DEFAULTS.num_passes
-  smoothing: float = _AGGREGATOR_DEFAULTS.smoothing
-  rfa_init: str = _AGGREGATOR_DEFAULTS.rfa_init
-  secure: bool = _AGGREGATOR_DEFAULTS.secure
-  secure_bound: Optional[float] = _AGGREGATOR_DEFAULTS.secure_bound
-  secure_metrics: bool = False
-  eval_every: int = 1
-  seed: int = 0
-  output_dir: str = 'outputs/run'
-  audit: bool = False
-  corruption: str = corruption_lib.NONE
-  corrupt_fraction: float = 0.0
-  workers: Optional[str] = None  # 'host:port,host:port': split clients over these TFF workers.
-  rfa_weight_bound: Optional[float] = None  # Simulation-only audit: warn when b_i / sum b exceeds this.
-  membership_inference: bool = False  # Attack the final model (GMA paper App. F); writes membership.json.
-  validation_fraction: float = 0.0  # > 0: tune on this held-out share of each client's data; no test evaluation.
-  # 'worker': clients train in the TFF worker (CPU only); 'local': in this process's TensorFlow (GPU where there
-  # is one), the aggregation in the worker (`training.client_execution`).
-  client_execution: str = 'worker'
+def validate(config: config_lib.ExperimentConfig) -> None:
+  """Raises `ConfigError` naming the setting when something is unknown or inconsistent (nothing is written)."""
+  try:
+    _check(config)
+  except ConfigError:
+    raise
+  except ValueError as e:  # The library's own argument checks name the argument too.
+    raise ConfigError(str(e)) from None
 
-  def algorithm_config(self) -> simulation.AlgorithmConfig:
-    # The composed algorithms (FedGMA, SCAFFOLD, personalized RFA) use FedAvg's client and server optimizers.
-    return simulation.AlgorithmConfig(
-        name=self.algorithm if self.algorithm in simulation.ALGORITHMS else 'fedavg',
-        client_lr=self.client_lr, server_lr=self.server_lr,
-        client_momentum=self.client_momentum, proximal_strength=self.proximal_strength,
-        adaptive_epsilon=self.adaptive_epsilon)
 
-  def aggregator_params(self) -> registry.AggregatorParams:
-    return registry.AggregatorParams(
-        tau=self.tau, num_passes=self.num_passes, smoothing=self.smoothing, rfa_init=self.rfa_init,
-        secure=self.secure, secure_bound=self.secure_bound, corrupt_fraction=self.corrupt_fraction)
-
-  def partition_kwargs(self) -> dict[str, Any]:
-    """The partition keyword arguments that apply to the chosen partition."""
-    names = [k for k, parts in loaders.federated.PARTITION_KWARGS.items() if self.partition in parts]
-    return {k: getattr(self, k) for k in names if hasattr(self, k)}
-
-  def validate(self) -> None:
-    """Raises `ConfigError` naming the setting when something is unknown or inconsistent (nothing is written)."""
+def _check(config: config_lib.ExperimentConfig) -> None:
+  loaders.check_config(config.dataset, config.partition)
+  if config.model not in models.MODELS:
+    raise ConfigError(f'model: unknown model {config.model!r}; expected one of {models.MODELS}')
+  registry.check(config.algorithm, config.aggregator, config.corruption, config.client_execution, config.workers)
+  if config.workers is not None:
+    targets = [t for t in config.workers.split(',') if t]
+    host_port = lambda t: t.rpartition(':')[0] and t.rpartition(':')[2].isdigit()
+    if not targets or not all(host_port(t) or t.startswith('unix:/') for t in targets):
+      raise ConfigError(f'workers must be host:port or unix:/path[,...], got {config.workers!r}')
+  config.algorithm_config()  # Raises on bad algorithm/learning-rate settings.
+  # The composed methods' parameters, checked whichever method runs (a flagfile may carry them all).
+  checks.check_fraction(config.elastic_tau, 'elastic_tau')
+  checks.check_fraction(config.elastic_mu, 'elastic_mu', high_open=True)
+  checks.check_fraction(config.sensitivity_fraction, 'sensitivity_fraction', high_open=True)
+  checks.check_positive_finite(config.fedgma_step_size, 'fedgma_step_size')
+  checks.check_fraction(config.fedgma_threshold, 'fedgma_threshold')
+  positive_ints = ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size', 'eval_every',
+                   'num_passes', 'classes_per_client')
+  for name in positive_ints:
     try:
-      self._check()
-    except ConfigError:
-      raise
-    except ValueError as e:  # The library's own argument checks name the argument too.
+      checks.check_positive_int(getattr(config, name), name)
+    except ValueError as e:
       raise ConfigError(str(e)) from None
+  if not isinstance(config.seed, (int, np.integer)) or config.seed < 0:
+    raise ConfigError(f'seed must be a non-negative integer, got {config.seed!r}')
+  if config.clients_per_round > config.num_clients:
+    raise ConfigError(f'clients_per_round ({config.clients_per_round}) exceeds num_clients ({config.num_clients})')
+  if not 0.0 <= config.tau <= 1.0:
+    raise ConfigError(f'tau must lie in [0, 1], got {config.tau!r}')
+  if not config.smoothing > 0:
+    raise ConfigError(f'smoothing must be positive, got {config.smoothing!r}')
+  if config.rfa_init not in ('mean', 'zero'):
+    raise ConfigError(f"rfa_init must be 'mean' or 'zero', got {config.rfa_init!r}")
+  for name in ('alpha', 'beta'):
+    if not getattr(config, name) > 0:
+      raise ConfigError(f'{name} must be positive, got {getattr(config, name)!r}')
+  if config.secure_bound is not None and not (config.secure_bound > 0 and math.isfinite(config.secure_bound)):
+    raise ConfigError(f'secure_bound must be positive and finite, got {config.secure_bound!r}')
+  if config.secure and config.secure_bound is None:
+    raise ConfigError('secure_bound: secure=True clips every float sum to [-secure_bound, secure_bound] before '
+                      'the secure sum; set it (e.g. --secure_bound=1.0 for client updates of a small model)')
+  if config.model == 'char_lstm' and config.dataset != 'shakespeare':
+    raise ConfigError(f'model: char_lstm needs dataset=shakespeare, got dataset={config.dataset!r}')
+  if config.dataset == 'shakespeare' and config.model != 'char_lstm':
+    raise ConfigError(f'model: dataset=shakespeare needs model=char_lstm, got {config.model!r}')
+  corruption_lib.check_corruption(config.corruption, config.corrupt_fraction)
+  if config.corruption in corruption_lib.DATA_CORRUPTIONS and config.dataset == 'shakespeare':
+    raise ConfigError(f'corruption: {config.corruption} applies to image classification, not {config.dataset}')
+  if config.aggregator in registry.MODEL_AGGREGATORS:
+    registry.build(config.aggregator, config.aggregator_params())  # Raises on settings the aggregator refuses.
+  if config.rfa_weight_bound is not None:
+    rfa_weights.check_bound(config.rfa_weight_bound)
+    if config.aggregator not in ('rfa', 'rfa_one_step') or config.algorithm not in config_lib.FEDAVG_FAMILY:
+      raise ConfigError('rfa_weight_bound: the RFA weight audit replays rfa/rfa_one_step under fedavg, fedprox, '
+                        f'fedadam or fedyogi, not aggregator={config.aggregator!r}, algorithm={config.algorithm!r}')
+    if config.corruption in corruption_lib.UPDATE_CORRUPTIONS:
+      raise ConfigError(f'rfa_weight_bound: the replay sees honest updates only, not corruption={config.corruption}')
+  _check_validation(config)
 
-  def _check(self) -> None:
-    loaders.check_config(self.dataset, self.partition)
-    if self.model not in models.MODELS:
-      raise ConfigError(f'model: unknown model {self.model!r}; expected one of {models.MODELS}')
-    methods.check(self.algorithm, self.aggregator, self.corruption, self.client_execution, self.workers)
-    if self.workers is not None:
-      targets = [t for t in self.workers.split(',') if t]
-      host_port = lambda t: t.rpartition(':')[0] and t.rpartition(':')[2].isdigit()
-      if not targets or not all(host_port(t) or t.startswith('unix:/') for t in targets):
-        raise ConfigError(f'workers must be host:port or unix:/path[,...], got {self.workers!r}')
-    self.algorithm_config()  # Raises on bad algorithm/learning-rate settings.
-    positive_ints = ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size', 'eval_every',
-                     'num_passes', 'classes_per_client')
-    for name in positive_ints:
-      try:
-        checks.check_positive_int(getattr(self, name), name)
-      except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-      raise ConfigError(f'seed must be a non-negative integer, got {self.seed!r}')
-    if self.clients_per_round > self.num_clients:
-      raise ConfigError(f'clients_per_round ({self.clients_per_round}) exceeds num_clients ({self.num_clients})')
-    if not 0.0 <= self.tau <= 1.0:
-      raise ConfigError(f'tau must lie in [0, 1], got {self.tau!r}')
-    if not self.smoothing > 0:
-      raise ConfigError(f'smoothing must be positive, got {self.smoothing!r}')
-    if self.rfa_init not in ('mean', 'zero'):
-      raise ConfigError(f"rfa_init must be 'mean' or 'zero', got {self.rfa_init!r}")
-    for name in ('alpha', 'beta'):
-      if not getattr(self, name) > 0:
-        raise ConfigError(f'{name} must be positive, got {getattr(self, name)!r}')
-    if self.secure_bound is not None and not (self.secure_bound > 0 and math.isfinite(self.secure_bound)):
-      raise ConfigError(f'secure_bound must be positive and finite, got {self.secure_bound!r}')
-    if self.secure and self.secure_bound is None:
-      raise ConfigError('secure_bound: secure=True clips every float sum to [-secure_bound, secure_bound] before '
-                        'the secure sum; set it (e.g. --secure_bound=1.0 for client updates of a small model)')
-    if self.model == 'char_lstm' and self.dataset != 'shakespeare':
-      raise ConfigError(f'model: char_lstm needs dataset=shakespeare, got dataset={self.dataset!r}')
-    if self.dataset == 'shakespeare' and self.model != 'char_lstm':
-      raise ConfigError(f'model: dataset=shakespeare needs model=char_lstm, got {self.model!r}')
-    corruption_lib.check_corruption(self.corruption, self.corrupt_fraction)
-    if self.corruption in corruption_lib.DATA_CORRUPTIONS and self.dataset == 'shakespeare':
-      raise ConfigError(f'corruption: {self.corruption} applies to image classification, not {self.dataset}')
-    if self.aggregator in registry.NAMES:
-      registry.build(self.aggregator, self.aggregator_params())  # Raises on settings the aggregator refuses.
-    if self.rfa_weight_bound is not None:
-      rfa_weights.check_bound(self.rfa_weight_bound)
-      if self.aggregator not in ('rfa', 'rfa_one_step') or self.algorithm not in simulation.ALGORITHMS:
-        raise ConfigError('rfa_weight_bound: the RFA weight audit replays rfa/rfa_one_step under fedavg, fedprox, '
-                          f'fedadam or fedyogi, not aggregator={self.aggregator!r}, algorithm={self.algorithm!r}')
-      if self.corruption in corruption_lib.UPDATE_CORRUPTIONS:
-        raise ConfigError(f'rfa_weight_bound: the replay sees honest updates only, not corruption={self.corruption}')
-    self._check_validation()
-
-  def _check_validation(self) -> None:
-    fraction = self.validation_fraction
-    if (isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.number))
-        or not (math.isfinite(fraction) and 0.0 <= fraction < 1.0)):
-      raise ConfigError(f'validation_fraction must lie in [0, 1) (the share of each client\'s examples held out '
-                        f'for validation), got {fraction!r}')
-    if fraction > 0 and self.algorithm == methods.PERSONALIZED:
-      raise ConfigError(f'validation_fraction: algorithm=personalized already holds out {PERSONAL_TEST_FRACTION} '
-                        f'of each client\'s examples for its own evaluation; use validation_fraction=0 with it, '
-                        f'got validation_fraction={fraction!r}')
-    if fraction > 0 and self.membership_inference:
-      raise ConfigError('validation_fraction: membership_inference attacks with the test split as non-members, and a '
-                        f'validation run never reads the test split; got validation_fraction={fraction!r} with '
-                        'membership_inference=True')
+def _check_validation(config: config_lib.ExperimentConfig) -> None:
+  fraction = config.validation_fraction
+  if (isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.number))
+      or not (math.isfinite(fraction) and 0.0 <= fraction < 1.0)):
+    raise ConfigError(f'validation_fraction must lie in [0, 1) (the share of each client\'s examples held out '
+                      f'for validation), got {fraction!r}')
+  if fraction > 0 and registry.algorithm(config.algorithm).personal_evaluation:
+    raise ConfigError(f'validation_fraction: algorithm=personalized already holds out {PERSONAL_TEST_FRACTION} '
+                      f'of each client\'s examples for its own evaluation; use validation_fraction=0 with it, '
+                      f'got validation_fraction={fraction!r}')
+  if fraction > 0 and config.membership_inference:
+    raise ConfigError('validation_fraction: membership_inference attacks with the test split as non-members, and a '
+                      f'validation run never reads the test split; got validation_fraction={fraction!r} with '
+                      'membership_inference=True')
 
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
@@ -252,10 +196,10 @@ def completed_config(saved: dict[str, Any]) -> dict[str, Any]:
   """A saved config's settings (config.json, a summary's `config`), with each setting it lacks at the value
   that run used: the setting's default then, which is today's default unless `_VALUE_BEFORE_SETTING_EXISTED`
   says otherwise."""
-  return {**dataclasses.asdict(ExperimentConfig()), **_VALUE_BEFORE_SETTING_EXISTED, **saved}
+  return {**dataclasses.asdict(config_lib.ExperimentConfig()), **_VALUE_BEFORE_SETTING_EXISTED, **saved}
 
 
-def check_resumable(config: ExperimentConfig) -> None:
+def check_resumable(config: config_lib.ExperimentConfig) -> None:
   """Raises `ConfigError` if `config.output_dir` holds a run with other settings (its checkpoint would not fit),
   or a run already trained past `config.rounds`.
 
@@ -281,9 +225,9 @@ def check_resumable(config: ExperimentConfig) -> None:
                       f'--output_dir or the same flags to resume it')
 
 
-def prepare(config: ExperimentConfig) -> None:
+def prepare(config: config_lib.ExperimentConfig) -> None:
   """Every check of a run, before anything is written: the settings, then the output directory's."""
-  config.validate()
+  validate(config)
   check_resumable(config)
 
 
@@ -307,7 +251,7 @@ class Setup:
     return self.method.process
 
 
-def build_setup(config: ExperimentConfig) -> Setup:
+def build_setup(config: config_lib.ExperimentConfig) -> Setup:
   """The data (partitioned; poisoned or held out where the settings say), the model and the method."""
   data = loaders.load_federated_data(
       config.dataset, config.partition, config.num_clients, config.seed, data_dir=config.data_dir,
@@ -321,14 +265,14 @@ def build_setup(config: ExperimentConfig) -> Setup:
     data = dataclasses.replace(data, train=corruption_lib.poison_data(
         data.train, corrupted, config.corruption, data.num_classes))
   held_out = None
-  if config.algorithm == methods.PERSONALIZED:
+  if registry.algorithm(config.algorithm).personal_evaluation:
     train, held_out = evaluation.hold_out(data.train, PERSONAL_TEST_FRACTION, config.seed)
     data = dataclasses.replace(data, train=train)
   build_keras = models.keras_builder(config.model, data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec, pad_id=data.pad_id)
   update_corruption = None
   if config.corruption in corruption_lib.UPDATE_CORRUPTIONS:
-    update_corruption = methods.UpdateCorruption(config.corruption, corrupted, tuple(data.train.client_ids),
+    update_corruption = corruption_lib.UpdateCorruption(config.corruption, corrupted, tuple(data.train.client_ids),
                                                  config.seed)
   method = methods.build(
       model_fn, config.algorithm, config.aggregator, algorithm_config=config.algorithm_config(),
@@ -455,7 +399,7 @@ class RunResult:
   model_weights: tff.learning.models.ModelWeights  # The final global model.
 
 
-def run(config: ExperimentConfig, *, show_progress: bool = True,
+def run(config: config_lib.ExperimentConfig, *, show_progress: bool = True,
         on_round: Optional[Callable[[int, Any], None]] = None, checkpoint_every: int = 1) -> RunResult:
   """Trains (or resumes) the experiment; returns the summary (also written to summary.json) and the final model.
 
@@ -480,7 +424,7 @@ def run(config: ExperimentConfig, *, show_progress: bool = True,
     return _run_locked(config, show_progress, on_round, checkpoint_every)
 
 
-def _run_locked(config: ExperimentConfig, show_progress: bool,
+def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
                 on_round: Optional[Callable[[int, Any], None]], checkpoint_every: int) -> RunResult:
   setup = build_setup(config)
   if config.workers is not None:
@@ -506,7 +450,7 @@ def _run_locked(config: ExperimentConfig, show_progress: bool,
 
   state_manager = tff.program.FileProgramStateManager(checkpoints.checkpoint_dir(config.output_dir),
                                                       keep_total=methods.KEEP_CHECKPOINTS)
-  initial_state = simulation.seeded_initial_state(setup.process, setup.build_keras, config.seed)
+  initial_state = round_loop.seeded_initial_state(setup.process, setup.build_keras, config.seed)
   resumed = checkpoints.resume(state_manager, config.output_dir, initial_state,
                                lambda r: setup.method.restore_client_state(config.output_dir, r))
   if resumed.message():
@@ -529,45 +473,47 @@ def _run_locked(config: ExperimentConfig, show_progress: bool,
                                 one_step=one_step, secure=config.secure, value_bound=config.secure_bound,
                                 init=None if one_step else config.rfa_init))
 
-  client_ids = setup.data.train.client_ids
   accuracy_key = 'validation/accuracy' if setup.validation is not None else 'test/accuracy'
   bar = progress.RoundProgress(config.rounds, label=f'{config.algorithm}/{config.aggregator}') \
       if show_progress else None
-  started = time.monotonic()
-  for round_num in range(start_round + 1, config.rounds + 1):
-    participants = simulation.sample_clients(client_ids, config.clients_per_round, config.seed, round_num)
-    datasets = [
-        simulation.client_dataset(setup.data.train, c, local_epochs=config.local_epochs,
-                                  batch_size=config.batch_size, seed=config.seed, round_num=round_num)
-        for c in participants
-    ]
-    audit_row = rfa_weights.report_metrics(
+
+  def before_round(round_num, state, participants, datasets):
+    del round_num
+    return rfa_weights.report_metrics(
         monitor(setup.process.get_model_weights(state), datasets, participants)) if monitor else {}
-    state, metrics = setup.method.run_round(state, participants, datasets, round_num)
-    row = simulation.flatten_metrics(metrics)
-    row.update(audit_row)
-    dropped_all = all_clients_dropped(row, len(participants))
-    row['all_clients_dropped'] = float(dropped_all is not None)
+
+  def check_round(done: round_loop.Round) -> None:
+    dropped_all = all_clients_dropped(done.row, len(done.participants))
+    done.row['all_clients_dropped'] = float(dropped_all is not None)
     if dropped_all is not None:
       logging.warning('round %d of %d: every client was dropped as non-finite (%s); no client update counted. A '
-                      'diverging run? Try a smaller --client_lr or --server_lr.', round_num, config.rounds,
+                      'diverging run? Try a smaller --client_lr or --server_lr.', done.number, config.rounds,
                       dropped_all)
     if config.corruption != corruption_lib.NONE:
-      row['corrupted_participants'] = float(sum(c in setup.corrupted for c in participants))
-    if round_num % config.eval_every == 0 or round_num == config.rounds:
-      row.update(evaluate(setup, state, participants))
+      done.row['corrupted_participants'] = float(sum(c in setup.corrupted for c in done.participants))
+
+  def release_and_save(done: round_loop.Round) -> None:
     # Release the round's row before its checkpoint: a crash in between re-runs the round on resume, and the
     # CSV release of that round replaces the row (it drops rows with keys >= the released key).
-    _run_async(csv_release.release(row, round_num))
-    _run_async(tb_release.release(row, round_num))
-    if round_num % checkpoint_every == 0 or round_num == config.rounds:
+    _run_async(csv_release.release(done.row, done.number))
+    _run_async(tb_release.release(done.row, done.number))
+    if done.number % checkpoint_every == 0 or done.number == config.rounds:
       # Before the server state: every saved state then has its clients' values (SCAFFOLD, personalized RFA).
-      setup.method.checkpoint_client_state(config.output_dir, round_num)
-      _run_async(state_manager.save(state, round_num))
+      setup.method.checkpoint_client_state(config.output_dir, done.number)
+      _run_async(state_manager.save(done.state, done.number))
     if bar is not None:
-      bar.update(round_num, **({'acc': row[accuracy_key]} if accuracy_key in row else {}))
+      bar.update(done.number, **({'acc': done.row[accuracy_key]} if accuracy_key in done.row else {}))
     if on_round is not None:
-      on_round(round_num, state)
+      on_round(done.number, done.state)
+
+  inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs, config.batch_size,
+                               config.seed)
+  evaluate_round = round_loop.evaluate_every(config.eval_every, config.rounds,
+                                         lambda done: evaluate(setup, done.state, done.participants))
+  loop = round_loop.RoundLoop(setup.method, state, inputs, round_num=start_round, before_round=before_round,
+                          after_round=(check_round, evaluate_round, release_and_save))
+  started = time.monotonic()
+  state = loop.run(config.rounds)
 
   rows = [r for r in _read_rows(csv_path) if r.get('round', 0) <= config.rounds]
   evaluated = [r for r in rows if accuracy_key in r]
@@ -599,11 +545,11 @@ def _run_locked(config: ExperimentConfig, show_progress: bool,
     weights_now = setup.process.get_model_weights(state)
     # Members: every example the training clients hold; non-members: the central test split (balanced inside).
     xs, ys = zip(*(setup.data.train.client_arrays(c) for c in setup.data.train.client_ids))
-    attack = membership.membership_attack(
+    attack = membership_attack.membership_attack(
         setup.evaluator.logits(weights_now, np.concatenate(xs)), np.concatenate(ys),
         setup.evaluator.logits(weights_now, setup.data.test_x), setup.data.test_y, seed=config.seed)
     summary['membership_attack_accuracy'] = float(attack['attack_accuracy'])
-    with open(os.path.join(config.output_dir, 'membership.json'), 'w') as f:
+    with open(os.path.join(config.output_dir, 'membership_attack.json'), 'w') as f:
       json.dump(attack, f, indent=2, default=float)
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f, indent=2)

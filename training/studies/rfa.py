@@ -1,6 +1,6 @@
 """The RFA robustness study on the embedded digits: accuracy against the corruption level (RFA paper, Sec. 5.2-5.3).
 
-    python -m training.reproduce_rfa [--seeds=0,1,2] [--rounds=10] [--local_epochs=5] [--models=logistic,cnn]
+    python -m training.studies.rfa [--seeds=0,1,2] [--rounds=10] [--local_epochs=5] [--models=logistic,cnn]
         [--corruptions=data_negate,data_flip_labels,gaussian,omniscient] [--fractions=0,0.1,0.25,0.4]
         [--aggregators=mean,rfa,rfa_one_step,gma,median,trimmed_mean,krum,clip_mean,zeroing_mean]
         [--clients_per_round=10,20] [--output_dir=outputs/reproduce_rfa] [--shard=i/n]
@@ -8,7 +8,7 @@
 Each model's base settings come from its flagfile (`configs/rfa_digits_linear.flags` for `logistic`,
 `configs/rfa_digits_cnn.flags` for `cnn`: 20 clients, 10 per round, FedAvg); the study varies the aggregator,
 the corruption and its level rho, the seed, the rounds and the local epochs. Every cell is one run of the experiment
-runner (`training.experiment`), with its own metrics, checkpoints and summary under --output_dir, so an
+runner (`training.runner.experiment`), with its own metrics, checkpoints and summary under --output_dir, so an
 interrupted study resumes (finished cells are read back from their summary.json, so several processes may run
 parts of the grid (--shard) into one --output_dir and a last call over the whole grid collects them). rho = 0 is
 one uncorrupted run per (model, aggregator, seed), shared by every corruption's column. `trimmed_mean` and `krum`
@@ -40,9 +40,10 @@ from absl import logging
 import numpy as np
 
 from tff_gma import runtime
-from training import experiment
+from training import config as config_lib
+from training.runner import experiment
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE_CONFIGS = {
     'logistic': os.path.join(_ROOT, 'configs', 'rfa_digits_linear.flags'),
     'cnn': os.path.join(_ROOT, 'configs', 'rfa_digits_cnn.flags'),
@@ -77,10 +78,10 @@ def define_flags() -> None:
 
 def parse_setting(name: str, raw: str, where: str = 'setting') -> Any:
   """A runner setting's value from its flag text, typed as `ExperimentConfig`'s field."""
-  fields = {f.name for f in dataclasses.fields(experiment.ExperimentConfig)}
+  fields = {f.name for f in dataclasses.fields(config_lib.ExperimentConfig)}
   if name not in fields:
     raise ValueError(f'{where}: unknown setting {name!r}')
-  default = getattr(experiment.ExperimentConfig(), name)
+  default = getattr(config_lib.ExperimentConfig(), name)
   if isinstance(default, bool):
     return raw.lower() in ('true', '1', '')
   if isinstance(default, int):
@@ -90,7 +91,7 @@ def parse_setting(name: str, raw: str, where: str = 'setting') -> Any:
   return raw
 
 
-def read_flagfile(path: str) -> experiment.ExperimentConfig:
+def read_flagfile(path: str) -> config_lib.ExperimentConfig:
   """An `ExperimentConfig` from a runner flagfile (`--name=value` lines; `#` comments)."""
   values: dict[str, Any] = {}
   with open(path) as f:
@@ -100,7 +101,7 @@ def read_flagfile(path: str) -> experiment.ExperimentConfig:
         continue
       name, _, raw = line.lstrip('-').partition('=')
       values[name] = parse_setting(name, raw, path)
-  return experiment.ExperimentConfig(**values)
+  return config_lib.ExperimentConfig(**values)
 
 
 def parse_aggregator(entry: str) -> tuple[str, dict[str, Any]]:
@@ -151,7 +152,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def cell_config(cell: Cell, rounds: int, eval_every: int, output_dir: str,
-                local_epochs: Optional[int] = None, client_execution: str = 'worker') -> experiment.ExperimentConfig:
+                local_epochs: Optional[int] = None, client_execution: str = 'worker') -> config_lib.ExperimentConfig:
   base = read_flagfile(BASE_CONFIGS[cell.model])
   epochs = base.local_epochs if local_epochs is None else local_epochs
   name, overrides = parse_aggregator(cell.aggregator)
@@ -165,12 +166,12 @@ def cell_config(cell: Cell, rounds: int, eval_every: int, output_dir: str,
       output_dir=os.path.join(output_dir, 'runs', run_name), client_execution=client_execution, **overrides)
 
 
-def setting_label(config: experiment.ExperimentConfig) -> str:
+def setting_label(config: config_lib.ExperimentConfig) -> str:
   """The group a run's tables are in: model and participation."""
   return f'{config.model}, {config.clients_per_round} of {config.num_clients} per round'
 
 
-def finished_summary(config: experiment.ExperimentConfig) -> Optional[dict[str, Any]]:
+def finished_summary(config: config_lib.ExperimentConfig) -> Optional[dict[str, Any]]:
   """The summary of a run already completed with exactly `config`, else None.
 
   Lets a rerun of the study (e.g. after its cells were run by several processes into one --output_dir) collect
@@ -385,7 +386,7 @@ def write_results(results: list[dict], fractions: list[float], output_dir: str,
   return table, claims
 
 
-def header(base: experiment.ExperimentConfig, rounds: int, seeds: list[int], last_evals: int,
+def header(base: config_lib.ExperimentConfig, rounds: int, seeds: list[int], last_evals: int,
            eval_every: int) -> str:
   return (f'Digits ({base.partition}), {base.num_clients} clients, {base.clients_per_round} per round, FedAvg '
           f'(client lr {base.client_lr}, momentum {base.client_momentum}, batch {base.batch_size}, '
@@ -419,7 +420,7 @@ def main(argv):
                                       FLAGS.client_execution)
   for cell in todo:  # Every setting is checked before anything runs.
     try:
-      configure(cell).validate()
+      experiment.validate(configure(cell))
     except ValueError as e:
       raise app.UsageError(f'invalid study settings: {e}') from e
   runtime.set_simulation_context()

@@ -1,0 +1,177 @@
+"""Every default of the harness, once: the settings of a method and of a run.
+
+* `AlgorithmConfig`: the client and server optimisation of the FedAvg family (learning rates, momentum, FedProx's
+  mu, FedAdam/FedYogi's epsilon);
+* `AggregatorParams`: the model aggregators' hyperparameters (GMA's tau, RFA's passes, smoothing and start, secure
+  sums);
+* `MethodParams`: the composed methods' (Elastic's tau, mu and sensitivity share; FedGMA's server step and mask p);
+* `ExperimentConfig`: a whole run, flat. Its field names are the runner's flag names, and the runner's flags are
+  generated from its fields (`training.run`): default, type and help text (`metadata['help']`) come from here.
+  The method fields take their defaults from the three dataclasses above, and `algorithm_config()`,
+  `aggregator_params()`, `method_params()` map them back, so a default is written in one place.
+
+Where the library has a default (GMA's tau, RFA's passes, the partitions' k, alpha, beta, Elastic's and FedGMA's
+paper values), these dataclasses take it from the library. The demo, the benchmark and the studies build from these
+dataclasses rather than from literals.
+
+Checks: the dataclasses of a method check their own values on construction (a `ValueError` naming the field);
+the whole run's consistency (`training.runner.experiment.validate`) needs the registry and is checked there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from tff_gma import checks
+from tff_gma.aggregators import geometric_median
+from tff_gma.aggregators import gradient_masked
+from tff_gma.data import federated
+from tff_gma.data import partition as partition_lib
+from tff_gma.learning import elastic as elastic_learning
+from tff_gma.learning import fedgma as fedgma_learning
+
+# The FedAvg family: FedAvg with an SGD (FedAvg, FedProx) or adaptive (FedAdam, FedYogi; Reddi et al.) server.
+FEDAVG_FAMILY = ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
+ADAPTIVE_ALGORITHMS = ('fedadam', 'fedyogi')
+
+# Paper defaults (GMA paper, Sec. 5 and App. C): client SGD with momentum 0.9; FedAdam/FedYogi with
+# beta1 = 0.9, beta2 = 0.99 (Reddi et al.).
+ADAPTIVE_BETA_1 = 0.9
+ADAPTIVE_BETA_2 = 0.99
+
+
+def _help(text: str, default: Any) -> Any:
+  return dataclasses.field(default=default, metadata={'help': text})
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+  """Hyperparameters of the server/client optimisation, independent of the aggregation rule."""
+  name: str = 'fedavg'
+  client_lr: float = 0.05
+  server_lr: float = 1.0
+  client_momentum: float = 0.9  # GMA paper: client SGD with momentum 0.9.
+  proximal_strength: float = 0.01  # FedProx mu.
+  adaptive_epsilon: float = 1e-3  # FedAdam/FedYogi tau (Reddi et al.'s adaptivity epsilon).
+
+  def __post_init__(self):
+    if self.name not in FEDAVG_FAMILY:
+      raise ValueError(f'algorithm must be one of {FEDAVG_FAMILY}, got {self.name!r}')
+    for field in ('client_lr', 'server_lr'):
+      checks.check_positive_finite(getattr(self, field), field)
+    if not 0 <= self.client_momentum < 1:
+      raise ValueError(f'client_momentum must lie in [0, 1), got {self.client_momentum!r}')
+    if self.proximal_strength < 0:
+      raise ValueError(f'proximal_strength must be non-negative, got {self.proximal_strength!r}')
+    if not self.adaptive_epsilon > 0:
+      raise ValueError(f'adaptive_epsilon must be positive, got {self.adaptive_epsilon!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregatorParams:
+  """Hyperparameters of the model aggregators (each builder of `training.engine.registry` reads what it uses)."""
+  tau: float = gradient_masked.DEFAULT_TAU  # GMA agreement threshold.
+  num_passes: int = geometric_median.DEFAULT_NUM_PASSES  # RFA secure averages per round.
+  smoothing: float = geometric_median.DEFAULT_SMOOTHING  # RFA nu.
+  rfa_init: str = geometric_median.DEFAULT_INIT  # Where RFA's Weiszfeld starts: 'mean' or 'zero'.
+  secure: bool = False  # Float sums through secure sums as well (bounded, discretized).
+  secure_bound: Optional[float] = None  # Per-coordinate bound for secure float sums (None: the factory's default).
+  corrupt_fraction: float = 0.0  # The corruption level rho, known to trimmed_mean and krum.
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodParams:
+  """Hyperparameters of the composed methods (paper defaults, from the library)."""
+  elastic_tau: float = elastic_learning.DEFAULT_TAU  # Elastic aggregation tau.
+  elastic_mu: float = elastic_learning.DEFAULT_MU  # Elastic sensitivity momentum.
+  sensitivity_fraction: float = elastic_learning.DEFAULT_SENSITIVITY_FRACTION  # Share of batches for it.
+  fedgma_step_size: float = fedgma_learning.DEFAULT_SERVER_STEP_SIZE  # FedGMA extra server step eta_s.
+  fedgma_threshold: float = fedgma_learning.DEFAULT_MASK_THRESHOLD  # FedGMA AND-mask p.
+
+
+_ALGORITHM = AlgorithmConfig()
+_AGGREGATOR = AggregatorParams()
+_METHOD = MethodParams()
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """Everything that defines a run. Field names are the runner's flag names; `metadata['help']` their help."""
+  dataset: str = _help('Data set (digits is embedded and offline).', 'digits')
+  data_dir: Optional[str] = _help('Where the data set\'s files are (TFDS/TFF: where they are downloaded to).', None)
+  partition: str = _help('How training examples are dealt to clients.', 'iid')
+  classes_per_client: int = _help('label_skew/mixed_skew: classes per client.', partition_lib.DEFAULT_CLASSES_PER_CLIENT)
+  alpha: float = _help('dirichlet: label concentration (smaller = more skew).', partition_lib.DEFAULT_ALPHA)
+  beta: float = _help('quantity_skew: size concentration (paper: 0.5).', partition_lib.DEFAULT_BETA)
+  num_clients: int = _help('Clients in the federation.', 10)
+  clients_per_round: int = _help('Clients sampled per round.', 10)
+  rounds: int = _help('Total rounds (a resumed run continues up to this).', 20)
+  local_epochs: int = _help('Client epochs per round.', 1)
+  batch_size: int = _help('Client batch size.', 16)
+  model: str = _help('Keras model.', 'cnn')
+  algorithm: str = _help('Federated optimisation algorithm (personalized: personalized RFA, RFA paper Algorithm 4, '
+                         'with --aggregator=rfa).', _ALGORITHM.name)
+  client_lr: float = _help('Client SGD learning rate (momentum --client_momentum).', _ALGORITHM.client_lr)
+  server_lr: float = _help('Server learning rate (SGD, or Adam/Yogi for fedadam/fedyogi).', _ALGORITHM.server_lr)
+  client_momentum: float = _help('Client SGD momentum (GMA paper: 0.9).', _ALGORITHM.client_momentum)
+  proximal_strength: float = _help('fedprox: proximal term mu.', _ALGORITHM.proximal_strength)
+  adaptive_epsilon: float = _help('fedadam/fedyogi: epsilon (adaptivity tau).', _ALGORITHM.adaptive_epsilon)
+  aggregator: str = _help('How client updates are aggregated.', 'mean')
+  tau: float = _help('gma/gma_binary: agreement threshold in [0, 1] (paper: 0.4).', _AGGREGATOR.tau)
+  num_passes: int = _help('rfa: secure averages per round (paper: 3).', _AGGREGATOR.num_passes)
+  smoothing: float = _help('rfa/rfa_one_step: Weiszfeld smoothing nu.', _AGGREGATOR.smoothing)
+  rfa_init: str = _help('rfa: where Weiszfeld starts: the weighted mean (RFA paper) or the zero update (the current '
+                        'model; pass 1 is then one-step RFA).', _AGGREGATOR.rfa_init)
+  secure: bool = _help('Aggregate the float sums through secure sums too.', _AGGREGATOR.secure)
+  secure_bound: Optional[float] = _help('Per-coordinate clipping bound of secure float sums (required with '
+                                        '--secure).', _AGGREGATOR.secure_bound)
+  secure_metrics: bool = _help('Aggregate training metrics with secure sums.', False)
+  eval_every: int = _help('Evaluate every this many rounds (and at the last).', 1)
+  seed: int = _help('Seed of the partition, initial model, client sampling and data order.', 0)
+  output_dir: str = _help('Output directory (reused to resume).', 'outputs/run')
+  audit: bool = _help('Write audit.md: the privacy audit of the round computation.', False)
+  corruption: str = _help('Simulated corruption of a fixed seeded set of clients: poisoned data (data_negate: '
+                          'x -> 1 - x; data_flip_labels: y -> C - 1 - y) or updates (gaussian noise; omniscient: '
+                          'the mean negated).', 'none')
+  corrupt_fraction: float = _help('rho: round(rho * num_clients) clients are corrupted (trimmed_mean and krum are '
+                                  'told rho).', _AGGREGATOR.corrupt_fraction)
+  workers: Optional[str] = _help('host:port,... (or unix:/path,...) of TFF workers to split clients over '
+                                 '(python -m tff_gma.worker).', None)
+  rfa_weight_bound: Optional[float] = _help(
+      'rfa: warn when one client\'s normalized RFA weight exceeds this (simulation-only audit; logs rfa_audit/* per '
+      'round; trains the round\'s clients twice).', None)
+  membership_inference: bool = _help('Attack the final model with a membership-inference attacker; writes '
+                                     'membership.json.', False)
+  validation_fraction: float = _help(
+      'In [0, 1). > 0: each client holds out this share of its examples (seeded); evaluations are on the pooled '
+      'held-out examples (validation/*) and never on the test split, for tuning.', 0.0)
+  client_execution: str = _help('Where clients train: worker (the TFF worker, CPU only) or local (this process\'s '
+                                'TensorFlow: its GPUs round-robin, else its CPU; aggregation stays in the worker; '
+                                'FedAvg family only).', 'worker')
+  elastic_tau: float = _help('elastic: aggregation threshold tau.', _METHOD.elastic_tau)
+  elastic_mu: float = _help('elastic: momentum of the parameter sensitivity.', _METHOD.elastic_mu)
+  sensitivity_fraction: float = _help('elastic: share of a client\'s batches that estimate the sensitivity.',
+                                      _METHOD.sensitivity_fraction)
+  fedgma_step_size: float = _help('fedgma: the extra server step eta_s along the AND-masked gradient.',
+                                  _METHOD.fedgma_step_size)
+  fedgma_threshold: float = _help('fedgma: the AND-mask threshold p.', _METHOD.fedgma_threshold)
+
+  def algorithm_config(self) -> AlgorithmConfig:
+    # The composed algorithms (FedGMA, SCAFFOLD, personalized RFA) use FedAvg's client and server optimizers.
+    return AlgorithmConfig(
+        name=self.algorithm if self.algorithm in FEDAVG_FAMILY else 'fedavg',
+        client_lr=self.client_lr, server_lr=self.server_lr,
+        client_momentum=self.client_momentum, proximal_strength=self.proximal_strength,
+        adaptive_epsilon=self.adaptive_epsilon)
+
+  def aggregator_params(self) -> AggregatorParams:
+    return AggregatorParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AggregatorParams)})
+
+  def method_params(self) -> MethodParams:
+    return MethodParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(MethodParams)})
+
+  def partition_kwargs(self) -> dict[str, Any]:
+    """The partition keyword arguments that apply to the chosen partition."""
+    names = [k for k, parts in federated.PARTITION_KWARGS.items() if self.partition in parts]
+    return {k: getattr(self, k) for k in names if hasattr(self, k)}

@@ -1,0 +1,1 @@
+"""Builds methods: the registry of aggregators and algorithms, the FedAvg family, client execution, corruption."""

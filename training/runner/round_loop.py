@@ -1,0 +1,156 @@
+"""The one round loop: the runner, the demo and the benchmark all train through `RoundLoop`.
+
+A round is: the round's clients and their datasets (`ClientInputs`, a function of (seed, round) only, so a resumed
+run repeats them), the method's round (`Method.run_round`), its metrics flattened into one row, then the caller's
+callbacks in order (evaluation, releases, checkpoints, progress: each may add to the row before the next sees it).
+What differs between the drivers is only which callbacks they pass:
+
+* the runner (`training.runner.experiment`): the RFA weight audit before the round, then the dropped-client check,
+  evaluation every `eval_every` rounds, the CSV/TensorBoard releases and the checkpoint;
+* the demo (`training.demo`): evaluation every round, the rows kept for its table;
+* the benchmark (`training.bench`): no callback, `step()` timed round by round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from training.engine import methods as methods_lib
+
+
+def _round_seed(seed: int, round_num: int, index: int = 0) -> int:
+  return int(np.random.SeedSequence([seed, round_num, index]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def sample_clients(client_ids: Sequence[str], num: int, seed: int, round_num: int) -> list[str]:
+  """`num` distinct clients for the round; a function of (seed, round) only, so resumed runs repeat it."""
+  if not 1 <= num <= len(client_ids):
+    raise ValueError(f'clients_per_round must lie in [1, {len(client_ids)}], got {num}')
+  if num == len(client_ids):
+    return list(client_ids)
+  rng = np.random.default_rng(_round_seed(seed, round_num))
+  return [client_ids[i] for i in sorted(rng.choice(len(client_ids), size=num, replace=False))]
+
+
+def client_dataset(
+    client_data: tff.simulation.datasets.ClientData, client_id: str, *, local_epochs: int, batch_size: int,
+    seed: int, round_num: int,
+) -> tf.data.Dataset:
+  """The client's data for one round: shuffled (seeded by seed, round and client), repeated, batched."""
+  ds = client_data.create_tf_dataset_for_client(client_id)
+  index = client_data.client_ids.index(client_id)
+  return (ds.shuffle(10_000, seed=_round_seed(seed, round_num, index + 1), reshuffle_each_iteration=True)
+          .repeat(local_epochs).batch(batch_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientInputs:
+  """The round's participants and their datasets: `sample_clients`, then `client_dataset` for each."""
+  train: tff.simulation.datasets.ClientData
+  clients_per_round: int
+  local_epochs: int
+  batch_size: int
+  seed: int
+
+  def __call__(self, round_num: int) -> tuple[list[str], list[tf.data.Dataset]]:
+    participants = sample_clients(self.train.client_ids, self.clients_per_round, self.seed, round_num)
+    return participants, [
+        client_dataset(self.train, c, local_epochs=self.local_epochs, batch_size=self.batch_size, seed=self.seed,
+                       round_num=round_num)
+        for c in participants]
+
+
+def flatten_metrics(metrics, prefix: str = '') -> dict[str, float]:
+  """Nested metrics/measurements -> {'a/b/c': float} for logging; non-scalars are skipped."""
+  out = {}
+  if isinstance(metrics, dict) or hasattr(metrics, 'items'):
+    for k, v in metrics.items():
+      out.update(flatten_metrics(v, f'{prefix}{k}/'))
+    return out
+  try:
+    value = np.asarray(metrics)
+  except Exception:  # pylint: disable=broad-except
+    return out
+  if value.ndim == 0 and value.dtype.kind in 'biuf':
+    out[prefix.rstrip('/')] = float(value)
+  return out
+
+
+def seeded_initial_state(process: tff.learning.templates.LearningProcess,
+                         build_keras: Callable[[], tf.keras.Model], seed: int):
+  """`process.initialize()` with the model weights replaced by a Keras initialisation seeded by `seed`.
+
+  TFF's `initialize` draws the initial weights inside the worker, unseeded; replacing them makes runs with the
+  same seed start from the same model (and every aggregator in a comparison from the same model).
+  """
+  state = process.initialize()
+  tf.keras.utils.set_random_seed(seed)  # Seeds Keras' initializers (and Python's and NumPy's global RNGs).
+  keras_model = build_keras()
+  weights = tff.learning.models.ModelWeights(
+      trainable=[v.numpy() for v in keras_model.trainable_weights],
+      non_trainable=[v.numpy() for v in keras_model.non_trainable_weights])
+  return process.set_model_weights(state, weights)
+
+
+@dataclasses.dataclass
+class Round:
+  """A finished round, as the callbacks see it (`row` is theirs to extend, in callback order)."""
+  number: int
+  participants: list[str]
+  datasets: list[tf.data.Dataset]
+  state: Any  # The state after the round.
+  row: dict[str, float]
+
+
+# Called before the method's round with (round_num, state, participants, datasets); returns extra row entries.
+BeforeRound = Callable[[int, Any, list, list], dict[str, float]]
+AfterRound = Callable[[Round], None]
+
+
+class RoundLoop:
+  """A method's rounds from `state`: `step()` runs the next one, `run(last_round)` up to `last_round`."""
+
+  def __init__(self, method: methods_lib.Method, state: Any,
+               inputs: Callable[[int], tuple[list[str], list[tf.data.Dataset]]], *, round_num: int = 0,
+               before_round: Optional[BeforeRound] = None, after_round: Sequence[AfterRound] = ()):
+    self.method = method
+    self.state = state
+    self.inputs = inputs
+    self.round_num = round_num  # The last finished round.
+    self._before_round = before_round
+    self._after_round = tuple(after_round)
+
+  def step(self) -> Round:
+    round_num = self.round_num + 1
+    participants, datasets = self.inputs(round_num)
+    extra = self._before_round(round_num, self.state, participants, datasets) if self._before_round else {}
+    self.state, metrics = self.method.run_round(self.state, participants, datasets, round_num)
+    self.round_num = round_num
+    row = flatten_metrics(metrics)
+    row.update(extra)
+    done = Round(round_num, participants, datasets, self.state, row)
+    for callback in self._after_round:
+      callback(done)
+    return done
+
+  def run(self, last_round: int) -> Any:
+    """Runs the rounds after `round_num` up to `last_round`; returns the state."""
+    while self.round_num < last_round:
+      self.step()
+    return self.state
+
+
+def evaluate_every(every: int, last_round: int, evaluate: Callable[[Round], dict[str, float]]) -> AfterRound:
+  """A callback adding `evaluate(round)` to the row of every `every`-th round and of `last_round`."""
+
+  def callback(done: Round) -> None:
+    if done.number % every == 0 or done.number == last_round:
+      done.row.update(evaluate(done))
+
+  return callback

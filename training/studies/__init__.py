@@ -1,0 +1,1 @@
+"""The studies: GMA (`training.studies.gma`), RFA (`training.studies.rfa`), membership inference."""
