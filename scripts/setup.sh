@@ -7,7 +7,7 @@
 #   --gpu    also install the CUDA libraries TensorFlow 2.14.1 loads at run time: the nvidia-*-cu11 wheels at the
 #            exact pins of its `and-cuda` extra (not its tensorrt pin: TF-TRT is optional and that sdist fetches
 #            from outside the registry). TensorFlow finds them in site-packages by its RPATH. Only the driver
-#            process uses them (--client_execution=local): TFF's worker_binary has no GPU support (README "GPU").
+#            process uses them (--client_execution=local): TFF's worker_binary has no GPU support (docs/runtime.md "GPU and client execution modes").
 # TFF_GMA_SETUP_DRY_RUN=1 prints the commands that would change the venv instead of running them.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

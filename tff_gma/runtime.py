@@ -234,7 +234,7 @@ def _allow_unconfined(worker: 'WorkerProcess', setting: str) -> None:
   _logger.warning(
       'TFF worker NOT confined (%s). It listens on all interfaces of its port without authentication: any host '
       'that can reach this machine, and any local process, can run TensorFlow graphs in it as uid %d. '
-      'Set %s=require to refuse to run instead (README: "TFF worker process").',
+      'Set %s=require to refuse to run instead (docs/runtime.md: "The TFF worker process").',
       reason, os.geteuid(), confinement.ENV_VAR)
 
 
@@ -706,7 +706,7 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
   (`check_single_aggregation_stage` says so before training). The workers are not owned here: start them with
   `start_local_workers` on this host (their `target`s are private Unix sockets, 'unix:/path'), or
   `python -m tff_gma.worker --port=P` on other hosts: those are reachable (and unauthenticated) by design,
-  see its start-up message and the README for how to restrict them.
+  see its start-up message and docs/runtime.md for how to restrict them.
 
   Each worker must answer within `connect_timeout_s`; otherwise a RuntimeError names its address (a refused
   connection fails at once).

@@ -19,6 +19,7 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from training import config as config_lib
 from training.bench import cli as bench
+from training.bench import sections
 from training.bench import timing
 from training.engine import client_execution
 from training.engine import registry
@@ -182,12 +183,12 @@ def _settings(*argv):
 
 
 def test_flags_pick_a_preset_and_override_it():
-  assert _settings() == bench.Settings()
-  assert _settings('--quick').round_repetitions == bench.QUICK.round_repetitions
+  assert _settings() == sections.Settings()
+  assert _settings('--quick').round_repetitions == sections.QUICK.round_repetitions
   smoke = _settings('--smoke', '--aggregation_sizes=10,20', '--seed=3')
-  assert smoke.aggregation_sizes == (10, 20) and smoke.seed == 3 and smoke.model == bench.SMOKE.model
+  assert smoke.aggregation_sizes == (10, 20) and smoke.seed == 3 and smoke.model == sections.SMOKE.model
   assert _settings('--aggregators=gma,rfa+num_passes=5,gma').aggregators == ('mean', 'gma', 'rfa+num_passes=5')
-  assert _settings('--profile=stock_fedavg,mean').sections == bench.SECTIONS
+  assert _settings('--profile=stock_fedavg,mean').sections == sections.SECTIONS
 
 
 @pytest.mark.parametrize('argv, flag', [
@@ -212,27 +213,27 @@ def test_invalid_flags_are_refused_naming_the_flag(argv, flag):
 
 def test_every_registered_aggregator_is_a_default_candidate_built_by_the_registries():
   # No table of its own: the defaults start with every aggregator the methods know, and each builds.
-  assert bench.AGGREGATORS[:len(registry.AGGREGATORS)] == tuple(registry.AGGREGATORS)
-  for entry in bench.AGGREGATORS + bench.Settings().scaling_aggregators:
-    candidate = bench.parse_candidate(entry)
+  assert sections.AGGREGATORS[:len(registry.AGGREGATORS)] == tuple(registry.AGGREGATORS)
+  for entry in sections.AGGREGATORS + sections.Settings().scaling_aggregators:
+    candidate = sections.parse_candidate(entry)
     assert (candidate.algorithm, candidate.aggregator) == registry.resolve(entry.split('+')[0])
-    kind, factory = bench.probe_factory(candidate, bench.PROBE_VALUE_BOUND)
+    kind, factory = sections.probe_factory(candidate, sections.PROBE_VALUE_BOUND)
     assert kind == ('update_and_sensitivity' if candidate.aggregator == 'elastic' else 'vector')
     assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
-  assert isinstance(bench.probe_factory(bench.parse_candidate('rfa'), 1.0)[1], type(registry.build('rfa')))
+  assert isinstance(sections.probe_factory(sections.parse_candidate('rfa'), 1.0)[1], type(registry.build('rfa')))
 
 
 def test_entries_carry_aggregator_and_method_settings():
-  secure = bench.parse_candidate('gma_binary+secure+tau=0.3')
+  secure = sections.parse_candidate('gma_binary+secure+tau=0.3')
   assert (secure.algorithm, secure.aggregator) == ('fedavg', 'gma_binary')
   assert secure.aggregator_params == config_lib.AggregatorParams(tau=0.3, secure=True)
   assert secure.params(2.0).secure_bound == 2.0  # The section's bound where the entry sets none...
-  assert bench.parse_candidate('gma+secure+secure_bound=0.5').params(2.0).secure_bound == 0.5  # ...else its own.
-  assert bench.parse_candidate('rfa').params(2.0).secure_bound is None
-  elastic = bench.parse_candidate('elastic+elastic_tau=0.7')
+  assert sections.parse_candidate('gma+secure+secure_bound=0.5').params(2.0).secure_bound == 0.5  # ...else its own.
+  assert sections.parse_candidate('rfa').params(2.0).secure_bound is None
+  elastic = sections.parse_candidate('elastic+elastic_tau=0.7')
   assert elastic.method_params == config_lib.MethodParams(elastic_tau=0.7)
-  assert bench.parse_candidate('fedavg/rfa+rfa_init=zero').aggregator_params.rfa_init == 'zero'
-  assert bench.probe_factory(bench.parse_candidate('scaffold'), 1.0) is None  # Composed: rounds only.
+  assert sections.parse_candidate('fedavg/rfa+rfa_init=zero').aggregator_params.rfa_init == 'zero'
+  assert sections.probe_factory(sections.parse_candidate('scaffold'), 1.0) is None  # Composed: rounds only.
 
 
 def test_targets_are_checked_against_issue_limits():
@@ -294,7 +295,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   assert all(positive_finite(r) for r in result['round_time_ratio'].values())
   assert all(positive_finite(r) for r in result['round_cpu_ratio'].values())
   assert positive_finite(result['pipeline_throughput_ratio']) and positive_finite(result['iterator_loop_speedup'])
-  assert set(result['details']['rounds']['timings']) == {'mean', 'gma', *bench.PIPELINE}
+  assert set(result['details']['rounds']['timings']) == {'mean', 'gma', *sections.PIPELINE}
   assert list(result['aggregation_time_ratio']) == ['1000x3']
   assert all(positive_finite(r) for r in result['aggregation_time_ratio']['1000x3'].values())
   assert set(result['details']['aggregation']['timings']['1000x3']) == {'mean', 'gma', 'generation_vector'}
@@ -310,9 +311,9 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
 
 
 def test_client_execution_section_times_both_modes_and_says_where_they_trained(simulation_context):
-  settings = dataclasses.replace(bench.SMOKE, sections=('client_execution',),
+  settings = dataclasses.replace(sections.SMOKE, sections=('client_execution',),
                                  client_execution_models=('logistic', 'resnet18_gn'))
-  section = bench.bench_client_execution(settings, [simulation_context.pid])
+  section = sections.bench_client_execution(settings, [simulation_context.pid])
   assert list(section['client_execution_time_ratio']) == ['logistic', 'resnet18_gn']
   assert all(math.isfinite(r) and r > 0 for r in section['client_execution_time_ratio'].values())
   resnet = section['models']['resnet18_gn']

@@ -223,7 +223,7 @@ def test_rfa_weight_audit_is_logged_per_round(tmp_path):
 def test_membership_inference_option_writes_the_attack(tmp_path):
   config = dataclasses.replace(_TOY, rounds=1, membership_inference=True, output_dir=str(tmp_path / 'run'))
   summary = experiment.run(config, show_progress=False).summary
-  attack = json.loads((tmp_path / 'run' / 'membership_attack.json').read_text())
+  attack = json.loads((tmp_path / 'run' / 'membership.json').read_text())
   assert 0.0 <= attack['attack_accuracy'] <= 1.0
   assert summary['membership_attack_accuracy'] == pytest.approx(attack['attack_accuracy'])
   saved = json.loads((tmp_path / 'run' / 'summary.json').read_text())

@@ -8,7 +8,7 @@
 client data to the server, not that an allowed aggregate reveals little about one client.
 
 The empirical checks that retrain clients (RFA's effective weights, membership inference) belong to the
-experiment harness (`training.rfa_weights`, `training.membership`), not to this static audit.
+experiment harness (`training.engine.rfa_weights`, `training.engine.membership_attack`), not to this static audit.
 """
 
 from tff_gma.audit.static import AUDIT_SCOPE

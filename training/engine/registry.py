@@ -175,7 +175,9 @@ def _model_aggregator(name, description, build, *, private=True, multi_worker=Tr
 
 
 _AGGREGATORS = (
-    _model_aggregator('mean', 'weighted mean (plain FedAvg aggregation)', _mean, roles=(DEMO, RFA_STUDY)),
+    # TFF's MeanFactory sums the weighted values with a plain federated_sum (private only with secure=True).
+    _model_aggregator('mean', 'weighted mean (plain FedAvg aggregation)', _mean, private=False,
+                      roles=(DEMO, RFA_STUDY)),
     _model_aggregator('gma', 'gradient masked averaging, soft mask (tau)', _gma('soft'), roles=(DEMO, RFA_STUDY)),
     _model_aggregator('gma_binary', 'gradient masked averaging, binary AND-mask (tau)', _gma('binary'),
                       roles=(DEMO,)),

@@ -276,7 +276,8 @@ def build_setup(config: config_lib.ExperimentConfig) -> Setup:
                                                  config.seed)
   method = methods.build(
       model_fn, config.algorithm, config.aggregator, algorithm_config=config.algorithm_config(),
-      aggregator_params=config.aggregator_params(), num_clients=config.num_clients,
+      aggregator_params=config.aggregator_params(), method_params=config.method_params(),
+      num_clients=config.num_clients,
       metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None,
       update_corruption=update_corruption, held_out=held_out,
       cache_key=(config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id),
@@ -549,7 +550,7 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
         setup.evaluator.logits(weights_now, np.concatenate(xs)), np.concatenate(ys),
         setup.evaluator.logits(weights_now, setup.data.test_x), setup.data.test_y, seed=config.seed)
     summary['membership_attack_accuracy'] = float(attack['attack_accuracy'])
-    with open(os.path.join(config.output_dir, 'membership_attack.json'), 'w') as f:
+    with open(os.path.join(config.output_dir, 'membership.json'), 'w') as f:
       json.dump(attack, f, indent=2, default=float)
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f, indent=2)

@@ -41,6 +41,7 @@ import numpy as np
 
 from tff_gma import runtime
 from training import config as config_lib
+from training.engine import registry
 from training.runner import experiment
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,7 +49,7 @@ BASE_CONFIGS = {
     'logistic': os.path.join(_ROOT, 'configs', 'rfa_digits_linear.flags'),
     'cnn': os.path.join(_ROOT, 'configs', 'rfa_digits_cnn.flags'),
 }
-AGGREGATORS = ('mean', 'rfa', 'rfa_one_step', 'gma', 'median', 'trimmed_mean', 'krum', 'clip_mean', 'zeroing_mean')
+AGGREGATORS = registry.method_names(registry.RFA_STUDY)  # The registry's RFA_STUDY records, in its order.
 CORRUPTIONS = ('data_negate', 'data_flip_labels', 'gaussian', 'omniscient')
 
 FLAGS = flags.FLAGS

@@ -104,7 +104,7 @@ def test_study_script_runs_end_to_end(tmp_path):
   out = tmp_path / 'rfa'
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
   study = lambda *extra: subprocess.run(
-      ['bash', os.path.join(_ROOT, 'scripts', 'rfa_study.sh'), '--seeds=0', '--rounds=1', '--local_epochs=1',
+      ['bash', os.path.join(_ROOT, 'scripts', 'reproduce_rfa.sh'), '--seeds=0', '--rounds=1', '--local_epochs=1',
        '--models=logistic', '--corruptions=omniscient', '--fractions=0,0.4', '--aggregators=mean,rfa',
        f'--output_dir={out}', *extra],
       cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)

@@ -117,7 +117,7 @@ def test_tiny_study_end_to_end_in_two_shards(tmp_path):
   args = ['--settings=label10,feature10', '--methods=fedavg/mean,fedadam/gma', '--rounds=2', '--client_lrs=0.05',
           '--taus=0.2', '--seeds=0,1', f'--output_dir={out}']
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  script = os.path.join(_ROOT, 'scripts', 'gma_study.sh')
+  script = os.path.join(_ROOT, 'scripts', 'reproduce_gma.sh')
   shards = [subprocess.Popen(['bash', script, *args, f'--shard={i}/2'], cwd=_ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for i in range(2)]
   for proc in shards:

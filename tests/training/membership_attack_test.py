@@ -134,7 +134,7 @@ def test_script_runs_end_to_end(tmp_path):
   out = tmp_path / 'mia'
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
   proc = subprocess.run(
-      ['bash', os.path.join(_ROOT, 'scripts', 'membership_study.sh'), '--seeds=0', '--rounds=2',
+      ['bash', os.path.join(_ROOT, 'scripts', 'membership_inference.sh'), '--seeds=0', '--rounds=2',
        '--model=logistic', '--num_clients=3', f'--output_dir={out}'],
       cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
   assert proc.returncode == 0, proc.stderr[-3000:]
