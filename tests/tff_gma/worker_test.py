@@ -13,8 +13,8 @@ import pytest
 from tff_gma import aggregators
 from tff_gma import models
 from tff_gma import runtime
-from training import simulation
 from tff_gma.data import loaders
+from tests.tff_gma import fixtures
 
 
 @pytest.fixture(scope='module')
@@ -29,12 +29,10 @@ def two_workers():
 def _one_round(aggregator, set_context):
   data = loaders.load_federated_data('digits', 'iid', 4, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
-  process = simulation.build_learning_process(
-      models.model_fn(build_keras, data.input_spec), simulation.AlgorithmConfig(), aggregator)
+  process = fixtures.fed_avg_family(models.model_fn(build_keras, data.input_spec), 'fedavg', aggregator)
   set_context()
-  state = simulation.seeded_initial_state(process, build_keras, 0)
-  datasets = [simulation.client_dataset(data.train, c, local_epochs=1, batch_size=16, seed=0, round_num=1)
-              for c in data.train.client_ids]
+  state = fixtures.seeded_initial_state(process, build_keras, 0)
+  datasets = fixtures.round_datasets(data.train, 1)
   output = process.next(state, datasets)
   return process.get_model_weights(output.state), output.metrics
 
@@ -58,11 +56,10 @@ def test_multi_stage_aggregator_is_refused_before_running():
   data = loaders.load_federated_data('digits', 'iid', 2, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  rfa = simulation.build_learning_process(model_fn, simulation.AlgorithmConfig(),
-                                          aggregators.GeometricMedianFactory(num_passes=3))
+  rfa = fixtures.fed_avg_family(model_fn, 'fedavg', aggregators.GeometricMedianFactory(num_passes=3))
   with pytest.raises(ValueError, match='3 sequential'):
     runtime.check_single_aggregation_stage(rfa)
-  gma = simulation.build_learning_process(model_fn, simulation.AlgorithmConfig(), aggregators.GradientMaskedFactory())
+  gma = fixtures.fed_avg_family(model_fn, 'fedavg', aggregators.GradientMaskedFactory())
   assert runtime.check_single_aggregation_stage(gma) == 1
 
 

@@ -102,3 +102,11 @@ def test_fedadam_with_gma_is_algorithm_2():
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # The same computation: float noise only.
     np.testing.assert_allclose(c, b, rtol=1e-6, atol=1e-7)
   assert max(np.max(np.abs(a - b)) for a, b in zip(runner, drop_in)) > 1e-3
+
+
+@pytest.mark.parametrize('name', [a.name for a in registry.AGGREGATOR_RECORDS.values()
+                                  if a.kind == registry.MODEL_AGGREGATOR and not a.private
+                                  and a.name in ('median', 'trimmed_mean', 'krum')])
+def test_registry_refuses_secure_for_baselines_that_collect_every_update(name):
+  with pytest.raises(ValueError, match=f'secure: aggregator {name!r} needs every client update'):
+    registry.build(name, config_lib.AggregatorParams(secure=True, secure_bound=1.0))

@@ -20,8 +20,12 @@ default `sum_then_finalize` unless told otherwise).
 
 SCAFFOLD's and personalized RFA's clients keep values between rounds: their processes are
 `LearningProcessWithClientState`s, whose `next_with_client_state` also returns those values (see its docstring).
+
+`DEFAULT_LOOP_IMPLEMENTATION` (TFF's DATASET_ITERATOR) is the training loop of the TFF client works built here and
+in the harness (see `client_lib`).
 """
 
+from tff_gma.learning.client_lib import DEFAULT_LOOP_IMPLEMENTATION
 from tff_gma.learning.client_lib import ClientStateOutput
 from tff_gma.learning.client_lib import LearningProcessWithClientState
 from tff_gma.learning.elastic import build_elastic_fed_avg
@@ -31,6 +35,7 @@ from tff_gma.learning.personalized_rfa import build_personalized_rfa
 from tff_gma.learning.scaffold import build_scaffold
 
 __all__ = [
+    'DEFAULT_LOOP_IMPLEMENTATION',
     'ClientStateOutput',
     'LearningProcessWithClientState',
     'build_elastic_fed_avg',

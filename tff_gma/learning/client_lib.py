@@ -1,7 +1,9 @@
-"""Pieces shared by the composed learning processes: model types, local SGD steps, client weights, checks.
+"""Pieces shared by the composed learning processes: model types, the local pass, client weights, checks.
 
 All client-side functions here are plain TF on a `tff.learning.models.VariableModel` (usable eagerly in tests and
-inside the `tf.function`s of the client works). Conventions follow TFF's `model_delta_client_work`:
+inside the `tf.function`s of the client works). Every composed method trains locally through one function,
+`local_pass` (a loop of `optimizer_step`s, or of the method's own step), so the methods differ only in what they
+do around it. Conventions follow TFF's `model_delta_client_work`:
 
 * the model update is `initial - trained` over the trainable weights (the finalizer's server optimizer applies
   it as a gradient: `theta <- theta - lr * update`);
@@ -14,7 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +25,12 @@ from tensorflow_federated.python.core.impl.types import computation_types  # ten
 
 
 BATCHES = 'batches'  # The key of a client's batches in the client data of a process with client state.
+
+# The training loop of TFF's client works built by the library (`build_gma_fed_avg`) and by the harness (which
+# imports this): TFF's DATASET_ITERATOR (a while loop over the client dataset's iterator) rather than TFF's default
+# DATASET_REDUCE (`Dataset.reduce`). Both train on the same batches in the same order and give identical weights;
+# the iterator loop costs about half the worker CPU per round (measured by the harness benchmark's loop comparison).
+DEFAULT_LOOP_IMPLEMENTATION = tff.learning.LoopImplementation.DATASET_ITERATOR
 
 
 class ClientStateOutput(NamedTuple):
@@ -169,6 +177,23 @@ def optimizer_client_work(
       init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
 
 
+def compose_with_aggregator(
+    types: ModelTypes, client_work: tff.learning.templates.ClientWorkProcess,
+    aggregator_factory: tff.aggregators.WeightedAggregationFactory,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+) -> tff.learning.templates.LearningProcess:
+  """`compose_learning_process` of TFF's broadcast, `client_work`, `aggregator_factory` and TFF's finalizer.
+
+  The aggregator is created for the client work's own result types (its update, e.g. Elastic's and FedGMA's
+  `OrderedDict(update=..., <extra>=...)`, and its weight), so a paired update reaches a factory made for it.
+  """
+  result_type = client_work.next.type_signature.result.result.member
+  aggregator = aggregator_factory.create(result_type.update, result_type.update_weight)
+  return tff.learning.templates.compose_learning_process(
+      types.initial_weights_fn, broadcast_process(types), client_work, aggregator,
+      apply_optimizer_finalizer(server_optimizer, types))
+
+
 def compose_with_client_state(
     types: ModelTypes, client_init_fn: tff.Computation, client_round: tff.Computation,
     model_aggregator: tff.aggregators.WeightedAggregationFactory,
@@ -273,16 +298,65 @@ def initial_optimizer_state(optimizer: tff.learning.optimizers.Optimizer, model_
 
 
 def optimizer_step(optimizer: tff.learning.optimizers.Optimizer, optimizer_state, model: Any,
-                   model_weights: tff.learning.models.ModelWeights, batch):
-  """One local step on `batch` (`training=True`, metrics updated); returns `(optimizer_state, num_examples)`."""
+                   model_weights: tff.learning.models.ModelWeights, batch,
+                   correct_gradients: Optional[Callable[[tuple], tuple]] = None):
+  """One local step on `batch` (`training=True`, metrics updated); returns `(optimizer_state, num_examples)`.
+
+  `correct_gradients` (flat tuple of gradients -> flat tuple) changes the loss gradients before the optimizer
+  sees them (SCAFFOLD's control-variate correction); None leaves them as they are.
+  """
   with tf.GradientTape() as tape:
     output = model.forward_pass(batch, training=True)
   trainable = tf.nest.flatten(model_weights.trainable)
   gradients = gradients_or_zeros(tape.gradient(output.loss, trainable), trainable)
+  if correct_gradients is not None:
+    gradients = correct_gradients(gradients)
   optimizer_state, updated = optimizer.next(optimizer_state, tuple(trainable), gradients)
   for variable, value in zip(trainable, updated):
     variable.assign(value)
   return optimizer_state, output_num_examples(output)
+
+
+class LocalPassResult(NamedTuple):
+  """Result of `local_pass`."""
+  optimizer_state: Any  # After the last step.
+  num_examples: tf.Tensor  # int64: examples trained on (the sum of the steps' counts).
+  num_steps: tf.Tensor  # int64: batches trained on.
+
+
+def local_pass(optimizer: tff.learning.optimizers.Optimizer, optimizer_state, model: Any,
+               model_weights: tff.learning.models.ModelWeights, batches, *,
+               step_fn: Callable[..., tuple[Any, tf.Tensor]] = optimizer_step) -> LocalPassResult:
+  """Local training of every composed method: `step_fn` on each batch of `batches`, in order, once.
+
+  Args:
+    optimizer, optimizer_state: the client optimizer and its state at the start of the pass.
+    model, model_weights: the model being trained (`model_weights` holds its variables).
+    batches: a `tf.data.Dataset`, looped with `Dataset.reduce` (TFF's DATASET_REDUCE), or a `tf.data.Iterator`,
+      looped with a while loop over `get_next_as_optional` from where it stands (TFF's DATASET_ITERATOR: what a
+      caller passes when earlier batches of the same iterator went elsewhere, as Elastic's sensitivity batches).
+    step_fn: `(optimizer, optimizer_state, model, model_weights, batch) -> (optimizer_state, num_examples)`, one
+      local step; default `optimizer_step` (a method with its own step wraps it, e.g. SCAFFOLD's correction).
+
+  Returns:
+    `LocalPassResult(optimizer_state, num_examples, num_steps)`.
+  """
+
+  def step(state, batch):
+    optimizer_state, num_examples, num_steps = state
+    optimizer_state, batch_examples = step_fn(optimizer, optimizer_state, model, model_weights, batch)
+    return optimizer_state, num_examples + batch_examples, num_steps + 1
+
+  initial = (optimizer_state, tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+  if isinstance(batches, tf.data.Dataset):
+    return LocalPassResult(*batches.reduce(initial, step))
+  # Explicit rather than autograph's `for batch in batches`, so that the loop is the same eagerly, under a
+  # tf.function and in a plain graph; the optional is a loop variable, so the loop stops at the first empty one.
+  _, state = tf.while_loop(
+      lambda optional, _: optional.has_value(),
+      lambda optional, state: (batches.get_next_as_optional(), step(state, optional.get_value())),
+      (batches.get_next_as_optional(), initial))
+  return LocalPassResult(*state)
 
 
 def count_batches(data: tf.data.Dataset) -> tf.Tensor:
@@ -303,6 +377,22 @@ def finish_client_update(initial_trainable, model_weights, num_examples: tf.Tens
   (update, extra), non_finite = zero_all_if_any_non_finite((update, extra))
   weight = tf.where(non_finite > 0, tf.constant(0.0), tf.cast(num_examples, tf.float32))
   return update, weight, extra, non_finite
+
+
+def paired_client_output(model: Any, initial_trainable, model_weights: tff.learning.models.ModelWeights,
+                         num_examples: tf.Tensor, extra_key: str, extra: tuple):
+  """`(ClientResult(OrderedDict(update=Delta, <extra_key>=extra), weight), unfinalized metrics)`.
+
+  The output of a client work whose update travels with a second value per trainable variable (Elastic's
+  sensitivity, FedGMA's gradient): `finish_client_update` (a non-finite client sends zeros for both, with weight 0,
+  and its metrics are reset), then the pair as lists.
+  """
+  update, weight, extra, non_finite = finish_client_update(initial_trainable, model_weights, num_examples,
+                                                           extra=extra)
+  reset_metrics_if(model, non_finite)
+  value = collections.OrderedDict([('update', list(update)), (extra_key, list(extra))])
+  return (tff.learning.templates.ClientResult(update=value, update_weight=weight),
+          model.report_local_unfinalized_metrics())
 
 
 def zero_all_if_any_non_finite(structure):

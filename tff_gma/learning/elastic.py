@@ -27,7 +27,6 @@ for SGD, as the paper).
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 from typing import Optional
 
@@ -93,18 +92,11 @@ def build_elastic_client_update(
     for _ in tf.range(num_sensitivity_batches):
       gradient = output_norm_gradient(model, trainable, iterator.get_next())
       omega = accumulate_sensitivity(omega, gradient, mu)
+    # The shared local pass, handed the iterator where the sensitivity loop left it: D_k = the remaining batches.
     optimizer_state = client_lib.initial_optimizer_state(optimizer, model_weights, optimizer_hparams)
-    num_examples = tf.constant(0, tf.int64)
-    for batch in iterator:  # Autograph: a while loop over get_next_as_optional().
-      optimizer_state, batch_examples = client_lib.optimizer_step(
-          optimizer, optimizer_state, model, model_weights, batch)
-      num_examples += batch_examples
-    update, weight, omega, non_finite = client_lib.finish_client_update(
-        initial_weights.trainable, model_weights, num_examples, extra=omega)
-    client_lib.reset_metrics_if(model, non_finite)
-    value = collections.OrderedDict(update=list(update), sensitivity=list(omega))
-    return (tff.learning.templates.ClientResult(update=value, update_weight=weight),
-            model.report_local_unfinalized_metrics())
+    num_examples = client_lib.local_pass(optimizer, optimizer_state, model, model_weights, iterator).num_examples
+    return client_lib.paired_client_output(
+        model, initial_weights.trainable, model_weights, num_examples, 'sensitivity', omega)
 
   return client_update
 
@@ -152,7 +144,7 @@ def build_elastic_fed_avg(
   Composed from TFF's broadcast distributor, `build_elastic_client_work`, `ElasticFactory` and TFF's
   apply-optimizer finalizer; `initialize`, `next(state, client_datasets)`, `get_model_weights`,
   `set_model_weights`, `get_hparams`, `set_hparams` behave as for `tff.learning.algorithms.build_weighted_fed_avg`
-  and the client datasets are the same (batched, e.g. `training.simulation.client_dataset` in the harness).
+  and the client datasets are the same (batched, e.g. `training.runner.round_loop.client_dataset` in the harness).
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
@@ -179,12 +171,4 @@ def build_elastic_fed_avg(
       model_fn, client_optimizer_fn, mu=mu, sensitivity_fraction=sensitivity_fraction,
       metrics_aggregator=metrics_aggregator)
   types = client_lib.model_types(model_fn, metrics_aggregator)
-  result_type = client_work.next.type_signature.result.result.member
-  aggregator = aggregator_factory.create(result_type.update, result_type.update_weight)
-  return tff.learning.templates.compose_learning_process(
-      types.initial_weights_fn,
-      client_lib.broadcast_process(types),
-      client_work,
-      aggregator,
-      client_lib.apply_optimizer_finalizer(server_optimizer_fn, types),
-  )
+  return client_lib.compose_with_aggregator(types, client_work, aggregator_factory, server_optimizer_fn)

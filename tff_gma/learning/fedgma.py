@@ -19,7 +19,6 @@ The AND-mask's threshold p (`mask_threshold`) is explained in `tff_gma.aggregato
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 from typing import Optional
 
@@ -70,22 +69,10 @@ def build_fedgma_client_update(model_fn: Callable[[], tff.learning.models.Variab
     gradient_data = data if gradient_batches is None else data.take(gradient_batches)
     gradient = mean_loss_gradient(model, trainable, gradient_data)
     model.reset_metrics()  # The metrics report the training pass only.
-
-    def reduce_fn(state, batch):
-      num_examples, optimizer_state = state
-      optimizer_state, batch_examples = client_lib.optimizer_step(
-          optimizer, optimizer_state, model, model_weights, batch)
-      return num_examples + batch_examples, optimizer_state
-
-    initial_state = (tf.constant(0, tf.int64),
-                     client_lib.initial_optimizer_state(optimizer, model_weights, optimizer_hparams))
-    num_examples, _ = data.reduce(initial_state, reduce_fn)
-    update, weight, gradient, non_finite = client_lib.finish_client_update(
-        initial_weights.trainable, model_weights, num_examples, extra=gradient)
-    client_lib.reset_metrics_if(model, non_finite)
-    value = collections.OrderedDict(update=list(update), gradient=list(gradient))
-    return (tff.learning.templates.ClientResult(update=value, update_weight=weight),
-            model.report_local_unfinalized_metrics())
+    optimizer_state = client_lib.initial_optimizer_state(optimizer, model_weights, optimizer_hparams)
+    num_examples = client_lib.local_pass(optimizer, optimizer_state, model, model_weights, data).num_examples
+    return client_lib.paired_client_output(
+        model, initial_weights.trainable, model_weights, num_examples, 'gradient', gradient)
 
   return client_update
 
@@ -151,12 +138,4 @@ def build_fedgma(
   client_work = build_fedgma_client_work(
       model_fn, client_optimizer_fn, gradient_batches=gradient_batches, metrics_aggregator=metrics_aggregator)
   types = client_lib.model_types(model_fn, metrics_aggregator)
-  result_type = client_work.next.type_signature.result.result.member
-  aggregator = aggregator_factory.create(result_type.update, result_type.update_weight)
-  return tff.learning.templates.compose_learning_process(
-      types.initial_weights_fn,
-      client_lib.broadcast_process(types),
-      client_work,
-      aggregator,
-      client_lib.apply_optimizer_finalizer(server_optimizer_fn, types),
-  )
+  return client_lib.compose_with_aggregator(types, client_work, aggregator_factory, server_optimizer_fn)

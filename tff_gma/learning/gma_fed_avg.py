@@ -157,7 +157,7 @@ def build_gma_fed_avg(
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
     metrics_aggregator=None,
-    loop_implementation: tff.learning.LoopImplementation = tff.learning.LoopImplementation.DATASET_REDUCE,
+    loop_implementation: tff.learning.LoopImplementation = client_lib.DEFAULT_LOOP_IMPLEMENTATION,
 ) -> tff.learning.templates.LearningProcess:
   """GMA with any server optimizer (Algorithm 2; module docstring), as `build_weighted_fed_avg` builds FedAvg.
 
@@ -181,7 +181,9 @@ def build_gma_fed_avg(
       secure sums only). Not a `GradientMaskedFactory`: the mask is this builder's.
     client_weighting: a `tff.learning.ClientWeighting` (default: number of examples).
     metrics_aggregator: as in TFF's builders (default `tff.learning.metrics.sum_then_finalize`).
-    loop_implementation: the client work's training loop, a `tff.learning.LoopImplementation`.
+    loop_implementation: the client work's training loop, a `tff.learning.LoopImplementation`; default
+      `client_lib.DEFAULT_LOOP_IMPLEMENTATION`, DATASET_ITERATOR (the harness's loop too), not TFF's DATASET_REDUCE:
+      the same batches in the same order and identical weights, at about half the client CPU per round.
 
   Raises:
     ValueError: for an invalid argument (the message names it).

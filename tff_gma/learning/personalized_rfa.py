@@ -22,7 +22,7 @@ values, so v_k comes in with the client's data -- `OrderedDict(batches=<dataset 
 at most one element: v_k as a tuple of arrays>)`, empty meaning v_k = 0 -- and goes out through
 `next_with_client_state` (`client_lib.LearningProcessWithClientState`), which runs the same round as `next` and
 also returns every client's v_k' at CLIENTS. A simulation keeps them by client id between rounds and evaluates
-the personalized models on held-out examples (the harness's `training.client_state`). The plain `next` drops the
+the personalized models on held-out examples (the harness's `training.engine.client_state`). The plain `next` drops the
 new v_k: it trains w only, with every v_k frozen.
 """
 
@@ -62,15 +62,9 @@ def build_personalized_client_update(model_fn: Callable[[], tff.learning.models.
     for variable, w, v in zip(trainable, shared, personal):
       variable.assign(w + v)
 
-    def local_pass():
-      def reduce_fn(state, batch):
-        optimizer_state, num_examples = state
-        optimizer_state, batch_examples = client_lib.optimizer_step(
-            optimizer, optimizer_state, model, model_weights, batch)
-        return optimizer_state, num_examples + batch_examples
-
-      initial = (client_lib.initial_optimizer_state(optimizer, model_weights), tf.constant(0, tf.int64))
-      return batches.reduce(initial, reduce_fn)[1]
+    def local_pass():  # One pass over the round's batches from a fresh optimizer state; its example count.
+      optimizer_state = client_lib.initial_optimizer_state(optimizer, model_weights)
+      return client_lib.local_pass(optimizer, optimizer_state, model, model_weights, batches).num_examples
 
     # Phase 1: the personal parameters on the residual of the shared ones (w fixed).
     local_pass()

@@ -22,7 +22,7 @@ Where the state lives.
     control_variate=<dataset of at most one element: c_i as a tuple of arrays>)`, an empty dataset meaning
     c_i = 0 -- and goes out through `next_with_client_state` (`client_lib.LearningProcessWithClientState`),
     which runs the same round as `next` (same components) and also returns every client's c_i+ at CLIENTS. A
-    simulation keeps them by client id between rounds (the harness's `training.client_state`). The plain `next`
+    simulation keeps them by client id between rounds (the harness's `training.engine.client_state`). The plain `next`
     (the `LearningProcess` interface) drops the clients' new control variates: a driver that calls it keeps every
     c_i at its old value, which is not SCAFFOLD beyond the first round; use `next_with_client_state` to train.
 """
@@ -30,6 +30,7 @@ Where the state lives.
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable
 from typing import Optional
 
@@ -73,28 +74,24 @@ def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.Vari
   """A `tf.function` (initial_weights, batches, client_control_data, server_control) ->
   (ClientResult, dc_i, c_i+, unfinalized metrics, participation indicator)."""
   model = model_fn()
+  # The corrected step y <- y - eta_l * (g_i(y) + (c - c_i)) is plain SGD on a corrected gradient: the shared local
+  # pass with TFF's SGD and the correction as `optimizer_step`'s hook.
+  optimizer = tff.learning.optimizers.build_sgdm(client_lr)
 
   @tf.function
   def client_update(initial_weights, batches, client_control_data, server_control):
     model_weights = tff.learning.models.ModelWeights.from_model(model)
     client_lib.assign_weights(model_weights, initial_weights)
-    trainable = tf.nest.flatten(model_weights.trainable)
     server_control = tuple(tf.nest.flatten(server_control))
     zeros = client_lib.zeros_like_trainable(model_weights)
     # The client's stored c_i: the dataset's (last) element, zeros when it is empty (a new client).
     client_control = client_control_data.reduce(zeros, lambda _, c: tuple(tf.nest.flatten(c)))
     correction = tuple(c - ci for c, ci in zip(server_control, client_control))
-
-    def reduce_fn(state, batch):
-      num_steps, num_examples = state
-      with tf.GradientTape() as tape:
-        output = model.forward_pass(batch, training=True)
-      gradients = client_lib.gradients_or_zeros(tape.gradient(output.loss, trainable), trainable)
-      for variable, gradient, corr in zip(trainable, gradients, correction):
-        variable.assign_sub(client_lr * (gradient + corr))
-      return num_steps + 1, num_examples + client_lib.output_num_examples(output)
-
-    num_steps, num_examples = batches.reduce((tf.constant(0, tf.int64), tf.constant(0, tf.int64)), reduce_fn)
+    step_fn = functools.partial(client_lib.optimizer_step, correct_gradients=lambda gradients: tuple(
+        g + corr for g, corr in zip(gradients, correction)))
+    _, num_examples, num_steps = client_lib.local_pass(
+        optimizer, client_lib.initial_optimizer_state(optimizer, model_weights), model, model_weights, batches,
+        step_fn=step_fn)
     update, weight, _, non_finite = client_lib.finish_client_update(
         initial_weights.trainable, model_weights, num_examples)
     client_lib.reset_metrics_if(model, non_finite)

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning.templates import proximal_client_work  # FedProx's client work.
 
+from tff_gma import learning
 from tff_gma.learning import gma_fed_avg
 from training import config as config_lib
 
@@ -58,9 +59,9 @@ def build_server_processes(
 
 
 # The client training loop of every FedAvg-family client work, in the worker and in the driver
-# (`training.engine.client_execution`): TFF's default DATASET_REDUCE loop costs about twice the worker CPU per round of
-# DATASET_ITERATOR, for identical weights (measured by the benchmark's loop comparison).
-LOOP_IMPLEMENTATION = tff.learning.LoopImplementation.DATASET_ITERATOR
+# (`training.engine.client_execution`): the library's default (DATASET_ITERATOR; TFF's DATASET_REDUCE costs about
+# twice the worker CPU per round for identical weights, measured by the benchmark's loop comparison).
+LOOP_IMPLEMENTATION = learning.DEFAULT_LOOP_IMPLEMENTATION
 CLIENT_WEIGHTING = tff.learning.ClientWeighting.NUM_EXAMPLES
 
 

@@ -1,6 +1,7 @@
 """Non-private robust baselines (coordinate-wise median, trimmed mean, multi-Krum) against NumPy references."""
 
 import collections
+import math
 
 import numpy as np
 import pytest
@@ -9,7 +10,6 @@ import tensorflow_federated as tff
 from tff_gma import audit
 from tff_gma.aggregators import robust_baselines
 from tests.tff_gma.aggregators import aggregator_test_utils as utils
-from training import registry
 
 _VALUE_TYPE = tff.to_type(collections.OrderedDict(
     kernel=tff.TensorType(np.float32, [3, 2]), bias=tff.TensorType(np.float32, [4])))
@@ -138,21 +138,28 @@ def test_audit_flags_them_as_not_private(factory):
   assert {v.intrinsic for v in report.violations} == {'federated_aggregate'}
 
 
-@pytest.mark.parametrize('name', registry.NON_PRIVATE)
-def test_registry_refuses_secure_for_non_private_baselines(name):
-  with pytest.raises(ValueError, match='secure'):
-    registry.build(name, registry.AggregatorParams(secure=True, secure_bound=1.0))
-  assert isinstance(registry.build(name, registry.AggregatorParams(corrupt_fraction=0.25)),
-                    tff.aggregators.WeightedAggregationFactory)
+# TFF's adaptive norm bounds in front of TFF's weighted mean, as the harness's `clip_mean` and `zeroing_mean`:
+# clipping at an estimate of the median update norm, zeroing above an estimate of its 0.98 quantile.
+_TFF_NORM_FACTORIES = {
+    'clip_mean': lambda: tff.aggregators.clipping_factory(
+        tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
+            initial_estimate=1.0, target_quantile=0.5, learning_rate=0.2),
+        tff.aggregators.MeanFactory()),
+    'zeroing_mean': lambda: tff.aggregators.zeroing_factory(
+        tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
+            initial_estimate=10.0, target_quantile=0.98, learning_rate=math.log(10.0), multiplier=2.0,
+            increment=1.0),
+        tff.aggregators.MeanFactory()),
+}
 
 
-@pytest.mark.parametrize('name', ['clip_mean', 'zeroing_mean'])
+@pytest.mark.parametrize('name', list(_TFF_NORM_FACTORIES))
 def test_tff_norm_factories_bound_an_outlier(name):
   # Adaptive bounds start at 1 (clipping) and 10 * 2 + 1 (zeroing): a norm-1000 outlier cannot move the mean far.
   rng = np.random.default_rng(4)
   points = np.concatenate([rng.normal(0, 0.05, size=(5, 10)), np.full((1, 10), 1000 / np.sqrt(10))]).astype(
       np.float32)
-  result, _ = _run(registry.build(name), points, np.ones(6))
+  result, _ = _run(_TFF_NORM_FACTORIES[name](), points, np.ones(6))
   assert np.linalg.norm(result) < 1.0 < np.linalg.norm(points.mean(axis=0))
 
 

@@ -17,9 +17,8 @@ from tensorflow_federated.python.core.impl.compiler import building_blocks
 
 from tff_gma import aggregators
 from tff_gma import models
-from training import evaluation
-from training import simulation
 from tff_gma.data import digits
+from tests.tff_gma import fixtures
 
 NUM_CLIENTS = 4
 ROUNDS = 3
@@ -118,16 +117,15 @@ def _setup():
   train = digits.federated_train_data('iid', num_clients=NUM_CLIENTS, seed=0)
   split = digits.load_split()
   build_keras = models.keras_builder('logistic', digits.IMAGE_SHAPE, digits.NUM_CLASSES)
-  evaluator = evaluation.CentralEvaluator(build_keras, split.x_test, split.y_test)
-  sample = simulation.client_dataset(train, train.client_ids[0], local_epochs=1, batch_size=BATCH_SIZE, seed=0,
-                                     round_num=0)
+  evaluator = fixtures.central_evaluator(build_keras, split.x_test, split.y_test)
+  sample = fixtures.client_dataset(train, train.client_ids[0], local_epochs=1, batch_size=BATCH_SIZE, seed=0,
+                                   round_num=0)
   model_fn = models.model_fn(build_keras, sample.element_spec)
   return train, evaluator, model_fn
 
 
 def _round_data(train, round_num, nan_client=False):
-  datasets = [simulation.client_dataset(train, cid, local_epochs=1, batch_size=BATCH_SIZE, seed=0,
-                                        round_num=round_num) for cid in train.client_ids]
+  datasets = fixtures.round_datasets(train, round_num, batch_size=BATCH_SIZE)
   if nan_client:
     datasets[0] = datasets[0].map(lambda b: collections.OrderedDict(x=b['x'] * np.float32(np.nan), y=b['y']))
   return datasets
@@ -162,8 +160,8 @@ def _build(algorithm, factory_name):
       # Secure mode end to end: client weights are example counts (about 90 here), below weight_bound=1e4.
       'gma_secure': functools.partial(aggregators.GradientMaskedFactory, secure=True, value_bound=1.0),
   }[factory_name]()
-  config = simulation.AlgorithmConfig(name=algorithm, server_lr=0.05 if algorithm in ('fedadam', 'fedyogi') else 1.0)
-  return simulation.build_learning_process(model_fn, config, model_aggregator=factory)
+  return fixtures.fed_avg_family(model_fn, algorithm, factory,
+                                 server_lr=0.05 if algorithm in ('fedadam', 'fedyogi') else 1.0)
 
 
 # Every algorithm with one of the factories, each factory with weighted FedAvg and with two more algorithms,

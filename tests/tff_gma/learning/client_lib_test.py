@@ -2,6 +2,8 @@
 helpers against NumPy, the model types of a tiny Keras model, and one round of each composed process."""
 
 import collections
+import functools
+import inspect
 
 import numpy as np
 import pytest
@@ -211,6 +213,157 @@ def test_optimizer_step_is_one_sgd_step():
     np.testing.assert_allclose(weights.trainable[0].numpy(), kernel, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(weights.trainable[1].numpy(), bias, rtol=1e-5, atol=1e-6)
   assert int(model.report_local_unfinalized_metrics()['num_examples'][0]) == 12  # Metrics updated.
+
+
+# ------------------------------------------------------------------------------------------------- the local pass
+
+
+def _numpy_sgd(kernel, bias, batches, lr, correction=None):
+  """Plain SGD, one step per batch, on the tiny model from (kernel, bias); `correction` is added to each gradient."""
+  for batch in batches:
+    g_kernel, g_bias = _numpy_gradient(kernel, bias, batch)
+    if correction is not None:
+      g_kernel, g_bias = g_kernel + correction[0], g_bias + correction[1]
+    kernel, bias = kernel - lr * g_kernel, bias - lr * g_bias
+  return kernel, bias
+
+
+def _ids_dataset(sizes):
+  """Batches of the given sizes whose every x is the batch's index (1, 2, ...), y zero."""
+  batches = [tf.data.Dataset.from_tensors(collections.OrderedDict(
+      x=np.full((n, 3), i + 1, F32), y=np.zeros(n, np.int32))) for i, n in enumerate(sizes)]
+  data = batches[0]
+  for batch in batches[1:]:
+    data = data.concatenate(batch)
+  return data
+
+
+def _recording_step(seen):
+  """A step_fn that records each batch's index (eagerly into `seen`; in a graph into its state) and counts."""
+
+  def step_fn(optimizer, optimizer_state, model, model_weights, batch):
+    del optimizer, model, model_weights
+    index = tf.cast(batch['x'][0, 0], tf.int64)
+    if tf.executing_eagerly():
+      seen.append(int(index))
+    return optimizer_state * 10 + index, tf.shape(batch['x'], out_type=tf.int64)[0]
+
+  return step_fn
+
+
+@pytest.mark.parametrize('kind', ['dataset', 'iterator'])
+@pytest.mark.parametrize('in_function', [False, True])
+def test_local_pass_visits_the_batches_in_order_and_counts(kind, in_function):
+  sizes = (3, 1, 4, 2)
+  seen = []
+
+  def run(data):
+    batches = data if kind == 'dataset' else iter(data)
+    return client_lib.local_pass(None, tf.constant(0, tf.int64), None, None, batches,
+                                 step_fn=_recording_step(seen))
+
+  result = (tf.function(run) if in_function else run)(_ids_dataset(sizes))
+  assert isinstance(result, client_lib.LocalPassResult)
+  assert int(result.optimizer_state) == 1234  # Each step saw the state of the one before: batches 1, 2, 3, 4.
+  assert result.num_examples.dtype == tf.int64 and int(result.num_examples) == sum(sizes)
+  assert result.num_steps.dtype == tf.int64 and int(result.num_steps) == len(sizes)
+  if kind == 'iterator' and not in_function:  # Run eagerly, step by step (a reduce traces its step once).
+    assert seen == [1, 2, 3, 4]
+
+
+def test_local_pass_on_an_iterator_continues_where_it_stands():
+  """Elastic's use: batches taken from the iterator before the pass are not trained on; the pass takes the rest."""
+  iterator = iter(_ids_dataset((2, 2, 3, 1, 2)))
+  taken = [int(iterator.get_next()['x'][0, 0]) for _ in range(2)]
+  seen = []
+  result = client_lib.local_pass(None, tf.constant(0, tf.int64), None, None, iterator, step_fn=_recording_step(seen))
+  assert taken == [1, 2] and seen == [3, 4, 5]
+  assert (int(result.optimizer_state), int(result.num_examples), int(result.num_steps)) == (345, 6, 3)
+  empty = client_lib.local_pass(None, tf.constant(7, tf.int64), None, None, iterator, step_fn=_recording_step(seen))
+  assert (int(empty.optimizer_state), int(empty.num_examples), int(empty.num_steps)) == (7, 0, 0)  # Exhausted.
+
+
+@pytest.mark.parametrize('kind', ['dataset', 'iterator'])
+def test_local_pass_is_local_sgd_against_numpy(kind):
+  """The default step (`optimizer_step`) over three batches is three SGD steps, inside a tf.function too."""
+  batches = [_batch(4, 1), _batch(4, 2), _batch(3, 3)]
+  model = tiny_model_fn()
+  weights = tff.learning.models.ModelWeights.from_model(model)
+  kernel, bias = (v.numpy().astype(np.float64) for v in weights.trainable)
+  sgd = tff.learning.optimizers.build_sgdm(0.3)
+
+  @tf.function
+  def run(data):
+    state = client_lib.initial_optimizer_state(sgd, weights)
+    return client_lib.local_pass(sgd, state, model, weights, data if kind == 'dataset' else iter(data))
+
+  result = run(_dataset(batches[:2]).concatenate(_dataset(batches[2:])))
+  want_kernel, want_bias = _numpy_sgd(kernel, bias, batches, 0.3)
+  np.testing.assert_allclose(weights.trainable[0].numpy(), want_kernel, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(weights.trainable[1].numpy(), want_bias, rtol=1e-5, atol=1e-6)
+  assert (int(result.num_examples), int(result.num_steps)) == (11, 3)
+  assert float(result.optimizer_state['learning_rate']) == pytest.approx(0.3)
+  assert int(model.report_local_unfinalized_metrics()['num_examples'][0]) == 11  # The steps' metrics.
+
+
+def test_optimizer_step_applies_the_gradient_correction():
+  """SCAFFOLD's hook: the optimizer sees gradient + correction (NumPy: SGD on the corrected gradient)."""
+  batches = [_batch(5, 4), _batch(5, 5)]
+  model = tiny_model_fn()
+  weights = tff.learning.models.ModelWeights.from_model(model)
+  kernel, bias = (v.numpy().astype(np.float64) for v in weights.trainable)
+  correction = (np.full((3, 2), 0.25, F32), np.array([-0.5, 1.0], F32))
+  sgd = tff.learning.optimizers.build_sgdm(0.2)
+  step_fn = functools.partial(client_lib.optimizer_step, correct_gradients=lambda gradients: tuple(
+      g + c for g, c in zip(gradients, correction)))
+  result = client_lib.local_pass(sgd, client_lib.initial_optimizer_state(sgd, weights), model, weights,
+                                 _dataset(batches), step_fn=step_fn)
+  want_kernel, want_bias = _numpy_sgd(kernel, bias, batches, 0.2, correction)
+  np.testing.assert_allclose(weights.trainable[0].numpy(), want_kernel, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(weights.trainable[1].numpy(), want_bias, rtol=1e-5, atol=1e-6)
+  assert (int(result.num_examples), int(result.num_steps)) == (10, 2)
+
+
+def test_every_composed_method_trains_through_local_pass(monkeypatch):
+  """Elastic, FedGMA and SCAFFOLD make one local pass a round, personalized RFA two (one per phase)."""
+  from tff_gma.learning import elastic, fedgma, personalized_rfa, scaffold  # pylint: disable=g-import-not-at-top
+  calls = []
+  real = client_lib.local_pass
+
+  def counting(*args, **kwargs):
+    calls.append('dataset' if isinstance(args[4], tf.data.Dataset) else 'iterator')
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(client_lib, 'local_pass', counting)
+  sgd = tff.learning.optimizers.build_sgdm(0.1)
+  weights = tff.learning.models.ModelWeights.from_model(tiny_model_fn())
+  data = _dataset([_batch(2, 1), _batch(2, 2), _batch(2, 3)])
+  zeros = tuple(np.zeros(s, F32) for s in SHAPES)
+  runs = {
+      'elastic': lambda: elastic.build_elastic_client_update(tiny_model_fn, 0.9, 0.3)(sgd, None, weights, data),
+      'fedgma': lambda: fedgma.build_fedgma_client_update(tiny_model_fn, None)(sgd, None, weights, data),
+      'personalized_rfa': lambda: personalized_rfa.build_personalized_client_update(tiny_model_fn, sgd)(
+          weights, data, tf.data.Dataset.from_tensors(zeros)),
+      'scaffold': lambda: scaffold.build_scaffold_client_update(
+          tiny_model_fn, 0.1, tff.learning.ClientWeighting.NUM_EXAMPLES)(
+              weights, data, tf.data.Dataset.from_tensors(zeros), zeros),
+  }
+  # Elastic hands over the iterator its sensitivity batches came from; the others their round's dataset.
+  expected = {'elastic': ['iterator'], 'fedgma': ['dataset'], 'personalized_rfa': ['dataset'] * 2,
+              'scaffold': ['dataset']}
+  for name, run in runs.items():
+    calls.clear()
+    run()
+    assert calls == expected[name], name
+
+
+def test_default_loop_implementation_is_the_iterator_and_gma_fed_avgs_default():
+  from tff_gma import learning  # pylint: disable=g-import-not-at-top
+  from tff_gma.learning import gma_fed_avg  # pylint: disable=g-import-not-at-top
+  assert client_lib.DEFAULT_LOOP_IMPLEMENTATION is tff.learning.LoopImplementation.DATASET_ITERATOR
+  assert learning.DEFAULT_LOOP_IMPLEMENTATION is client_lib.DEFAULT_LOOP_IMPLEMENTATION
+  default = inspect.signature(gma_fed_avg.build_gma_fed_avg).parameters['loop_implementation'].default
+  assert default is client_lib.DEFAULT_LOOP_IMPLEMENTATION
 
 
 # ------------------------------------------------------------------------------------------------------ TFF types

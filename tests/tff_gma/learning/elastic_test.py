@@ -8,12 +8,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import audit
-from tff_gma import models
-from training import evaluation
-from training import simulation
-from tff_gma.data import loaders
 from tff_gma.learning import build_elastic_fed_avg
 from tff_gma.learning import elastic
+from tests.tff_gma import fixtures
 
 INPUT_SPEC = collections.OrderedDict(x=tf.TensorSpec([None, 3], tf.float32), y=tf.TensorSpec([None], tf.int32))
 
@@ -103,9 +100,7 @@ def test_client_update_splits_sensitivity_and_training_batches():
 
 @pytest.fixture(scope='module')
 def digits_setup():
-  data = loaders.load_federated_data('digits', 'iid', 4, 0)
-  build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
-  return data, build_keras, models.model_fn(build_keras, data.input_spec)
+  return fixtures.digits_logistic(4)
 
 
 def test_elastic_fed_avg_learns_on_digits(digits_setup):
@@ -118,13 +113,11 @@ def test_elastic_fed_avg_learns_on_digits(digits_setup):
   report = audit.audit_computation(process.next)
   assert report.ok, report.to_markdown()
 
-  evaluate = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  evaluate = fixtures.central_evaluator(build_keras, data.test_x, data.test_y)
   state = process.initialize()
   initial_accuracy = evaluate(process.get_model_weights(state))['accuracy']
   for round_num in range(3):
-    datasets = [simulation.client_dataset(data.train, cid, local_epochs=1, batch_size=16, seed=0,
-                                          round_num=round_num) for cid in data.train.client_ids]
-    output = process.next(state, datasets)
+    output = process.next(state, fixtures.round_datasets(data.train, round_num))
     state = output.state
     aggregator = output.metrics['aggregator']
     assert 0.5 - 1e-6 <= aggregator['zeta_min'] <= aggregator['zeta_mean'] <= aggregator['zeta_max'] <= 1.5 + 1e-6

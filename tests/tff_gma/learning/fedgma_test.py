@@ -7,12 +7,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_gma import models
-from training import evaluation
-from training import simulation
-from tff_gma.data import loaders
 from tff_gma.learning import build_fedgma
 from tff_gma.learning import fedgma
+from tests.tff_gma import fixtures
 
 F32 = np.float32
 
@@ -35,9 +32,7 @@ def test_mean_loss_gradient_matches_direct_gradient():
 
 @pytest.fixture(scope='module')
 def digits_setup():
-  data = loaders.load_federated_data('digits', 'iid', 4, 0)
-  build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
-  return data, build_keras, models.model_fn(build_keras, data.input_spec)
+  return fixtures.digits_logistic(4)
 
 
 def test_fedgma_learns_and_reduces_to_fedavg(digits_setup):
@@ -45,12 +40,10 @@ def test_fedgma_learns_and_reduces_to_fedavg(digits_setup):
   process = build_fedgma(model_fn, tff.learning.optimizers.build_sgdm(0.1), server_step_size=0.5,
                          mask_threshold=0.8)
   assert isinstance(process, tff.learning.templates.LearningProcess)
-  evaluate = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  evaluate = fixtures.central_evaluator(build_keras, data.test_x, data.test_y)
   state = process.initialize()
   for round_num in range(3):
-    datasets = [simulation.client_dataset(data.train, cid, local_epochs=1, batch_size=16, seed=0,
-                                          round_num=round_num) for cid in data.train.client_ids]
-    output = process.next(state, datasets)
+    output = process.next(state, fixtures.round_datasets(data.train, round_num))
     state = output.state
     gradient_metrics = output.metrics['aggregator']['gradient']
     assert 0 <= gradient_metrics['masked_fraction'] <= 1

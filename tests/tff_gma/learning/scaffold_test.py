@@ -1,22 +1,17 @@
 """SCAFFOLD: the client's corrected steps and control variates against a direct reference, and rounds on digits."""
 
 import collections
-import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_gma import models
-from training import evaluation
-from training import simulation
 from tff_gma.aggregators import GeometricMedianFactory
 from tff_gma.aggregators import GradientMaskedFactory
-from tff_gma.data import loaders
 from tff_gma.learning import build_scaffold
 from tff_gma.learning import scaffold
-from training.client_state import ClientStateStore
+from tests.tff_gma import fixtures
 
 F32 = np.float32
 INPUT_SPEC = collections.OrderedDict(x=tf.TensorSpec([None, 3], tf.float32), y=tf.TensorSpec([None], tf.int32))
@@ -102,26 +97,19 @@ def test_server_control_update():
 
 @pytest.fixture(scope='module')
 def digits_setup():
-  data = loaders.load_federated_data('digits', 'iid', 4, 0)
-  build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
-  return data, build_keras, models.model_fn(build_keras, data.input_spec)
+  return fixtures.digits_logistic(4)
 
 
-def round_datasets(data, round_num):
-  return [simulation.client_dataset(data.train, cid, local_epochs=1, batch_size=16, seed=0, round_num=round_num)
-          for cid in data.train.client_ids]
-
-
-def test_scaffold_learns_and_keeps_client_controls(digits_setup, tmp_path):
+def test_scaffold_learns_and_keeps_client_controls(digits_setup):
   data, build_keras, model_fn = digits_setup
   process = build_scaffold(model_fn, client_lr=0.1, server_lr=1.0)
   assert isinstance(process, tff.learning.templates.LearningProcess)
-  store = ClientStateStore.for_process(process)
-  evaluate = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  store = fixtures.ClientStateHolder(process)  # Checks each returned c_i+ against `process.client_state_type`.
+  evaluate = fixtures.central_evaluator(build_keras, data.test_x, data.test_y)
   client_ids = list(data.train.client_ids)
   state = process.initialize()
   for round_num in range(3):
-    state, metrics = store.run_round(process, state, client_ids, round_datasets(data, round_num))
+    state, metrics = store.run_round(process, state, client_ids, fixtures.round_datasets(data.train, round_num))
     assert metrics['client_work']['participating_clients'] == 4
     assert metrics['client_work']['server_control_norm'] > 0
   assert evaluate(process.get_model_weights(state))['accuracy'] > 0.6
@@ -131,18 +119,8 @@ def test_scaffold_learns_and_keeps_client_controls(digits_setup, tmp_path):
     np.testing.assert_allclose(c, np.mean([store.get(cid)[j] for cid in client_ids], axis=0), atol=1e-6)
   assert len(store) == 4 and all(np.any(store.get(cid)[0]) for cid in client_ids)
 
-  # The client controls survive a save/load next to the server state.
-  path = os.path.join(tmp_path, 'controls.npz')
-  store.save(path)
-  loaded = ClientStateStore.for_process(process)
-  loaded.load_from(path)
-  for cid in client_ids:
-    for a, b in zip(store.get(cid), loaded.get(cid)):
-      np.testing.assert_array_equal(a, b)
-  assert not np.any(loaded.get('never seen')[0])
-
   # The plain LearningProcess `next` runs the same round (the clients' new controls are not returned).
-  datasets = [store.client_data(cid, ds) for cid, ds in zip(client_ids, round_datasets(data, 3))]
+  datasets = [store.client_data(cid, ds) for cid, ds in zip(client_ids, fixtures.round_datasets(data.train, 3))]
   plain = process.next(state, datasets)
   with_controls = process.next_with_client_state(state, datasets)
   assert len(with_controls.client_state) == 4
@@ -156,15 +134,15 @@ def test_scaffold_with_project_aggregators(digits_setup, aggregator):
   data, build_keras, model_fn = digits_setup
   factory = GradientMaskedFactory(tau=0.4) if aggregator == 'gma' else GeometricMedianFactory(num_passes=3)
   process = build_scaffold(model_fn, client_lr=0.1, server_lr=1.0, model_aggregator=factory, num_clients=4)
-  store = ClientStateStore.for_process(process)
+  store = fixtures.ClientStateHolder(process)
   state = process.initialize()
   client_ids = list(data.train.client_ids)
   for round_num in range(2):
-    state, metrics = store.run_round(process, state, client_ids, round_datasets(data, round_num))
+    state, metrics = store.run_round(process, state, client_ids, fixtures.round_datasets(data.train, round_num))
     if aggregator == 'gma':
       assert 0 <= metrics['aggregator']['masked_fraction'] <= 1
       assert metrics['aggregator']['participating_clients'] == 4
-  evaluate = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
+  evaluate = fixtures.central_evaluator(build_keras, data.test_x, data.test_y)
   assert evaluate(process.get_model_weights(state))['accuracy'] > 0.4
 
 
@@ -178,6 +156,3 @@ def test_invalid_arguments(digits_setup):
     build_scaffold(model_fn, client_lr=0.1, num_clients=0)
   with pytest.raises(ValueError, match='model_aggregator'):
     build_scaffold(model_fn, client_lr=0.1, model_aggregator='mean')
-  store = ClientStateStore([(2,)], [np.float32])
-  with pytest.raises(ValueError, match='shapes'):
-    store.set('a', [np.zeros(3, F32)])
