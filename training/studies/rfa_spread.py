@@ -1,0 +1,258 @@
+"""Why RFA holds or breaks under the omniscient attack: the honest updates' spread against their mean, per round.
+
+    python -m training.studies.rfa_spread --local_epochs=1 --trajectory=rfa --output=outputs/rfa_spread/e1_rfa
+
+Trains one trajectory exactly as the runner (`training.run`) does, with its flags' values fixed to the RFA-limit
+setting (digits, CNN, IID, 20 of 20 clients, FedAvg: client SGD lr 0.05 momentum 0.9, batch 16, server SGD lr 1;
+seed, rounds and local epochs from the flags):
+
+* `--trajectory=rfa`: RFA (3 passes, zero start, smoothing nu = 1e-6) under the omniscient attack with
+  rho = 0.4 (8 of 20 clients), i.e. the run of `training.run --aggregator=rfa --rfa_init=zero
+  --corruption=omniscient --corrupt_fraction=0.4` (same seeds, same rounds: its test accuracy per round must
+  equal the runner's metrics.csv). The round's honest updates are those the simulated attacker computes (the
+  harness's `honest_client_results` is wrapped to keep them, so the clients train once per round, as in the run).
+* `--trajectory=honest`: the uncorrupted mean run (`--aggregator=mean --corruption=none`); every client's update
+  is computed once more (`fedavg_family.build_client_results`) for the measurements, and the 8 clients that the
+  corrupted run would corrupt are asked "what if they attacked now" (the attack vector computed on this round's
+  updates, the geometric median of the 12 honest + 8 attack points).
+
+Per round (all vectors are whole flattened updates, float64; a_i the clients' example counts):
+
+* m: the weighted mean of the 12 honest clients' updates (the honest mean); m_all: the mean of all 20 clients'
+  honest updates (what the attack negates); z: the attack point, which all 8 corrupted clients send
+  (`corruption.omniscient_attack`: the weighted mean of the 20 sent points is -m_all).
+* spread: mean_i ||u_i - m|| over the honest clients (and its max), as a ratio to ||m||; mean cos(u_i, m).
+* RFA as run: smoothed Weiszfeld (nu = 1e-6) from the zero update, passes 1..3 (pass 1 is one-step RFA);
+  the converged smoothed geometric median of the 20 sent points (Weiszfeld from zero until the step is below
+  1e-9 ||m|| or 20000 iterations); the geometric median of the 12 honest points only. Each: cos with m, norm
+  ratio to ||m||.
+* z_opt: ||sum_{i honest} a_i (u_i - z) / ||u_i - z|| || / (sum of the corrupted weights). <= 1 is the exact
+  optimality condition for the geometric median to be z itself (8 coincident points): the attacker owns it.
+* guarantee: C(rho) * max_i ||u_i - m|| / ||m||, C(rho) = (1 - rho) / sqrt(1 - 2 rho) (Minsker 2015, Lemma
+  2.1, Hilbert space): the geometric median lies within C * r of m whenever at most rho of the (weighted) points
+  are farther than r from m. >= 1: the guaranteed ball contains 0 and points with a negative cosine with m.
+* rho<r>_*: the same quantities for a hypothetical attack by round(r * 20) clients on the same round's updates
+  (`--extra_rhos`, default 0.1 and 0.25; the trajectory stays the rho = 0.4 run's or the honest one).
+* check: the aggregate the library computed this round (the model delta, server lr 1) against the NumPy pass 3
+  (rfa) or the NumPy mean (honest): relative difference.
+
+Writes <output>.csv (one row per round) and <output>.json (rows + settings + seconds). NumPy on top of the harness; about 1 minute for E = 1 and 2 to 3 minutes for E = 5 (30 rounds) on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+import csv  # pylint: disable=g-import-not-at-top
+import json
+import math
+import time
+
+import numpy as np
+
+from absl import app
+from absl import flags
+
+from tff_gma import runtime
+from training import config as config_lib
+from training.engine import corruption as corruption_lib
+from training.engine import fedavg_family
+from training.runner import experiment
+from training.runner import round_loop
+
+_LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', 1, 'Client epochs per round.')
+_TRAJECTORY = flags.DEFINE_enum('trajectory', 'rfa', ['rfa', 'honest'], 'RFA under the omniscient attack, or the '
+                                'uncorrupted mean run.')
+_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds.')
+_SEED = flags.DEFINE_integer('seed', 1, 'Seed (partition, initial model, data order, corrupted clients).')
+_EXTRA_RHOS = flags.DEFINE_list('extra_rhos', ['0.1', '0.25'],
+                                'Also measure, on the same updates, an attack by round(rho * 20) clients (the '
+                                'seed\'s corrupted_clients for that rho): columns rho<rho>_*.')
+_OUTPUT = flags.DEFINE_string('output', 'outputs/rfa_spread/measure', 'Path prefix: writes <output>.csv and '
+                              '<output>.json.')
+
+NU = 1e-6  # The library's default smoothing (geometric_median.DEFAULT_SMOOTHING; the runner's --smoothing).
+RHO = 0.4
+
+
+def flat(arrays) -> np.ndarray:
+  return np.concatenate([np.asarray(a, np.float64).ravel() for a in arrays])
+
+
+def weiszfeld(points: np.ndarray, weights: np.ndarray, start: np.ndarray, passes: int, nu: float = NU,
+              tol: float = 0.0) -> tuple[list[np.ndarray], int]:
+  """Smoothed Weiszfeld: v_{k+1} = sum b_i w_i / sum b_i, b_i = a_i / max(nu, ||v_k - w_i||). Iterates v_1..v_K.
+
+  With tol > 0 stops once ||v_{k+1} - v_k|| <= tol (returns only the last iterate then)."""
+  v = start
+  out = []
+  for k in range(passes):
+    d = np.linalg.norm(points - v, axis=1)
+    b = weights / np.maximum(nu, d)
+    nxt = b @ points / b.sum()
+    step = np.linalg.norm(nxt - v)
+    v = nxt
+    if tol > 0:
+      if step <= tol:
+        return [v], k + 1
+    else:
+      out.append(v)
+  return (out if tol <= 0 else [v]), passes
+
+
+def objective(points, weights, v) -> float:
+  return float(weights @ np.linalg.norm(points - v, axis=1) / weights.sum())
+
+
+def cos(a, b) -> float:
+  na, nb = np.linalg.norm(a), np.linalg.norm(b)
+  return float(a @ b / (na * nb)) if na > 0 and nb > 0 else float('nan')
+
+
+def measure(updates: np.ndarray, weights: np.ndarray, corrupted: np.ndarray, rho: float = RHO):
+  """(row, NumPy pass-3 estimate, m_all) for one round (updates: the 20 clients' honest updates, [20, d])."""
+  honest = ~corrupted
+  uh, ah = updates[honest], weights[honest]
+  m = ah @ uh / ah.sum()
+  nm = float(np.linalg.norm(m))
+  attack = corruption_lib.omniscient_attack([[u] for u in updates], weights, corrupted)
+  z = flat(attack.attack).astype(np.float32).astype(np.float64)  # As sent: the harness casts it to float32.
+  m_all = flat(attack.honest_mean)
+  sent = np.where(corrupted[:, None], z[None, :], updates)
+  dist = np.linalg.norm(uh - m, axis=1)
+  row = {
+      'mean_norm': nm,
+      'mean_all_norm': float(np.linalg.norm(m_all)),
+      'honest_norm_mean': float(np.mean(np.linalg.norm(uh, axis=1))),
+      'spread_mean': float(np.mean(dist)),
+      'spread_max': float(np.max(dist)),
+      'spread_ratio': float(np.mean(dist)) / nm,
+      'spread_max_ratio': float(np.max(dist)) / nm,
+      'honest_cos_mean': float(np.mean([cos(u, m) for u in uh])),
+      'attack_norm_ratio': float(np.linalg.norm(z)) / nm,
+      'attack_cos': cos(z, m),
+  }
+  c_rho = (1 - rho) / math.sqrt(1 - 2 * rho)
+  row['guarantee_radius_ratio'] = c_rho * row['spread_max_ratio']
+  # Model of the measured regime: honest points m + e_i with ||e_i|| = s, e_i mutually orthogonal (high
+  # dimension), attack far along -m. Then the GM is t m/||m|| with t = ||m|| - s rho / sqrt(1 - 2 rho): the
+  # honest unit pulls balance the attackers' when (1 - rho) cos = rho. Predicted signed GM length / ||m||:
+  row['gm_pred_along'] = 1 - rho / math.sqrt(1 - 2 * rho) * row['spread_ratio']
+  # Exact optimality at z: the honest points' unit pulls against the corrupted weight.
+  pulls = (uh - z) / np.linalg.norm(uh - z, axis=1)[:, None]
+  row['z_opt'] = float(np.linalg.norm(ah @ pulls) / weights[corrupted].sum())
+  # RFA as run: 3 passes from zero (pass 1 = one-step RFA); also 3 passes from the mean (the paper's start).
+  iterates, _ = weiszfeld(sent, weights, np.zeros_like(m), 3)
+  for k, v in enumerate(iterates, 1):
+    row[f'pass{k}_cos'] = cos(v, m)
+    row[f'pass{k}_ratio'] = float(np.linalg.norm(v)) / nm
+  mean_sent = weights @ sent / weights.sum()
+  row['meanstart3_cos'] = cos(weiszfeld(sent, weights, mean_sent, 2)[0][-1], m)
+  # The converged (smoothed) geometric medians.
+  gm, iters = weiszfeld(sent, weights, np.zeros_like(m), 20000, tol=1e-9 * nm)
+  gm = gm[0]
+  gmh, _ = weiszfeld(uh, ah, np.zeros_like(m), 20000, tol=1e-9 * nm)
+  gmh = gmh[0]
+  row.update({
+      'gm_cos': cos(gm, m), 'gm_ratio': float(np.linalg.norm(gm)) / nm, 'gm_along': float(gm @ m) / nm**2,
+      'gm_dist_to_z': float(np.linalg.norm(gm - z) / np.linalg.norm(z)),
+      'gm_dist_to_m_over_spread_max': float(np.linalg.norm(gm - m)) / float(np.max(dist)),
+      'gm_iters': iters,
+      'gm_objective_gap': objective(sent, weights, iterates[-1]) / objective(sent, weights, gm) - 1,
+      'gm_honest_cos': cos(gmh, m), 'gm_honest_ratio': float(np.linalg.norm(gmh)) / nm,
+  })
+  return row, iterates[-1], m_all
+
+
+def build_config(trajectory: str) -> config_lib.ExperimentConfig:
+  common = dict(dataset='digits', model='cnn', partition='iid', num_clients=20, clients_per_round=20,
+                local_epochs=_LOCAL_EPOCHS.value, rounds=_ROUNDS.value, seed=_SEED.value, algorithm='fedavg',
+                eval_every=1, output_dir='/tmp/unused')
+  if trajectory == 'rfa':
+    return config_lib.ExperimentConfig(aggregator='rfa', num_passes=3, rfa_init='zero', smoothing=NU,
+                                      corruption='omniscient', corrupt_fraction=RHO, **common)
+  return config_lib.ExperimentConfig(aggregator='mean', corruption='none', **common)
+
+
+def main(argv):
+  del argv
+  started = time.monotonic()
+  runtime.set_simulation_context()
+  trajectory, seed = _TRAJECTORY.value, _SEED.value
+  config = build_config(trajectory)
+  experiment.validate(config)
+  setup = experiment.build_setup(config)
+  process = setup.process
+  client_ids = list(setup.data.train.client_ids)
+  corrupted_ids = set(corruption_lib.corrupted_clients(client_ids, RHO, seed))
+  captured = {}
+  if trajectory == 'rfa':
+    inner = process.honest_client_results
+
+    def keep(model_weights, data):  # The attacker's view of the round, kept for the measurements.
+      captured['results'] = inner(model_weights, data)
+      return captured['results']
+
+    process.honest_client_results = keep
+    assert corrupted_ids == set(setup.corrupted), (corrupted_ids, setup.corrupted)
+  else:
+    client_results = fedavg_family.build_client_results(
+        fedavg_family.build_client_work(setup.model_fn, config.algorithm_config()))
+  rows = []
+
+  def before_round(round_num, state, participants, datasets):
+    del round_num, participants
+    captured['before'] = flat(process.get_model_weights(state).trainable)
+    if trajectory == 'honest':
+      captured['results'] = client_results(process.get_model_weights(state), datasets)
+    return {}
+
+  def measure_round(done: round_loop.Round) -> None:
+    after = flat(process.get_model_weights(done.state).trainable)
+    results = captured.pop('results')
+    updates = np.stack([flat(r.update) for r in results])
+    weights = np.array([float(r.update_weight) for r in results])
+    corrupted = np.array([c in corrupted_ids for c in done.participants])
+    row, pass3, m_all = measure(updates, weights, corrupted)
+    for extra in [float(x) for x in _EXTRA_RHOS.value if x]:
+      ids = set(corruption_lib.corrupted_clients(client_ids, extra, seed))
+      other, _, _ = measure(updates, weights, np.array([c in ids for c in done.participants]), extra)
+      row.update({f'rho{extra:g}_{k}': v for k, v in other.items()})
+    applied = captured.pop('before') - after  # Server SGD with lr 1: the aggregate itself.
+    expected = pass3 if trajectory == 'rfa' else m_all
+    row['check_rel_diff'] = float(np.linalg.norm(applied - expected) / np.linalg.norm(expected))
+    row['applied_cos'] = cos(applied, updates[~corrupted].T @ weights[~corrupted])
+    evaluation = setup.evaluator(process.get_model_weights(done.state))
+    row = {'round': done.number, 'test_accuracy': evaluation['accuracy'], 'test_loss': evaluation['loss'], **row}
+    rows.append(row)
+    print(f"round {row['round']:2d} acc {row['test_accuracy']:.3f} |m| {row['mean_norm']:.3g} "
+          f"spread/|m| {row['spread_ratio']:.2f} cos_h {row['honest_cos_mean']:.2f} "
+          f"pass1/2/3 cos {row['pass1_cos']:+.2f}/{row['pass2_cos']:+.2f}/{row['pass3_cos']:+.2f} "
+          f"|v3|/|m| {row['pass3_ratio']:.2f} GM cos {row['gm_cos']:+.2f} along {row['gm_along']:+.2f} "
+          f"(pred {row['gm_pred_along']:+.2f}) |GM-z|/|z| {row['gm_dist_to_z']:.2g} z_opt {row['z_opt']:.2f} "
+          f"check {row['check_rel_diff']:.1e}", flush=True)
+
+  state = round_loop.seeded_initial_state(process, setup.build_keras, config.seed)
+  inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs,
+                                   config.batch_size, config.seed)
+  round_loop.RoundLoop(setup.method, state, inputs, before_round=before_round,
+                       after_round=(measure_round,)).run(config.rounds)
+  seconds = time.monotonic() - started
+  output = _OUTPUT.value
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  with open(output + '.csv', 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  settings = {'local_epochs': config.local_epochs, 'trajectory': trajectory, 'rounds': config.rounds, 'seed': seed,
+              'extra_rhos': list(_EXTRA_RHOS.value), 'output': output}
+  with open(output + '.json', 'w') as f:
+    json.dump({'settings': settings, 'nu': NU, 'rho': RHO, 'corrupted_clients': sorted(corrupted_ids),
+               'seconds': seconds, 'rows': rows}, f, indent=1)
+  print(f'wrote {output}.csv/.json in {seconds:.0f} s')
+
+
+if __name__ == '__main__':
+  app.run(main)
