@@ -136,24 +136,15 @@ def build_components(
                     aggregator, finalizer)
 
 
-def build_learning_process(
-    model_fn: Callable[[], tff.learning.models.VariableModel],
-    config: config_lib.AlgorithmConfig,
-    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
-    metrics_aggregator=None,
-    client_work: Optional[tff.learning.templates.ClientWorkProcess] = None,
-    *,
-    mask_on_step: bool = False,
-) -> tff.learning.templates.LearningProcess:
+def build_learning_process(*args, **kwargs) -> tff.learning.templates.LearningProcess:
   """FedAvg/FedProx/FedAdam/FedYogi with `model_aggregator` in place of the weighted mean.
 
   Composed from TFF's templates as `build_weighted_fed_avg` composes it (broadcast, `build_client_work`, the
-  aggregator with example-count weights, the server optimizer's finalizer): `build_components(...).compose()`;
-  `client_work` replaces the client work (e.g. the corrupted one, which wraps `build_client_work`'s);
+  aggregator with example-count weights, the server optimizer's finalizer): `build_components(...).compose()`,
+  with `build_components`' arguments; `client_work` replaces the client work (e.g. the corrupted one, which wraps `build_client_work`'s);
   `mask_on_step=True` with a `GradientMaskedFactory`: GMA's Algorithm 2 (`build_server_processes`).
   """
-  return build_components(model_fn, config, model_aggregator, metrics_aggregator, client_work,
-                          mask_on_step=mask_on_step).compose()
+  return build_components(*args, **kwargs).compose()
 
 
 def build_client_results(client_work: tff.learning.templates.ClientWorkProcess) -> tff.Computation:
