@@ -8,6 +8,9 @@
 #            exact pins of its `and-cuda` extra (not its tensorrt pin: TF-TRT is optional and that sdist fetches
 #            from outside the registry). TensorFlow finds them in site-packages by its RPATH. Only the driver
 #            process uses them (--client_execution=local): TFF's worker_binary has no GPU support (docs/runtime.md "GPU and client execution modes").
+#   --data=fashion_mnist  also install Fashion-MNIST's original IDX files, Debian's package dataset-fashion-mnist
+#            (into /usr/share/datasets/fashion-mnist/, where `--dataset=fashion_mnist` reads them): as root with
+#            apt-get; otherwise it prints the command to run as root and exits 1.
 # TFF_GMA_SETUP_DRY_RUN=1 prints the commands that would change the venv instead of running them.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,11 +19,14 @@ venv="${TFF_GMA_SETUP_VENV:-$root/.venv}"  # Another venv directory: for the tes
 stamp="$venv/.tff_gma_setup_stamp"
 force=0
 gpu=0
+data=
 for arg in "$@"; do
   case "$arg" in
     --force) force=1 ;;
     --gpu) gpu=1 ;;
-    *) echo "setup.sh: unknown argument '$arg' (usage: scripts/setup.sh [--force] [--gpu])" >&2; exit 2 ;;
+    --data=fashion_mnist) data=fashion_mnist ;;
+    --data=*) echo "setup.sh: unknown data set '${arg#--data=}' (--data=fashion_mnist is the one installed from Debian)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown argument '$arg' (usage: scripts/setup.sh [--force] [--gpu] [--data=fashion_mnist])" >&2; exit 2 ;;
   esac
 done
 # TensorFlow 2.14.1's `and-cuda` extra (its METADATA Requires-Dist), tensorrt left out (see above).
@@ -36,6 +42,24 @@ files_hash="$(cat requirements.txt setup.py scripts/setup.sh | sha256sum | cut -
 want="$files_hash"
 [[ $gpu == 1 ]] && want="$files_hash gpu"
 have="$(cat "$stamp" 2>/dev/null || true)"
+
+# Fashion-MNIST from Debian (before the venv's up-to-date check, which may end the script).
+if [[ "$data" == fashion_mnist ]]; then
+  fmnist_dir=/usr/share/datasets/fashion-mnist
+  if [[ -f "$fmnist_dir/train-images-idx3-ubyte.gz" && -f "$fmnist_dir/t10k-labels-idx1-ubyte.gz" ]]; then
+    :  # Installed.
+  elif [[ "$(id -u)" != 0 ]]; then
+    echo "setup.sh: Fashion-MNIST is not installed; as root, run: apt-get update && apt-get install -y dataset-fashion-mnist" >&2
+    exit 1
+  else
+    echo "setup.sh: installing Debian's dataset-fashion-mnist into $fmnist_dir" >&2
+    if [[ "$dry_run" == 1 ]]; then
+      echo "setup.sh: would run: apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist"
+    else
+      apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null
+    fi
+  fi
+fi
 
 # Up to date: the same files, and the GPU libraries if asked for (a GPU install also serves a plain run).
 if [[ $force == 0 && ( "$have" == "$want" || "$have" == "$files_hash gpu" ) ]] \

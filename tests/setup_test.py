@@ -142,3 +142,17 @@ def test_setup_stamp_records_the_gpu_install(tmp_path):
 def test_setup_refuses_an_unknown_argument(tmp_path):
   process, output = _setup(tmp_path, '--gpus')
   assert process.returncode == 2 and "unknown argument '--gpus'" in output and not _would_run(output)
+
+
+def test_setup_data_installs_fashion_mnist_from_debian_or_says_how(tmp_path):
+  process, output = _setup(tmp_path, '--data=cifar10', stamp=_files_hash())
+  assert process.returncode == 2 and "unknown data set 'cifar10'" in output
+  process, output = _setup(tmp_path, '--data=fashion_mnist', stamp=_files_hash())
+  installed = os.path.isfile('/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz')
+  if installed:  # Nothing to do: the venv is up to date and the files are there.
+    assert process.returncode == 0 and 'dataset-fashion-mnist' not in output, output
+  elif os.geteuid() == 0:
+    assert process.returncode == 0 and 'apt-get install -y -qq dataset-fashion-mnist' in output, output
+  else:
+    assert process.returncode == 1 and 'as root, run: apt-get update && apt-get install -y dataset-fashion-mnist' \
+        in output

@@ -28,6 +28,7 @@ from absl import logging
 
 from tff_gma import models
 from tff_gma import runtime
+from tff_gma.data import idx
 from tff_gma.data import loaders
 from training import config as config_lib
 from training.runner import checkpoints
@@ -112,7 +113,7 @@ def main(argv):
     summary = experiment.run(config).summary  # Checks every setting first, before anything is written.
   except experiment.ConfigError as e:
     raise app.UsageError(f'invalid flags: {e}') from e
-  except (experiment.DirectoryLockedError, experiment.CheckpointError) as e:
+  except (experiment.DirectoryLockedError, experiment.CheckpointError, idx.IdxError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
   except KeyboardInterrupt:

@@ -1,8 +1,12 @@
 """Loaders for the real data sets, and `load_federated_data`, the one entry point of the experiment runner.
 
 * `digits`: the embedded scikit-learn digits (offline default, `tff_gma.data.digits`).
-* `mnist`, `fashion_mnist`, `cifar10`, `cifar100`: TFDS (`tfds.load`, downloading into `data_dir` unless it is
-  already there), images scaled to [0, 1], the TFDS `train`/`test` splits as train pool / central test split.
+* `fashion_mnist`: the original IDX files, read with NumPy (`tff_gma.data.idx`), from `data_dir` or, without
+  one, from where Debian's package `dataset-fashion-mnist` installs them; a `data_dir` without the IDX files is
+  taken as a TFDS data directory (TFDS's copy, for users who have it). 60,000 train / 10,000 test images.
+* `mnist`, `cifar10`, `cifar100` (and `fashion_mnist` from a TFDS `data_dir`): TFDS (`tfds.load`, downloading into
+  `data_dir` unless it is already there), images scaled to [0, 1], the TFDS `train`/`test` splits as train pool /
+  central test split.
 * `emnist`: TFF's Federated EMNIST (LEAF's FEMNIST: handwriting grouped by writer). Partition `by_writer` keeps
   the natural clients, one per writer; every other partition re-partitions the pooled training examples.
   Pixels are inverted to the MNIST convention (0 = background, 1 = ink), which the colourings of
@@ -30,6 +34,7 @@ import tensorflow_federated as tff
 from tff_gma.data import client_data
 from tff_gma.data import digits
 from tff_gma.data import federated
+from tff_gma.data import idx
 from tff_gma.data import partition as partition_lib
 from tff_gma.data import shakespeare
 
@@ -99,12 +104,19 @@ def tfds_arrays(name: str, split: str, data_dir: Optional[str] = None) -> tuple[
 def load_tfds(
     name: str, partition: str, num_clients: int, seed: int, data_dir: Optional[str] = None, **partition_kwargs,
 ) -> FederatedDataset:
-  """TFDS `name` (one of `TFDS_DATASETS`): the `train` split partitioned, the `test` split central."""
+  """TFDS `name` (one of `TFDS_DATASETS`): the `train` split partitioned, the `test` split central.
+
+  Fashion-MNIST comes from its IDX files (`idx.fashion_mnist_arrays`) unless `data_dir` is given without them.
+  """
   if name not in TFDS_DATASETS:
     raise ValueError(f'dataset must be one of {TFDS_DATASETS} for TFDS, got {name!r}')
   check_config(name, partition, partition_kwargs)
-  x_train, y_train, num_classes = tfds_arrays(name, 'train', data_dir)
-  x_test, y_test, _ = tfds_arrays(name, 'test', data_dir)
+  if name == 'fashion_mnist' and (data_dir is None or idx.has_fashion_mnist(data_dir)):
+    x_train, y_train, x_test, y_test = idx.fashion_mnist_arrays(data_dir)
+    num_classes = idx.FASHION_MNIST_CLASSES
+  else:
+    x_train, y_train, num_classes = tfds_arrays(name, 'train', data_dir)
+    x_test, y_test, _ = tfds_arrays(name, 'test', data_dir)
   return federated.from_arrays(
       name, x_train, y_train, x_test, y_test, num_classes=num_classes, partition=partition,
       num_clients=num_clients, seed=seed, **partition_kwargs)

@@ -1,0 +1,232 @@
+"""The FedAvg family's client work with its local epochs as one in-graph loop over the client's examples.
+
+TFF's model-delta client work (`tff.learning.templates.build_model_delta_client_work`, FedProx's in
+`proximal_client_work`) walks a client's `tf.data` batches with a dataset loop and keeps the model in
+`tf.Variable`s: every step pulls a batch through the input pipeline and reads and assigns every weight. For small
+models that bookkeeping, not the arithmetic, is most of a round. This client work computes the same update with:
+
+* the client's dataset read once into tensors inside the client computation (`read_batches`: every batch of the
+  dataset as given, shuffled, repeated and batched by the caller, concatenated, with the batch boundaries), so the
+  steps take the same batches in the same order as the dataset loop;
+* the model as a `tff.learning.models.FunctionalModel` (pure functions of the weight tensors) and the weights, the
+  client optimizer's state (a functional `tff.learning.optimizers.Optimizer`) and the example count as the loop
+  tensors of one `tf.while_loop` over the batch slices;
+* the training metrics in the `VariableModel`'s own Keras metric objects, updated per step with the functional
+  predictions, so `report_local_unfinalized_metrics` and `metric_finalizers` are exactly the variable model's (the
+  metrics aggregator and everything composed after the client work see the same types and values);
+* FedProx's proximal term and the non-finite handling exactly as TFF's client works do them.
+
+`build_in_graph_client_work` returns a `ClientWorkProcess` with the state TFF's gives (the optimizer's
+hyperparameters; FedProx's: none), so a learning process composed from it has TFF's state type: checkpoints load in
+either. It is a TFF computation like TFF's: the audit sees the same intrinsics. `build_in_graph_update` is the
+client update alone (a `tf.function`), for running clients outside TFF's runtime.
+
+Measured (TFF 0.87.0's worker, this 2-core machine, one client work round of 10 clients, medians of interleaved
+calls): the digits CNN (144 examples each, batch 16) 0.134 s against 0.150 s for TFF's iterator loop, with 0.055 s
+for a round that only reads the clients' datasets; LeNet on 10 x 600 Fashion-MNIST-shaped examples 1.25 s against
+1.24 s. So in TFF's worker the walk over the batches is not where a round's time goes, and the harness keeps TFF's
+loop; this one is the exact equivalent (tests/tff_gma/learning/in_graph_test.py) to build further work on.
+
+What it takes: a model without non-trainable weights and without layer losses (regularizers), whose functional
+twin's trainable weights match the variable model's in order and shape (`in_graph_support` says why not when it
+cannot); data elements `(x, y)` or `{'x', 'y'}` with a first (batch) axis.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+VariableModelFn = Callable[[], tff.learning.models.VariableModel]
+
+
+def read_batches(dataset: tf.data.Dataset) -> tuple[Any, tf.Tensor]:
+  """(examples, offsets): every batch of `dataset` concatenated along axis 0, and the int32 batch boundaries.
+
+  Batch i is `examples[offsets[i]:offsets[i + 1]]` for every leaf: one pass over the dataset, each example held
+  once. An empty dataset gives zero-length leaves and `offsets == [0]`.
+  """
+  spec = dataset.element_spec
+  leaves = tf.nest.flatten(spec)
+  arrays = tuple(tf.TensorArray(s.dtype, size=0, dynamic_size=True, infer_shape=False,
+                                element_shape=tf.TensorShape([None]).concatenate(s.shape[1:])) for s in leaves)
+  sizes = tf.TensorArray(tf.int32, size=0, dynamic_size=True)
+
+  def append(state, batch):
+    arrays, sizes, i = state
+    flat = tf.nest.flatten(batch)
+    arrays = tuple(a.write(i, t) for a, t in zip(arrays, flat))
+    return arrays, sizes.write(i, tf.shape(flat[0])[0]), i + 1
+
+  arrays, sizes, count = dataset.reduce((arrays, sizes, tf.constant(0)), append)
+  examples = tf.nest.pack_sequence_as(spec, [
+      tf.cond(count > 0, a.concat, lambda s=s: tf.zeros(tf.TensorShape([0]).concatenate(s.shape[1:]), s.dtype))
+      for a, s in zip(arrays, leaves)])
+  offsets = tf.concat([[0], tf.cumsum(tf.cond(count > 0, sizes.stack, lambda: tf.zeros([0], tf.int32)))], 0)
+  return examples, offsets
+
+
+def _split(batch) -> tuple[Any, Any]:
+  if isinstance(batch, Mapping):
+    return batch['x'], batch['y']
+  return batch[0], batch[1]
+
+
+def in_graph_support(model_fn: VariableModelFn, functional_model: Optional[tff.learning.models.FunctionalModel]
+                     ) -> Optional[str]:
+  """None when the in-graph loop can train this model, else why not (one line, for the caller's log)."""
+  if functional_model is None:
+    return 'no functional model (tff.learning.models.functional_model_from_keras) was given for it'
+  with tf.Graph().as_default():
+    model = model_fn()
+    if not hasattr(model, 'get_metrics'):
+      return 'its training metrics are not Keras metric objects (not a from_keras_model model)'
+    trainable = [tuple(v.shape) for v in model.trainable_variables]
+    if model.non_trainable_variables:
+      return 'it has non-trainable weights, which the loop does not carry'
+  functional_trainable, functional_non_trainable = functional_model.initial_weights
+  if functional_non_trainable:
+    return 'its functional model has non-trainable weights, which the loop does not carry'
+  if [tuple(np.shape(w)) for w in functional_trainable] != trainable:
+    return 'its functional model\'s trainable weights differ in order or shape from the variable model\'s'
+  return None
+
+
+def build_in_graph_update(
+    model_fn: VariableModelFn,
+    functional_model: tff.learning.models.FunctionalModel,
+    *,
+    weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    proximal_strength: float = 0.0,
+):
+  """The client update as a `tf.function` (optimizer, initial_weights, data, optimizer_hparams=None) ->
+  (ClientResult, unfinalized metrics): TFF's model-delta update (FedProx's with `proximal_strength` > 0), its local
+  epochs as one `tf.while_loop` over `read_batches(data)`.
+
+  Builds its variable model (the metrics' home) once, at call time of this function, as TFF's update builders do.
+  """
+  model = model_fn()
+  metrics = model.get_metrics()
+
+  @tf.function
+  def client_update(optimizer, initial_weights, data, optimizer_hparams=None):
+    model.reset_metrics()  # A fresh client: a caller that reuses this function reuses the metric variables.
+    initial = tuple(tf.nest.flatten(initial_weights.trainable))
+    non_trainable = tuple(tf.nest.flatten(initial_weights.non_trainable))
+    examples, offsets = read_batches(data)
+    x_all, y_all = _split(examples)
+    optimizer_state = optimizer.initialize(tuple(tf.TensorSpec(w.shape, w.dtype) for w in initial))
+    if optimizer_hparams is not None:
+      optimizer_state = optimizer.set_hparams(optimizer_state, optimizer_hparams)
+
+    def step(i, weights, optimizer_state, num_examples):
+      begin, end = offsets[i], offsets[i + 1]
+      x = tf.nest.map_structure(lambda t: t[begin:end], x_all)
+      y = tf.nest.map_structure(lambda t: t[begin:end], y_all)
+      with tf.GradientTape() as tape:
+        tape.watch(weights)
+        predictions = functional_model.predict_on_batch((weights, non_trainable), x, training=True)
+        loss = functional_model.loss(output=predictions, label=y)
+      gradients = tape.gradient(loss, weights)
+      if proximal_strength > 0.0:  # TFF's FedProx term, as its client work adds it: mu * (w_0 - w).
+        gradients = tuple(g + proximal_strength * (w0 - w) for g, w0, w in zip(gradients, initial, weights))
+      optimizer_state, weights = optimizer.next(optimizer_state, weights, gradients)
+      for metric in metrics:
+        metric.update_state(y_true=y, y_pred=predictions)
+      return i + 1, tuple(weights), optimizer_state, num_examples + tf.cast(end - begin, tf.int64)
+
+    num_batches = tf.shape(offsets)[0] - 1
+    _, trained, _, num_examples = tf.while_loop(
+        lambda i, *_: i < num_batches, step, (tf.constant(0), initial, optimizer_state, tf.constant(0, tf.int64)))
+    update = tuple(a - b for a, b in zip(initial, trained))
+    update, non_finite = _zero_if_non_finite(update)
+    if weighting == tff.learning.ClientWeighting.NUM_EXAMPLES:
+      weight = tf.cond(tf.equal(non_finite, 0), lambda: tf.cast(num_examples, tf.float32), lambda: 0.0)
+    else:
+      weight = tf.cond(tf.equal(non_finite, 0), lambda: 1.0, lambda: 0.0)
+    if non_finite > 0:
+      model.reset_metrics()
+    return (tff.learning.templates.ClientResult(
+        update=tf.nest.pack_sequence_as(initial_weights.trainable, update), update_weight=weight),
+            model.report_local_unfinalized_metrics())
+
+  return client_update
+
+
+def _zero_if_non_finite(values: tuple[tf.Tensor, ...]) -> tuple[tuple[tf.Tensor, ...], tf.Tensor]:
+  """(values, 0), or (zeros, 1) when any value is NaN or Inf (TFF's `zero_all_if_any_non_finite`)."""
+  finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+  zeroed = tf.cond(finite, lambda: values, lambda: tuple(tf.zeros_like(v) for v in values))
+  return zeroed, tf.cast(tf.logical_not(finite), tf.int32)
+
+
+def build_in_graph_client_work(
+    model_fn: VariableModelFn,
+    functional_model: tff.learning.models.FunctionalModel,
+    optimizer: tff.learning.optimizers.Optimizer,
+    client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    *,
+    proximal_strength: float = 0.0,
+    metrics_aggregator=None,
+) -> tff.learning.templates.ClientWorkProcess:
+  """TFF's model-delta client work (FedProx's with `proximal_strength` > 0) with the in-graph loop (module doc).
+
+  Same state as TFF's: the optimizer's hyperparameters (FedProx's: none), so processes composed from either have
+  one state type. Raises ValueError naming the reason when `in_graph_support` refuses the model.
+  """
+  reason = in_graph_support(model_fn, functional_model)
+  if reason is not None:
+    raise ValueError(f'model_fn: the in-graph client loop cannot train this model: {reason}')
+  metrics_aggregator = metrics_aggregator or tff.learning.metrics.sum_then_finalize
+  with tf.Graph().as_default():  # The model's variables stay out of the caller's context.
+    model = model_fn()
+    metrics_aggregation_fn = metrics_aggregator(model.metric_finalizers())
+    element_type = tff.types.tensorflow_to_type(model.input_spec)
+  data_type = tff.SequenceType(element_type)
+  weights_type = tff.learning.models.weights_type_from_model(model)
+  proximal = proximal_strength > 0.0
+  if proximal:
+    initial_state = ()
+  else:  # The hyperparameters, from a state on a placeholder spec (as TFF's client work takes them).
+    initial_state = optimizer.get_hparams(optimizer.initialize(tf.TensorSpec([], tf.float32)))
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_value(initial_state, tff.SERVER)
+
+  state_type = init_fn.type_signature.result.member
+
+  @tff.tensorflow.computation(state_type, weights_type, data_type)
+  def client_update_computation(hparams, initial_weights, dataset):
+    update = build_in_graph_update(model_fn, functional_model, weighting=client_weighting,
+                                   proximal_strength=proximal_strength)
+    # FedProx's client work keeps the optimizer's own hyperparameters (TFF's has no state).
+    return update(optimizer, initial_weights, dataset, None if proximal else hparams)
+
+  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(weights_type, tff.CLIENTS),
+                             tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, client_data):
+    client_result, model_outputs = tff.federated_map(
+        client_update_computation, (tff.federated_broadcast(state), weights, client_data))
+    measurements = tff.federated_zip(collections.OrderedDict(train=metrics_aggregation_fn(model_outputs)))
+    return tff.templates.MeasuredProcessOutput(state, client_result, measurements)
+
+  if proximal:
+    return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+
+  @tff.tensorflow.computation(state_type)
+  def get_hparams_fn(state):
+    return state
+
+  @tff.tensorflow.computation(state_type, state_type)
+  def set_hparams_fn(state, hparams):
+    del state
+    return hparams
+
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn, get_hparams_fn=get_hparams_fn,
+                                                  set_hparams_fn=set_hparams_fn)
