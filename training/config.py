@@ -128,6 +128,9 @@ class ExperimentConfig:
                                         '--secure).', _AGGREGATOR.secure_bound)
   secure_metrics: bool = _help('Aggregate training metrics with secure sums.', False)
   eval_every: int = _help('Evaluate every this many rounds (and at the last).', 1)
+  participation_eval: bool = _help('Evaluations also score the global model on this round\'s participating vs the '
+                                   'other clients\' training data (GMA paper Table 4; with many clients the costliest '
+                                   'part of an evaluation).', True)
   seed: int = _help('Seed of the partition, initial model, client sampling and data order.', 0)
   output_dir: str = _help('Output directory (reused to resume).', 'outputs/run')
   audit: bool = _help('Write audit.md: the privacy audit of the round computation.', False)

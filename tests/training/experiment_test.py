@@ -47,6 +47,18 @@ def test_outputs_and_summary(tmp_path):
   assert saved['best_accuracy'] == pytest.approx(max(rows[1]['test/accuracy'], rows[2]['test/accuracy']))
   assert saved['config']['aggregator'] == 'mean' and saved['config']['seed'] == 3
   assert summary['final_accuracy'] == saved['final_accuracy']
+  parts = saved['seconds_by_part']
+  assert parts['rounds'] == 3 and all(parts[k] > 0 for k in ('train', 'evaluate', 'release_and_checkpoint'))
+  assert parts['train'] + parts['evaluate'] + parts['release_and_checkpoint'] <= saved['seconds_this_run']
+
+
+def test_participation_eval_can_be_left_out_and_resumed_either_way(tmp_path):
+  config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'run'), participation_eval=False, rounds=2)
+  experiment.run(config, show_progress=False)
+  experiment.run(dataclasses.replace(config, rounds=3, participation_eval=True), show_progress=False)
+  rows = experiment._read_rows(str(tmp_path / 'run' / 'metrics.csv'))
+  assert [('participating/accuracy' in r) for r in rows] == [False, False, True]
+  assert all('test/accuracy' in r for r in rows)
 
 
 def test_interrupted_and_resumed_run_equals_uninterrupted_run(tmp_path):

@@ -184,7 +184,7 @@ def _check_validation(config: config_lib.ExperimentConfig) -> None:
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
 _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir', 'workers', 'rfa_weight_bound',
-                      'membership_inference')
+                      'membership_inference', 'participation_eval')
 
 
 # Settings whose default changed after runs were written without them: such a run ran with this value.
@@ -245,6 +245,7 @@ class Setup:
   evaluator: evaluation.CentralEvaluator  # On the test split; on the validation split when there is one.
   corrupted: tuple[str, ...] = ()
   validation: Optional[tuple[np.ndarray, np.ndarray]] = None  # The pooled held-out (x, y) of validation runs.
+  participation_eval: bool = True  # Evaluate on the round's participants' vs the other clients' data too.
 
   @property
   def process(self) -> tff.learning.templates.LearningProcess:
@@ -284,7 +285,7 @@ def build_setup(config: config_lib.ExperimentConfig) -> Setup:
       client_execution=config.client_execution)
   eval_x, eval_y = validation if validation is not None else (data.test_x, data.test_y)
   evaluator = evaluation.CentralEvaluator(build_keras, eval_x, eval_y, pad_id=data.pad_id)
-  return Setup(data, build_keras, model_fn, method, evaluator, corrupted, validation)
+  return Setup(data, build_keras, model_fn, method, evaluator, corrupted, validation, config.participation_eval)
 
 
 def _split_validation(data: loaders.FederatedDataset, fraction: float, seed: int
@@ -317,7 +318,7 @@ def evaluate(setup: Setup, state, participants: list[str]) -> dict[str, float]:
     out.update({f'ood_test/{k}': v for k, v in ood.items()})
   out.update(setup.method.evaluate_clients(setup.evaluator, weights))
   others = [c for c in setup.data.train.client_ids if c not in set(participants)]
-  if others:  # GMA paper Table 4: the global model on participating vs non-participating clients' data.
+  if others and setup.participation_eval:  # GMA paper Table 4: the global model on participating vs non-participating clients' data.
     for name, ids in (('participating', participants), ('non_participating', others)):
       metrics = setup.evaluator.evaluate_arrays(weights, *_pooled(setup.data, ids))
       out.update({f'{name}/{k}': v for k, v in metrics.items()})
@@ -509,10 +510,23 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
 
   inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs, config.batch_size,
                                config.seed)
-  evaluate_round = round_loop.evaluate_every(config.eval_every, config.rounds,
-                                         lambda done: evaluate(setup, done.state, done.participants))
+  seconds = {'train': 0.0, 'evaluate': 0.0, 'release_and_checkpoint': 0.0}
+
+  def timed(part: str, callback: Callable[[round_loop.Round], None]) -> Callable[[round_loop.Round], None]:
+    def run_timed(done: round_loop.Round) -> None:
+      began = time.monotonic()
+      callback(done)
+      seconds[part] += time.monotonic() - began
+    return run_timed
+
+  def count_training(done: round_loop.Round) -> None:
+    seconds['train'] += done.seconds
+
+  evaluate_round = timed('evaluate', round_loop.evaluate_every(
+      config.eval_every, config.rounds, lambda done: evaluate(setup, done.state, done.participants)))
   loop = round_loop.RoundLoop(setup.method, state, inputs, round_num=start_round, before_round=before_round,
-                          after_round=(check_round, evaluate_round, release_and_save))
+                          after_round=(count_training, check_round, evaluate_round,
+                                       timed('release_and_checkpoint', release_and_save)))
   started = time.monotonic()
   state = loop.run(config.rounds)
 
@@ -524,6 +538,9 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       'best_accuracy': float(np.max(accuracy)) if accuracy else None,
       'rounds_completed': int(max((r['round'] for r in rows), default=0)),
       'seconds_this_run': time.monotonic() - started,
+      # Where this run's time went, in seconds summed over its rounds: the method's round (client training and
+      # aggregation), evaluations, metrics releases with checkpoints (the rest: setup, the summary).
+      'seconds_by_part': {**{k: round(v, 3) for k, v in seconds.items()}, 'rounds': loop.round_num - start_round},
       # Where this run's client training ran: TensorFlow devices of this process (local), or the TFF worker's CPU.
       'client_execution': setup.method.client_execution,
       'client_devices': setup.method.client_devices(),

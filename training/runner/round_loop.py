@@ -14,6 +14,7 @@ What differs between the drivers is only which callbacks they pass:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -106,6 +107,7 @@ class Round:
   datasets: list[tf.data.Dataset]
   state: Any  # The state after the round.
   row: dict[str, float]
+  seconds: float = 0.0  # Wall time of the method's round (client training and aggregation).
 
 
 # Called before the method's round with (round_num, state, participants, datasets); returns extra row entries.
@@ -130,11 +132,13 @@ class RoundLoop:
     round_num = self.round_num + 1
     participants, datasets = self.inputs(round_num)
     extra = self._before_round(round_num, self.state, participants, datasets) if self._before_round else {}
+    began = time.monotonic()
     self.state, metrics = self.method.run_round(self.state, participants, datasets, round_num)
+    seconds = time.monotonic() - began
     self.round_num = round_num
     row = flatten_metrics(metrics)
     row.update(extra)
-    done = Round(round_num, participants, datasets, self.state, row)
+    done = Round(round_num, participants, datasets, self.state, row, seconds)
     for callback in self._after_round:
       callback(done)
     return done
