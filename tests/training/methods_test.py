@@ -110,3 +110,29 @@ def test_fedadam_with_gma_is_algorithm_2():
 def test_registry_refuses_secure_for_baselines_that_collect_every_update(name):
   with pytest.raises(ValueError, match=f'secure: aggregator {name!r} needs every client update'):
     registry.build(name, config_lib.AggregatorParams(secure=True, secure_bound=1.0))
+
+
+def test_gma_dropin_is_the_factory_inside_tffs_builder_and_gma_is_algorithm_2():
+  data = loaders.load_federated_data('digits', 'label_skew', 4, 0)
+  build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
+  model_fn = models.model_fn(build_keras, data.input_spec)
+  config = config_lib.AlgorithmConfig(name='fedadam', client_lr=0.05, server_lr=0.05)
+  stock = tff.learning.algorithms.build_weighted_fed_avg(
+      model_fn, fedavg_family.client_optimizer(config), fedavg_family.server_optimizer(config),
+      model_aggregator=aggregators.GradientMaskedFactory(), loop_implementation=fedavg_family.LOOP_IMPLEMENTATION)
+  ids = data.train.client_ids
+  datasets = [round_loop.client_dataset(data.train, c, local_epochs=1, batch_size=16, seed=0, round_num=1)
+              for c in ids]
+
+  def one_round(process):
+    state = round_loop.seeded_initial_state(process, build_keras, 0)
+    for round_num in (1, 2):
+      state = process.next(state, datasets).state
+    return [np.asarray(w) for w in process.get_model_weights(state).trainable]
+
+  expected = one_round(stock)
+  dropin = one_round(methods.build(model_fn, 'fedadam', 'gma_dropin', algorithm_config=config).process)
+  step = one_round(methods.build(model_fn, 'fedadam', 'gma', algorithm_config=config).process)
+  for got, want in zip(dropin, expected):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  assert max(np.max(np.abs(a - b)) for a, b in zip(step, expected)) > 1e-4  # Algorithm 2 is another step.

@@ -182,7 +182,7 @@ def _build_process(model_fn, algorithm: str, aggregator: str, config: config_lib
   # scales the step (the drop-in factory would mask before Adam, which largely undoes the mask). FedAvg/FedProx
   # keep the drop-in factory: with their SGD server both placements are the same.
   mask_on_step = (isinstance(model_aggregator, aggregators.GradientMaskedFactory)
-                  and config.name in config_lib.ADAPTIVE_ALGORITHMS)
+                  and config.name in config_lib.ADAPTIVE_ALGORITHMS and aggregator_record.mask_on_step)
   if client_execution == client_execution_lib.LOCAL:  # The same components; the clients train in this process.
     components = fedavg_family.build_components(model_fn, config, model_aggregator, metrics_aggregator,
                                                 mask_on_step=mask_on_step)

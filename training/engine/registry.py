@@ -150,6 +150,10 @@ class Aggregator:
   algorithms: tuple[str, ...] = config_lib.FEDAVG_FAMILY + ('fedgma', 'scaffold', 'personalized')
   multi_worker: bool = True
   roles: frozenset[str] = frozenset()
+  # A GMA factory with an adaptive server (FedAdam, FedYogi): True, the GMA paper's Algorithm 2 (the moments see
+  # the unmasked mean, the mask scales the step); False, the drop-in placement (the factory inside TFF's builder:
+  # the mask before the optimizer). The SGD servers' two placements are one computation.
+  mask_on_step: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +173,9 @@ class Algorithm:
   roles: frozenset[str] = frozenset()
 
 
-def _model_aggregator(name, description, build, *, private=True, multi_worker=True, roles=()):
+def _model_aggregator(name, description, build, *, private=True, multi_worker=True, roles=(), mask_on_step=True):
   return Aggregator(name, description, MODEL_AGGREGATOR, private, build, multi_worker=multi_worker,
-                    roles=frozenset(roles))
+                    roles=frozenset(roles), mask_on_step=mask_on_step)
 
 
 _AGGREGATORS = (
@@ -181,6 +185,9 @@ _AGGREGATORS = (
     _model_aggregator('gma', 'gradient masked averaging, soft mask (tau)', _gma('soft'), roles=(DEMO, RFA_STUDY)),
     _model_aggregator('gma_binary', 'gradient masked averaging, binary AND-mask (tau)', _gma('binary'),
                       roles=(DEMO,)),
+    _model_aggregator('gma_dropin', 'gma with FedAdam/FedYogi in the drop-in placement: the mask before the '
+                      'server optimizer (gma itself: the mask on the step, Algorithm 2)', _gma('soft'),
+                      mask_on_step=False),
     # Weiszfeld's passes are sequential aggregations: one stage per pass, more than TFF's multi-worker context runs.
     _model_aggregator('rfa', 'geometric median, smoothed Weiszfeld (num_passes secure averages)', _rfa(False),
                       multi_worker=False, roles=(DEMO, RFA_STUDY)),
