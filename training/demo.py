@@ -43,6 +43,7 @@ from tff_gma import audit
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import digits
+from training import command_line
 from training import config as config_lib
 from training.engine import client_execution
 from training.engine import corruption
@@ -250,4 +251,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  app.run(command_line.one_line_usage_errors(main))

@@ -30,6 +30,7 @@ from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import idx
 from tff_gma.data import loaders
+from training import command_line
 from training import config as config_lib
 from training.runner import checkpoints
 from training.engine import client_execution
@@ -123,4 +124,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(command_line.one_line_usage_errors(main))

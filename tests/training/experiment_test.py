@@ -365,3 +365,23 @@ def test_a_round_that_drops_every_client_warns_once_and_its_row_records_it(tmp_p
   assert [w.split(':')[0] for w in warned] == ['round 1 of 2', 'round 2 of 2'], warned
   rows = experiment._read_rows(str(tmp_path / 'run' / 'metrics.csv'))
   assert [r['all_clients_dropped'] for r in rows] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize('name', [f.name for f in dataclasses.fields(config_lib.ExperimentConfig)
+                                  if f.type in ('float', 'Optional[float]')])
+@pytest.mark.parametrize('value', [float('inf'), float('-inf'), float('nan')])
+def test_every_float_setting_must_be_finite(name, value):
+  with pytest.raises(experiment.ConfigError, match=f'{name}'):
+    experiment.validate(dataclasses.replace(_TOY, **{name: value}))
+
+
+def test_checkpoints_without_config_json_refuse_to_resume(tmp_path):
+  config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'run'), rounds=1)
+  experiment.run(config, show_progress=False)
+  os.remove(tmp_path / 'run' / 'config.json')
+  with pytest.raises(experiment.ConfigError, match='holds checkpoints but no config.json'):
+    experiment.run(dataclasses.replace(config, rounds=2, client_lr=0.1), show_progress=False)
+  (tmp_path / 'run' / 'config.json').write_text('{"seed": 3,')  # Damaged: cut mid-write by hand.
+  with pytest.raises(experiment.ConfigError, match='config.json is damaged'):
+    experiment.run(dataclasses.replace(config, rounds=2), show_progress=False)
+  assert not list((tmp_path / 'run').glob('config.json.tmp'))

@@ -2,8 +2,9 @@
 
 from absl import app
 
+from training import command_line
 from training.bench import cli
 
 if __name__ == "__main__":
   cli.define_flags()
-  app.run(cli.main)
+  app.run(command_line.one_line_usage_errors(cli.main))

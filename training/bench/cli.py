@@ -71,6 +71,7 @@ import tensorflow_federated as tff
 
 from tff_gma import models
 from tff_gma import runtime
+from training import command_line
 from training.bench import sections
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -346,4 +347,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  app.run(command_line.one_line_usage_errors(main))

@@ -87,6 +87,10 @@ LAST_EVALS_FOR_FINAL = 10  # "Final" figure: mean over the last 10 evaluated rou
 PERSONAL_TEST_FRACTION = 0.2  # Personalized RFA: share of each client's examples held out to evaluate it.
 
 
+CONFIG_FILE = 'config.json'  # The run's settings: written once every check passed, the resume guard after that.
+MAX_SEED = 2**32 - 1
+
+
 class ConfigError(ValueError):
   """A setting is unknown or inconsistent (the message names it); raised before anything is written."""
 
@@ -130,8 +134,13 @@ def _check(config: config_lib.ExperimentConfig) -> None:
       checks.check_positive_int(getattr(config, name), name)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-  if not isinstance(config.seed, (int, np.integer)) or config.seed < 0:
-    raise ConfigError(f'seed must be a non-negative integer, got {config.seed!r}')
+  if not isinstance(config.seed, (int, np.integer)) or not 0 <= config.seed <= MAX_SEED:
+    raise ConfigError(f'seed must be an integer in [0, {MAX_SEED}] (NumPy\'s and Keras\' seeds are 32-bit), got '
+                      f'{config.seed!r}')
+  for field in dataclasses.fields(config):  # Every float setting: NaN or an infinity never trains anything.
+    value = getattr(config, field.name)
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(f'{field.name} must be finite, got {value!r}')
   if config.clients_per_round > config.num_clients:
     raise ConfigError(f'clients_per_round ({config.clients_per_round}) exceeds num_clients ({config.num_clients})')
   if not 0.0 <= config.tau <= 1.0:
@@ -211,11 +220,21 @@ def check_resumable(config: config_lib.ExperimentConfig) -> None:
         f'rounds: {config.output_dir} holds a run trained to round {trained}; rounds={config.rounds} would '
         f'summarize only its first {config.rounds} rounds while its checkpoint stays at round {trained}. Pass '
         f'--rounds={trained} (or more, to continue it) to report it, or use another --output_dir')
-  path = os.path.join(config.output_dir, 'config.json')
+  path = os.path.join(config.output_dir, CONFIG_FILE)
   if not os.path.exists(path):
+    if checkpoints.saved_rounds(config.output_dir):
+      raise ConfigError(f'{config.output_dir} holds checkpoints but no {CONFIG_FILE}, so nothing says which settings '
+                        f'they were trained with: resuming could continue another run under these flags. Use another '
+                        f'--output_dir (or restore its {CONFIG_FILE})')
     return
-  with open(path) as f:
-    saved = json.load(f)
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+    if not isinstance(saved, dict):
+      raise ValueError('not a JSON object')
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ConfigError(f'{path} is damaged ({e}): it cannot say which settings the run was trained with; use another '
+                      f'--output_dir') from None
   saved = completed_config(saved)
   current = dataclasses.asdict(config)
   changed = sorted(k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k) != current[k])
@@ -441,9 +460,12 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       runtime.set_multi_worker_context([t for t in config.workers.split(',') if t])
     except (RuntimeError, ValueError) as e:  # No worker answers at an address: a flag error, nothing written.
       raise ConfigError(f'workers: {e}') from None
-  # Every check has passed: only now is anything but the lock written.
-  with open(os.path.join(config.output_dir, 'config.json'), 'w') as f:
+  # Every check has passed: only now is anything but the lock written. Atomically (a temporary file renamed over
+  # it): an interrupted write leaves the old config.json or the new one, never a half that refuses the resume.
+  path = os.path.join(config.output_dir, CONFIG_FILE)
+  with open(path + '.tmp', 'w') as f:
     json.dump(dataclasses.asdict(config), f, indent=2)
+  os.replace(path + '.tmp', path)
   if config.audit:
     from tff_gma import audit  # pylint: disable=g-import-not-at-top
     report = audit.audit_computation(setup.process)

@@ -31,6 +31,7 @@ import numpy as np
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import loaders
+from training import command_line
 from training import config as config_lib
 from training.engine import evaluation
 from training.runner import experiment
@@ -132,4 +133,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(command_line.one_line_usage_errors(main))

@@ -40,6 +40,7 @@ from absl import logging
 import numpy as np
 
 from tff_gma import runtime
+from training import command_line
 from training import config as config_lib
 from training.engine import registry
 from training.runner import experiment
@@ -450,4 +451,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  app.run(command_line.one_line_usage_errors(main))

@@ -56,6 +56,7 @@ from absl import app
 from absl import flags
 
 from tff_gma import runtime
+from training import command_line
 from training import config as config_lib
 from training.engine import corruption as corruption_lib
 from training.engine import fedavg_family
@@ -255,4 +256,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(command_line.one_line_usage_errors(main))
