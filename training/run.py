@@ -7,7 +7,7 @@ same command resumes from the last completed round; a larger --rounds continues 
 inconsistent settings fail before any training, naming the flag (`invalid flags: ...`, exit 1, nothing written).
 An --output_dir that another run holds, or whose checkpoints are all damaged, fails in one line (`error: ...`,
 exit 1). Ctrl-C ends with one line saying after which round the run stopped and the command that resumes it
-(exit 130).
+(exit 130); SIGTERM the same (exit 143).
 """
 
 from __future__ import annotations
@@ -88,9 +88,20 @@ def interrupted_message(config: config_lib.ExperimentConfig, args: list[str]) ->
   return f'interrupted {where}; resume with: {command}'
 
 
-def _stop_quietly(message: str) -> None:
-  """After Ctrl-C: one line, the workers stopped without their noise, exit 130 (no traceback)."""
+class _Terminated(KeyboardInterrupt):
+  """SIGTERM (a scheduler or `kill` stopping the run), raised in the main thread: stops the run as Ctrl-C does."""
+
+
+def _raise_terminated(signum, frame) -> None:
+  del signum, frame
+  raise _Terminated()
+
+
+def _stop_quietly(message: str, exit_code: int = 130) -> None:
+  """After Ctrl-C or SIGTERM: one line, the workers stopped without their noise, exit 130 (SIGTERM: 143), no
+  traceback."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # A second Ctrl-C does not interrupt the shutdown.
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   print(message, file=sys.stderr, flush=True)
   sys.stdout.flush()
   # The round's computation may still be in flight on the worker: stopping the worker makes that call fail in
@@ -100,7 +111,7 @@ def _stop_quietly(message: str) -> None:
     runtime.stop_all_workers()
   except Exception:  # pylint: disable=broad-except  # Exiting anyway; the atexit hook tries again.
     pass
-  sys.exit(130)
+  sys.exit(exit_code)
 
 
 def main(argv):
@@ -108,6 +119,8 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
   config = config_from_flags()
+  # Before the runtime's own SIGTERM handler (a plain exit): a terminated run says how to resume, as Ctrl-C does.
+  signal.signal(signal.SIGTERM, _raise_terminated)
   try:
     if config.workers is None:
       runtime.set_simulation_context()
@@ -117,8 +130,8 @@ def main(argv):
   except (experiment.DirectoryLockedError, experiment.CheckpointError, idx.IdxError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
-  except KeyboardInterrupt:
-    _stop_quietly(interrupted_message(config, sys.argv[1:]))
+  except KeyboardInterrupt as e:
+    _stop_quietly(interrupted_message(config, sys.argv[1:]), 143 if isinstance(e, _Terminated) else 130)
   print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
   print(f'Outputs: {os.path.abspath(config.output_dir)}')
 

@@ -117,3 +117,25 @@ def test_an_unreachable_worker_is_a_flag_error_naming_the_address(tmp_path):
   assert 'invalid flags: workers:' in process.stderr and '127.0.0.1:1' in process.stderr, process.stderr[-2000:]
   assert 'Traceback' not in process.stderr
   assert not (tmp_path / 'out' / 'config.json').exists()
+
+
+@pytest.mark.slow
+def test_sigterm_says_how_to_resume_and_exits_143(tmp_path):
+  out = tmp_path / 'out'
+  flags = [f'--output_dir={out}', '--rounds=8', '--model=logistic', '--num_clients=4', '--clients_per_round=3']
+  process = subprocess.Popen([sys.executable, '-m', 'training.run', *flags], cwd=tests.ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_ENV)
+  try:
+    _wait_for(out / 'checkpoints' / 'program_state_2', process)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+  assert process.returncode == 143, stderr[-3000:]
+  assert 'Traceback' not in stderr + stdout, stderr[-3000:]
+  (line,) = [l for l in stderr.splitlines() if l.strip()]
+  assert line.startswith('interrupted after round ') and line.endswith(
+      'resume with: python -m training.run ' + ' '.join(shlex.quote(f) for f in flags)), line
+  assert not (out / dir_lock.LOCK_FILE).exists()
