@@ -99,3 +99,16 @@ def test_truncate_rows_keeps_the_rows_up_to_the_resumed_round(tmp_path):
   with open(path, newline='') as f:
     rows = list(csv.DictReader(f))
   assert [r['round'] for r in rows] == ['1'] and list(rows[0]) == ['round', 'loss', 'test/accuracy']
+
+
+def test_drop_partial_row_keeps_whole_rows(tmp_path):
+  path = tmp_path / 'metrics.csv'
+  path.write_text('round,a,b\n1,0.1,0.2\n2,0.3,0.4\n')
+  assert not checkpoints.drop_partial_row(str(path))
+  path.write_text('round,a,b\n1,0.1,0.2\n2,0.3,0.4\n3,0.5,0.6')  # No line end: cut.
+  assert checkpoints.drop_partial_row(str(path))
+  assert path.read_text() == 'round,a,b\n1,0.1,0.2\n2,0.3,0.4\n'
+  path.write_text('round,a,b\n1,0.1,0.2\n2,0.3\n')  # Too few fields.
+  assert checkpoints.drop_partial_row(str(path))
+  assert path.read_text() == 'round,a,b\n1,0.1,0.2\n'
+  assert not checkpoints.drop_partial_row(str(tmp_path / 'missing.csv'))

@@ -385,3 +385,20 @@ def test_checkpoints_without_config_json_refuse_to_resume(tmp_path):
   with pytest.raises(experiment.ConfigError, match='config.json is damaged'):
     experiment.run(dataclasses.replace(config, rounds=2), show_progress=False)
   assert not list((tmp_path / 'run').glob('config.json.tmp'))
+
+
+def test_resume_removes_unfinished_saves_and_a_cut_last_row(tmp_path):
+  out = tmp_path / 'run'
+  config = dataclasses.replace(_TOY, output_dir=str(out), rounds=2)
+  experiment.run(config, show_progress=False)
+  partial = out / 'checkpoints' / 'program_state_3_temp1234'  # A save killed before TFF renamed it.
+  (partial / 'variables').mkdir(parents=True)
+  (partial / 'saved_model.pb').write_bytes(b'\0' * 100)
+  with open(out / 'metrics.csv', 'a') as f:
+    f.write('3,0.51')  # A row cut while written: no line end, too few fields.
+  experiment.run(dataclasses.replace(config, rounds=3), show_progress=False)
+  assert not partial.exists()
+  rows = experiment._read_rows(str(out / 'metrics.csv'))
+  assert [r['round'] for r in rows] == [1, 2, 3]
+  assert 'client_work/train/loss' in rows[2]
+  assert json.loads((out / 'summary.json').read_text())['rounds_completed'] == 3

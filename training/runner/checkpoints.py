@@ -116,6 +116,46 @@ def _move_aside(paths: list[str], directory: str) -> str:
   return target
 
 
+_PARTIAL_SAVE = re.compile(re.escape(PREFIX) + r'[0-9]+_temp[0-9]+')  # TFF's file_utils writes there, then renames.
+
+
+def remove_partial_saves(output_dir: str) -> list[str]:
+  """Removes the temporary directories of checkpoints whose save never finished (a kill or a full disk while
+  TFF's manager wrote `program_state_<round>_temp<n>`); returns their paths. TFF ignores them, but they hold up to
+  a model's size each and accumulate over interrupted runs."""
+  directory = checkpoint_dir(output_dir)
+  if not os.path.isdir(directory):
+    return []
+  removed = []
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if _PARTIAL_SAVE.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path)
+      removed.append(path)
+  return removed
+
+
+def drop_partial_row(csv_path: str) -> bool:
+  """Drops a last row of `csv_path` that was cut while written (no line end, or fewer fields than the header);
+  returns whether one was dropped. Such a row would otherwise be read back, and summarised, as a round."""
+  if not os.path.exists(csv_path):
+    return False
+  with open(csv_path, newline='') as f:
+    text = f.read()
+  lines = text.splitlines(keepends=True)
+  if len(lines) < 2:
+    return False
+  header_fields = len(next(csv.reader([lines[0]])))
+  last = lines[-1]
+  if last.endswith(('\n', '\r')) and len(next(csv.reader([last]))) == header_fields:
+    return False
+  tmp = f'{csv_path}.tmp'
+  with open(tmp, 'w', newline='') as f:
+    f.write(''.join(lines[:-1]))
+  os.replace(tmp, csv_path)
+  return True
+
+
 def truncate_rows(csv_path: str, key_fieldname: str, last_key: int) -> int:
   """Drops the rows of `csv_path` keyed after `last_key` (atomically); returns how many were dropped.
 

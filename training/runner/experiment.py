@@ -474,6 +474,8 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
 
   state_manager = tff.program.FileProgramStateManager(checkpoints.checkpoint_dir(config.output_dir),
                                                       keep_total=methods.KEEP_CHECKPOINTS)
+  for path in checkpoints.remove_partial_saves(config.output_dir):
+    logging.warning('%s: removed %s, a checkpoint whose save never finished', config.output_dir, path)
   initial_state = round_loop.seeded_initial_state(setup.process, setup.build_keras, config.seed)
   resumed = checkpoints.resume(state_manager, config.output_dir, initial_state,
                                lambda r: setup.method.restore_client_state(config.output_dir, r))
@@ -484,6 +486,8 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     state, start_round = initial_state, 0
     _run_async(state_manager.save(state, 0))
   csv_path = os.path.join(config.output_dir, 'metrics.csv')
+  if checkpoints.drop_partial_row(csv_path):
+    logging.warning('%s: dropped the last row of metrics.csv, cut while it was written', config.output_dir)
   checkpoints.truncate_rows(csv_path, 'round', start_round)  # Rows after the checkpoint: of another timeline.
   csv_release = tff.program.CSVFileReleaseManager(csv_path, key_fieldname='round')
   tb_release = tff.program.TensorBoardReleaseManager(os.path.join(config.output_dir, 'tensorboard'))
