@@ -127,7 +127,8 @@ def main(argv):
     summary = experiment.run(config).summary  # Checks every setting first, before anything is written.
   except experiment.ConfigError as e:
     raise app.UsageError(f'invalid flags: {e}') from e
-  except (experiment.DirectoryLockedError, experiment.CheckpointError, idx.IdxError) as e:
+  except (experiment.DirectoryLockedError, experiment.CheckpointError, experiment.TrainingStopped,
+          idx.IdxError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
   except KeyboardInterrupt as e:

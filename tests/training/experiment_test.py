@@ -402,3 +402,19 @@ def test_resume_removes_unfinished_saves_and_a_cut_last_row(tmp_path):
   assert [r['round'] for r in rows] == [1, 2, 3]
   assert 'client_work/train/loss' in rows[2]
   assert json.loads((out / 'summary.json').read_text())['rounds_completed'] == 3
+
+
+def test_a_run_whose_server_update_stays_non_finite_stops_saying_why(tmp_path):
+  out = tmp_path / 'run'
+  # FedProx's term of strength 1e38 sends the clients' weights to infinity after their first step: the round's
+  # aggregate is non-finite and the finalizer rejects it (finalizer/update_non_finite = 1), every round.
+  config = dataclasses.replace(_TOY, output_dir=str(out), rounds=9, algorithm='fedprox', proximal_strength=1e38)
+  with pytest.raises(experiment.TrainingStopped, match=r'stopped after round 5 of 9: the server update was '
+                     r'non-finite in 5 rounds in a row .* --proximal_strength=1e\+38'):
+    experiment.run(config, show_progress=False)
+  summary = json.loads((out / 'summary.json').read_text())
+  assert summary['non_finite_update_rounds'] == experiment.NON_FINITE_ROUNDS_TO_STOP == 5
+  assert summary['stopped'].startswith('stopped after round 5 of 9')
+  assert summary['rounds_completed'] == 4  # The 5th round's row is not released.
+  healthy = experiment.run(dataclasses.replace(_TOY, output_dir=str(tmp_path / 'ok')), show_progress=False)
+  assert healthy.summary['non_finite_update_rounds'] == 0 and 'stopped' not in healthy.summary

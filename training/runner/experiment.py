@@ -87,8 +87,14 @@ LAST_EVALS_FOR_FINAL = 10  # "Final" figure: mean over the last 10 evaluated rou
 PERSONAL_TEST_FRACTION = 0.2  # Personalized RFA: share of each client's examples held out to evaluate it.
 
 
+NON_FINITE_ROUNDS_TO_STOP = 5  # Rounds in a row whose server update was rejected as non-finite before a run stops.
 CONFIG_FILE = 'config.json'  # The run's settings: written once every check passed, the resume guard after that.
 MAX_SEED = 2**32 - 1
+
+
+class TrainingStopped(RuntimeError):
+  """The run stopped before its last round because it cannot recover (the message says why); its summary.json
+  is written, with `stopped` saying the same."""
 
 
 class ConfigError(ValueError):
@@ -510,7 +516,20 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     return rfa_weights.report_metrics(
         monitor(setup.process.get_model_weights(state), datasets, participants)) if monitor else {}
 
+  non_finite = {'rounds_in_a_row': 0}
+
   def check_round(done: round_loop.Round) -> None:
+    # A server update the finalizer rejected as non-finite leaves the model where it was: after
+    # NON_FINITE_ROUNDS_TO_STOP such rounds in a row the run cannot recover, and stops saying why.
+    rejected = any(k.endswith('update_non_finite') and v > 0 for k, v in done.row.items())
+    non_finite['rounds_in_a_row'] = non_finite['rounds_in_a_row'] + 1 if rejected else 0
+    if non_finite['rounds_in_a_row'] >= NON_FINITE_ROUNDS_TO_STOP:
+      raise TrainingStopped(
+          f'stopped after round {done.number} of {config.rounds}: the server update was non-finite in '
+          f'{NON_FINITE_ROUNDS_TO_STOP} rounds in a row (finalizer/update_non_finite = 1), so the model no longer '
+          f'moves. Likely cause: a setting too large for this model (--client_lr={config.client_lr:g}, '
+          f'--server_lr={config.server_lr:g}, --proximal_strength={config.proximal_strength:g}, '
+          f'--adaptive_epsilon={config.adaptive_epsilon:g}) or every client dropped as non-finite')
     dropped_all = all_clients_dropped(done.row, len(done.participants))
     done.row['all_clients_dropped'] = float(dropped_all is not None)
     if dropped_all is not None:
@@ -554,7 +573,11 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
                           after_round=(count_training, check_round, evaluate_round,
                                        timed('release_and_checkpoint', release_and_save)))
   started = time.monotonic()
-  state = loop.run(config.rounds)
+  stopped = None
+  try:
+    state = loop.run(config.rounds)
+  except TrainingStopped as e:
+    stopped, state = e, loop.state
 
   rows = [r for r in _read_rows(csv_path) if r.get('round', 0) <= config.rounds]
   evaluated = [r for r in rows if accuracy_key in r]
@@ -595,9 +618,14 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     summary['membership_attack_accuracy'] = float(attack['attack_accuracy'])
     with open(os.path.join(config.output_dir, 'membership.json'), 'w') as f:
       json.dump(attack, f, indent=2, default=float)
+  summary['non_finite_update_rounds'] = non_finite['rounds_in_a_row']  # In a row, at the end.
+  if stopped is not None:
+    summary['stopped'] = str(stopped)
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f, indent=2)
   if evaluated:
     _plot(evaluated, os.path.join(config.output_dir, 'accuracy.png'),
           f'{config.dataset}/{config.partition}: {config.algorithm} + {config.aggregator}')
+  if stopped is not None:
+    raise stopped
   return RunResult(summary, setup.process.get_model_weights(state))
