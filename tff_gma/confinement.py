@@ -17,9 +17,11 @@ loopback up, starts the worker on a loopback port there and copies bytes between
 Sockets belong to the namespace they were created in, so the listening socket the driver created stays on the
 host while every connection to the worker is made inside the namespace.
 
-`TFF_GMA_WORKER_CONFINEMENT` chooses what happens where the kernel refuses the namespace: `auto` (default)
-warns once and runs the worker unconfined (listening on all interfaces, as TFF does); `require` refuses to
-start a worker; `off` does not try (and warns once).
+`TFF_GMA_WORKER_CONFINEMENT` chooses what happens where the kernel refuses the namespace (Docker's default seccomp
+profile, Ubuntu's restricted user namespaces): `require` (the default) refuses to start a worker, with an error
+that names the opt-ins, since an unconfined worker listens on all interfaces without authentication and no default
+may leave it reachable from another host; `auto` (opt-in) warns once and runs the worker unconfined there (as TFF
+does); `off` (opt-in) does not try (and warns once).
 
 Nothing here imports TensorFlow: the helper starts in a few milliseconds.
 """
@@ -40,7 +42,8 @@ import threading
 import time
 
 ENV_VAR = 'TFF_GMA_WORKER_CONFINEMENT'
-MODES = ('auto', 'require', 'off')
+MODES = ('require', 'auto', 'off')
+DEFAULT_MODE = 'require'  # No default leaves a worker reachable from another host.
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUSER = 0x10000000
@@ -57,8 +60,8 @@ EXIT_UNAVAILABLE = 3
 
 
 def mode(value: str | None = None) -> str:
-  """The confinement mode: `value`, else `$TFF_GMA_WORKER_CONFINEMENT`, else 'auto'."""
-  setting = (value if value is not None else os.environ.get(ENV_VAR, 'auto')).strip().lower() or 'auto'
+  """The confinement mode: `value`, else `$TFF_GMA_WORKER_CONFINEMENT`, else `DEFAULT_MODE` ('require')."""
+  setting = (value if value is not None else os.environ.get(ENV_VAR, DEFAULT_MODE)).strip().lower() or DEFAULT_MODE
   if setting not in MODES:
     raise ValueError(f'{ENV_VAR}={setting!r}: expected one of {", ".join(MODES)}')
   return setting

@@ -8,7 +8,8 @@ worker it owns:
 
 * the worker runs in a private network namespace (`tff_gma.confinement`): the driver reaches it through a Unix
   socket in a private (0700) directory, and no TCP port is open on the host; where the kernel refuses the
-  namespace, `$TFF_GMA_WORKER_CONFINEMENT` decides (`auto`: warn once and run it unconfined; `require`: refuse);
+  namespace, `$TFF_GMA_WORKER_CONFINEMENT` decides (`require`, the default: refuse; `auto` or `off`, opt-ins:
+  warn once and run it unconfined);
 * the worker's stdout/stderr go to a log file (or are discarded), never to the caller's pipes; the default log
   lives in that private directory, and those of dead processes are removed;
 * the worker runs in its own session (a Ctrl-C reaches Python, which then stops the worker cleanly) and gets
@@ -219,10 +220,13 @@ def _allow_unconfined(worker: 'WorkerProcess', setting: str) -> None:
   reason = (f'{confinement.ENV_VAR}=off' if setting == 'off'
             else f'{confinement.unavailable_advice()}: {_confinement_unavailable}')
   if setting == 'require':
+    chosen = (f'{confinement.ENV_VAR}=require' if os.environ.get(confinement.ENV_VAR, '').strip()
+              else f'the default; {confinement.ENV_VAR} is unset')
     raise RuntimeError(
-        f'TFF worker confinement is required ({confinement.ENV_VAR}=require) but unavailable: {reason}. '
-        f'Allow network namespaces for this user (or run as root), or set {confinement.ENV_VAR}=auto to run '
-        f'the worker exposed on all interfaces.')
+        f'TFF worker confinement is required ({chosen}) but unavailable: {reason}. Unconfined, the worker would '
+        f'listen on all interfaces without authentication, so any host that reaches this one could run code in '
+        f'it. Allow network namespaces for this user (or run as root), or opt in to the exposed worker with '
+        f'{confinement.ENV_VAR}=off (or auto: confined where the kernel allows it).')
   if worker.listen_host not in (None,) + _ALL_INTERFACES:
     raise RuntimeError(
         f'cannot restrict the TFF worker to {worker.listen_host}: the worker itself listens on all interfaces, '
@@ -299,7 +303,7 @@ class WorkerProcess:
     listen_host: `None` (default): reachable only through a Unix socket in this process's private directory
       (`target` is `unix:<path>`), from this user and root. Otherwise the TCP address to serve on ('' for all
       interfaces): for workers that other hosts' drivers use (`python -m tff_gma.worker`).
-    confinement: 'auto', 'require' or 'off'; `None` reads `$TFF_GMA_WORKER_CONFINEMENT` (default 'auto').
+    confinement: 'require', 'auto' or 'off'; `None` reads `$TFF_GMA_WORKER_CONFINEMENT` (default 'require').
   """
 
   log_path: Optional[str] = None

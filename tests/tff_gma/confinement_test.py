@@ -2,7 +2,7 @@
 
 Each case runs the simulation in a child Python (the "run") that keeps running computations until told to stop;
 this test process, outside the run, probes the worker meanwhile. Where the kernel refuses the private network
-namespace, the run warns once and falls back (`auto`) or refuses (`require`).
+namespace, the run refuses (`require`, the default, naming the opt-in) or warns once and falls back (`auto`).
 """
 
 import os
@@ -142,6 +142,10 @@ def test_fallback_warns_once_or_refuses_where_namespaces_are_unavailable(tmp_pat
       import tensorflow_federated as tff
       from tff_gma import runtime
 
+      os.environ.pop('TFF_GMA_WORKER_CONFINEMENT', None)  # The default refuses, naming the opt-in.
+      with pytest.raises(RuntimeError, match='required') as refused:
+        runtime.set_simulation_context()
+      print('DEFAULT', str(refused.value).replace(chr(10), ' '), flush=True)
       os.environ['TFF_GMA_WORKER_CONFINEMENT'] = 'require'
       with pytest.raises(RuntimeError, match='required') as refused:
         runtime.set_simulation_context()
@@ -166,6 +170,9 @@ def test_fallback_warns_once_or_refuses_where_namespaces_are_unavailable(tmp_pat
   if 'NO_USERNS' in proc.stdout:
     pytest.skip('cannot make a user namespace without namespaces for the test')
   assert 'REFUSED' in proc.stdout and 'TFF_GMA_WORKER_CONFINEMENT=require' in proc.stdout
+  (default,) = [l for l in proc.stdout.splitlines() if l.startswith('DEFAULT')]
+  assert 'the default; TFF_GMA_WORKER_CONFINEMENT is unset' in default
+  assert 'opt in to the exposed worker with TFF_GMA_WORKER_CONFINEMENT=off' in default
   assert 'FALLBACK 127.0.0.1:' in proc.stdout
   # Said once, clearly, for the two workers.
   assert proc.stderr.count('TFF worker NOT confined') == 1, proc.stderr
