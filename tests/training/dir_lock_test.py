@@ -80,3 +80,22 @@ def test_a_lock_file_of_a_dead_pid_is_stale(tmp_path):
     assert lock.stale_holder == f'pid {dead.pid}'
     assert (tmp_path / dir_lock.LOCK_FILE).read_text().startswith(f'pid={os.getpid()}\n')
   assert time.monotonic() - start < 5
+
+
+def test_deleting_the_lock_file_does_not_let_a_second_run_in(tmp_path):
+  with dir_lock.DirectoryLock(str(tmp_path / 'run')):
+    os.remove(tmp_path / 'run' / dir_lock.LOCK_FILE)  # Someone else's cleanup.
+    with pytest.raises(dir_lock.DirectoryLockedError, match='is in use by another run'):
+      dir_lock.DirectoryLock(str(tmp_path / 'run')).acquire()
+  with dir_lock.DirectoryLock(str(tmp_path / 'run')):  # Released: free again.
+    pass
+
+
+def test_a_lock_file_planted_as_a_symbolic_link_is_refused_not_written_through(tmp_path):
+  victim = tmp_path / 'victim'
+  victim.write_text('precious')
+  (tmp_path / 'run').mkdir()
+  os.symlink(victim, tmp_path / 'run' / dir_lock.LOCK_FILE)
+  with pytest.raises(dir_lock.DirectoryLockedError, match='is a symbolic link'):
+    dir_lock.DirectoryLock(str(tmp_path / 'run')).acquire()
+  assert victim.read_text() == 'precious'

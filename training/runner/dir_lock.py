@@ -15,6 +15,10 @@ and end with a summary of neither. `DirectoryLock(directory)` takes `fcntl.flock
   opened the old file before its removal sees, once it holds the flock, that the path no longer names that file,
   and retries on the new one, so removing it cannot let two runs in.
 
+The directory itself is flocked too, for as long as the lock is held: deleting `.run.lock` (by hand, or by a
+cleanup script) releases nothing, so a second run is still refused. The lock file is opened without following a
+symbolic link (a link planted as `.run.lock` is refused, not written through).
+
 Different directories never block each other, so a study may run many runs in one process.
 """
 
@@ -73,6 +77,7 @@ class DirectoryLock:
     self.path = os.path.join(directory, LOCK_FILE)
     self.stale_holder: Optional[str] = None  # Set by `acquire` when it took over a dead process's lock file.
     self._fd: Optional[int] = None
+    self._dir_fd: Optional[int] = None  # The directory, flocked while the lock is held (survives the file's removal).
     self._created: list[str] = []  # Directories `acquire` created (deepest first), removed again if left empty.
 
   @property
@@ -98,14 +103,37 @@ class DirectoryLock:
     for _ in range(_RETRIES):
       self._make_dirs()
       try:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-      except FileNotFoundError:  # The directory was removed meanwhile (a released lock's cleanup): retry.
+        dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+      except FileNotFoundError:  # Removed meanwhile (a released lock's cleanup): retry.
         continue
+      try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError as e:
+        os.close(dir_fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+          raise
+        self._remove_created_dirs()
+        raise DirectoryLockedError(
+            f'{self.directory} is in use by another run ({_describe(self._holder_from_file())}; lock file '
+            f'{self.path}). Wait for it to end, or use another --output_dir.') from None
+      try:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+      except FileNotFoundError:  # The directory was removed meanwhile (a released lock's cleanup): retry.
+        os.close(dir_fd)
+        continue
+      except OSError as e:
+        os.close(dir_fd)
+        if e.errno == errno.ELOOP:
+          self._remove_created_dirs()
+          raise DirectoryLockedError(f'{self.path} is a symbolic link; a run does not write through one. Remove '
+                                     f'it, or use another --output_dir.') from None
+        raise
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except OSError as e:
         holder = _read_holder(fd)
         os.close(fd)
+        os.close(dir_fd)
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
           raise
         self._remove_created_dirs()
@@ -118,6 +146,7 @@ class DirectoryLock:
         same_file = False
       if not same_file:  # Its holder removed the file on release before we got the flock: lock the new one.
         os.close(fd)
+        os.close(dir_fd)
         continue
       previous = _read_holder(fd)
       if previous.get('pid'):
@@ -125,7 +154,7 @@ class DirectoryLock:
             f' on host {previous["host"]}' if previous.get('host') not in (None, socket.gethostname()) else '')
       os.ftruncate(fd, 0)
       os.pwrite(fd, f'pid={os.getpid()}\nhost={socket.gethostname()}\n'.encode(), 0)
-      self._fd = fd
+      self._fd, self._dir_fd = fd, dir_fd
       return self
     raise DirectoryLockedError(f'{self.directory}: could not take {self.path} ({_RETRIES} attempts; its file kept '
                                'being replaced)')
@@ -141,8 +170,21 @@ class DirectoryLock:
       except FileNotFoundError:  # The directory was moved or removed under the run.
         pass
     finally:
-      os.close(fd)  # Releases the flock.
+      os.close(fd)  # Releases the flocks.
+      dir_fd, self._dir_fd = self._dir_fd, None
+      if dir_fd is not None:
+        os.close(dir_fd)
       self._remove_created_dirs()
+
+  def _holder_from_file(self) -> dict[str, str]:
+    try:
+      fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+      return {}
+    try:
+      return _read_holder(fd)
+    finally:
+      os.close(fd)
 
   def _remove_created_dirs(self) -> None:
     for path in self._created:  # Deepest first; a directory that holds anything stays.
