@@ -187,14 +187,21 @@ def _remove_private_dir() -> None:
 
 
 def _open_log(path: str) -> IO[bytes]:
-  """Opens `path` for appending without following a symbolic link there (mode 0600 if created)."""
-  flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+  """Opens `path` for appending without following a symbolic link there (mode 0600 if created); only a regular
+  file. Non-blocking while it checks: opening a FIFO for writing would otherwise wait for a reader forever."""
+  flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
   try:
     fd = os.open(path, flags, 0o600)
   except OSError as e:
     if e.errno == errno.ELOOP:
       raise RuntimeError(f'TFF worker log {path} is a symbolic link; refusing to follow it') from e
+    if e.errno == errno.ENXIO:  # A FIFO (or socket) with no reader.
+      raise RuntimeError(f'TFF worker log {path} is not a regular file (a FIFO or socket); refusing it') from e
     raise
+  if not stat.S_ISREG(os.fstat(fd).st_mode):
+    os.close(fd)
+    raise RuntimeError(f'TFF worker log {path} is not a regular file; refusing it')
+  os.set_blocking(fd, True)
   return os.fdopen(fd, 'ab')
 
 

@@ -123,7 +123,11 @@ def main(argv):
   signal.signal(signal.SIGTERM, _raise_terminated)
   try:
     if config.workers is None:
-      runtime.set_simulation_context()
+      try:
+        runtime.set_simulation_context()
+      except (RuntimeError, ValueError) as e:  # The worker's log or confinement setting refused it.
+        print(f'error: {e}', file=sys.stderr, flush=True)
+        sys.exit(1)
     summary = experiment.run(config).summary  # Checks every setting first, before anything is written.
   except experiment.ConfigError as e:
     raise app.UsageError(f'invalid flags: {e}') from e

@@ -139,3 +139,22 @@ def test_sigterm_says_how_to_resume_and_exits_143(tmp_path):
   assert line.startswith('interrupted after round ') and line.endswith(
       'resume with: python -m training.run ' + ' '.join(shlex.quote(f) for f in flags)), line
   assert not (out / dir_lock.LOCK_FILE).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('env, message', [
+    ({'TFF_GMA_WORKER_LOG': 'FIFO'}, 'is not a regular file'),
+    ({'TFF_GMA_WORKER_CONFINEMENT': 'sometimes'}, "TFF_GMA_WORKER_CONFINEMENT='sometimes': expected one of"),
+])
+def test_a_refused_worker_setting_is_one_line_and_does_not_hang(tmp_path, env, message):
+  if env.get('TFF_GMA_WORKER_LOG') == 'FIFO':
+    os.mkfifo(tmp_path / 'log.fifo')  # Opening it for writing would wait for a reader forever.
+    env = {'TFF_GMA_WORKER_LOG': str(tmp_path / 'log.fifo')}
+  process = subprocess.run(
+      [sys.executable, '-m', 'training.run', f'--output_dir={tmp_path / "out"}', '--rounds=1', '--model=logistic'],
+      cwd=tests.ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+      env=dict(_ENV, **env))
+  assert process.returncode == 1, process.stderr[-3000:]
+  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], process.stderr[-3000:]
+  assert not (tmp_path / 'out').exists()
