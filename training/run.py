@@ -132,7 +132,7 @@ def main(argv):
   except experiment.ConfigError as e:
     raise app.UsageError(f'invalid flags: {e}') from e
   except (experiment.DirectoryLockedError, experiment.CheckpointError, experiment.TrainingStopped,
-          idx.IdxError) as e:
+          experiment.UnsafeOutputError, idx.IdxError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
   except KeyboardInterrupt as e:

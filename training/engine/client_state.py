@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import glob
+import io
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma.learning import client_lib
+from training import safe_files
 
 
 class ClientStateStore:
@@ -95,9 +97,9 @@ class ClientStateStore:
     ids = sorted(self._arrays)
     arrays = {f'a{i}_{j}': a for i, cid in enumerate(ids) for j, a in enumerate(self._arrays[cid])}
     arrays['client_ids'] = np.asarray(json.dumps(ids))
-    tmp = path + '.tmp.npz'
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    safe_files.write_atomic(path, buffer.getvalue())  # Never through a link planted at the path.
 
   def load_from(self, path: str) -> None:
     """Replaces the stored arrays by those of a `save`d file."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import dataclasses
+import io
 import os
 import re
 import shutil
@@ -24,6 +25,8 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import tensorflow_federated as tff
+
+from training import safe_files
 
 CHECKPOINT_DIR = 'checkpoints'
 DAMAGED_DIR = 'damaged'  # Under checkpoints/: not `program_state_*`, so TFF's manager ignores it.
@@ -149,10 +152,7 @@ def drop_partial_row(csv_path: str) -> bool:
   last = lines[-1]
   if last.endswith(('\n', '\r')) and len(next(csv.reader([last]))) == header_fields:
     return False
-  tmp = f'{csv_path}.tmp'
-  with open(tmp, 'w', newline='') as f:
-    f.write(''.join(lines[:-1]))
-  os.replace(tmp, csv_path)
+  safe_files.write_atomic(csv_path, ''.join(lines[:-1]))
   return True
 
 
@@ -172,10 +172,9 @@ def truncate_rows(csv_path: str, key_fieldname: str, last_key: int) -> int:
   kept = [r for r in rows if r.get(key_fieldname) not in (None, '') and int(float(r[key_fieldname])) <= last_key]
   if len(kept) == len(rows):
     return 0
-  tmp = f'{csv_path}.tmp'
-  with open(tmp, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=fieldnames)
-    writer.writeheader()
-    writer.writerows(kept)
-  os.replace(tmp, csv_path)
+  text = io.StringIO(newline='')
+  writer = csv.DictWriter(text, fieldnames=fieldnames)
+  writer.writeheader()
+  writer.writerows(kept)
+  safe_files.write_atomic(csv_path, text.getvalue())
   return len(rows) - len(kept)

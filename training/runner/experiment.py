@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
 import math
 import os
@@ -71,6 +72,7 @@ import tensorflow_federated as tff
 from tff_gma import checks
 from tff_gma import models
 from tff_gma.data import loaders
+from training import safe_files
 from training import config as config_lib
 from training.runner import checkpoints
 from training.engine import corruption as corruption_lib
@@ -102,6 +104,7 @@ class ConfigError(ValueError):
 
 
 # The output directory refuses the run (raised by `run` after the settings' checks, before training):
+UnsafeOutputError = safe_files.UnsafeOutputError  # Writable by other users, or a link planted at an output's name.
 DirectoryLockedError = dir_lock.DirectoryLockedError  # Another run holds it (names the directory and the pid).
 CheckpointError = checkpoints.CheckpointError  # Checkpoints exist and none loads (names the damaged paths).
 
@@ -253,6 +256,7 @@ def check_resumable(config: config_lib.ExperimentConfig) -> None:
 def prepare(config: config_lib.ExperimentConfig) -> None:
   """Every check of a run, before anything is written: the settings, then the output directory's."""
   validate(config)
+  safe_files.check_output_dir(config.output_dir)  # Nobody else can plant a link the run would write through.
   check_resumable(config)
 
 
@@ -398,7 +402,9 @@ def _plot(rows: list[dict[str, float]], path: str, title: str) -> None:
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  image = io.BytesIO()
+  fig.savefig(image, format='png', dpi=100)
+  safe_files.write_atomic(path, image.getvalue())
   plt.close(fig)
 
 
@@ -468,15 +474,12 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       raise ConfigError(f'workers: {e}') from None
   # Every check has passed: only now is anything but the lock written. Atomically (a temporary file renamed over
   # it): an interrupted write leaves the old config.json or the new one, never a half that refuses the resume.
-  path = os.path.join(config.output_dir, CONFIG_FILE)
-  with open(path + '.tmp', 'w') as f:
-    json.dump(dataclasses.asdict(config), f, indent=2)
-  os.replace(path + '.tmp', path)
+  safe_files.write_atomic(os.path.join(config.output_dir, CONFIG_FILE),
+                          json.dumps(dataclasses.asdict(config), indent=2))
   if config.audit:
     from tff_gma import audit  # pylint: disable=g-import-not-at-top
     report = audit.audit_computation(setup.process)
-    with open(os.path.join(config.output_dir, 'audit.md'), 'w') as f:
-      f.write(report.to_markdown())
+    safe_files.write_atomic(os.path.join(config.output_dir, 'audit.md'), report.to_markdown())
 
   state_manager = tff.program.FileProgramStateManager(checkpoints.checkpoint_dir(config.output_dir),
                                                       keep_total=methods.KEEP_CHECKPOINTS)
@@ -616,13 +619,12 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
         setup.evaluator.logits(weights_now, np.concatenate(xs)), np.concatenate(ys),
         setup.evaluator.logits(weights_now, setup.data.test_x), setup.data.test_y, seed=config.seed)
     summary['membership_attack_accuracy'] = float(attack['attack_accuracy'])
-    with open(os.path.join(config.output_dir, 'membership.json'), 'w') as f:
-      json.dump(attack, f, indent=2, default=float)
+    safe_files.write_atomic(os.path.join(config.output_dir, 'membership.json'),
+                            json.dumps(attack, indent=2, default=float))
   summary['non_finite_update_rounds'] = non_finite['rounds_in_a_row']  # In a row, at the end.
   if stopped is not None:
     summary['stopped'] = str(stopped)
-  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
+  safe_files.write_atomic(os.path.join(config.output_dir, 'summary.json'), json.dumps(summary, indent=2))
   if evaluated:
     _plot(evaluated, os.path.join(config.output_dir, 'accuracy.png'),
           f'{config.dataset}/{config.partition}: {config.algorithm} + {config.aggregator}')

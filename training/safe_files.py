@@ -1,0 +1,70 @@
+"""Writing a run's files so that nobody else's symbolic link can redirect them.
+
+A run writes into `--output_dir`. Were that directory writable by other users, one of them could plant a link
+named `summary.json` (or `metrics.csv`, `.run.lock`...) pointing at a file of the run's user, and the run would
+overwrite it. So:
+
+* `check_output_dir` refuses an output directory that other users may write into (group- or world-writable)
+  unless it is the run user's own and sticky (as /tmp is: others cannot then remove or rename the run's files),
+  and refuses one in which any of the names the run writes is already a symbolic link (TFF's release and state
+  managers, which write `metrics.csv`, `tensorboard/` and `checkpoints/`, follow links);
+* `write_atomic` writes the run's own files as a new file made with O_EXCL | O_NOFOLLOW beside the target, then
+  renamed over it: a rename replaces a link at the target, it never writes through it, and a reader sees the old
+  file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Iterable
+
+# What a run creates in its output directory (its own files and TFF's), checked for planted links up front.
+RUN_OUTPUTS = ('config.json', 'summary.json', 'metrics.csv', 'accuracy.png', 'audit.md', 'membership.json',
+               'tensorboard', 'checkpoints', 'personal', 'control_variate', '.run.lock')
+
+
+class UnsafeOutputError(RuntimeError):
+  """The output directory could let another user redirect the run's writes (the message says how)."""
+
+
+def check_output_dir(directory: str, names: Iterable[str] = RUN_OUTPUTS) -> None:
+  """Raises `UnsafeOutputError` if `directory` (when it exists) or one of `names` in it is unsafe to write."""
+  try:
+    info = os.lstat(directory)
+  except FileNotFoundError:
+    return  # Created by the run, with the user's umask.
+  if stat.S_ISLNK(info.st_mode):
+    real = os.path.realpath(directory)
+    check_output_dir(real, names)  # A link to a directory is fine when that directory is safe.
+    return
+  others_write = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+  sticky_and_own = info.st_mode & stat.S_ISVTX and info.st_uid == os.geteuid()
+  if others_write and not sticky_and_own:
+    raise UnsafeOutputError(
+        f'{directory} is writable by other users (mode {stat.filemode(info.st_mode)}): one of them could plant '
+        f'links that redirect the run\'s writes. Use a directory only you can write to (chmod go-w), or one of '
+        f'yours with the sticky bit')
+  for name in names:
+    path = os.path.join(directory, name)
+    if os.path.islink(path):
+      raise UnsafeOutputError(f'{path} is a symbolic link (to {os.readlink(path)}); a run does not write through '
+                              f'one. Remove it, or use another --output_dir')
+
+
+def write_atomic(path: str, data: bytes | str) -> None:
+  """Writes `data` to `path` without following a link there: a fresh file beside it, renamed over it."""
+  directory, name = os.path.split(path)
+  tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(6)}.tmp')
+  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data.encode('utf-8') if isinstance(data, str) else data)
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.unlink(tmp)
+    except FileNotFoundError:
+      pass
+    raise
