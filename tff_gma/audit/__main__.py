@@ -15,7 +15,9 @@ missing attribute, a builder that raises, a target the audit cannot read, an `--
 (a directory, a missing directory), or an exception inside the audit. Each prints one `error: ...` line on stderr
 (`--traceback` adds the Python traceback). A PASS establishes what the report's Scope paragraph says, no more
 (`tff_gma.audit.static.AUDIT_SCOPE`). The audit is static: the command installs no execution context and starts
-no TFF worker.
+no TFF worker. The target is imported and audited in a child process, and a verdict counts only once its report
+was printed: audited code that ends the process (`os._exit` at import, a signal, Ctrl-C) is exit 2 with one line
+saying how it ended, never a PASS.
 """
 
 from __future__ import annotations
@@ -211,8 +213,50 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return EXIT_ERROR
 
 
+# The audited code runs in a child process (this program again, with `_CHILD_ENV` naming the write end of a pipe):
+# code that ends the process (`os._exit(0)` at import, a signal, Ctrl-C) must not read as a verdict. The child
+# writes its verdict to the pipe after it printed the report; the parent returns the child's status only with that
+# verdict, and otherwise says in one line that the audit ended without a report (exit 2).
+_CHILD_ENV = 'TFF_GMA_AUDIT_VERDICT_FD'
+_EXIT_INTERRUPTED = 130  # The child's status after a KeyboardInterrupt (128 + SIGINT, as a shell reports it).
+
+
+def _supervise(argv: Sequence[str]) -> int:
+  """Runs the audit in a child process; its exit status, or EXIT_ERROR when it ended without a verdict."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  read_fd, write_fd = os.pipe()
+  env = dict(os.environ, **{_CHILD_ENV: str(write_fd)})
+  try:
+    child = subprocess.Popen([sys.executable, '-m', 'tff_gma.audit', *argv], env=env, pass_fds=(write_fd,))
+  finally:
+    os.close(write_fd)
+  interrupted = False
+  while True:
+    try:
+      child.wait()
+      break
+    except KeyboardInterrupt:  # Ctrl-C reached the child too; wait for it to end, then say so.
+      interrupted = True
+      signal.signal(signal.SIGINT, signal.SIG_IGN)
+  with os.fdopen(read_fd, 'rb') as pipe:
+    verdict = pipe.read().decode('ascii', 'replace').strip()
+  code = child.returncode
+  if verdict in (str(EXIT_OK), str(EXIT_VIOLATIONS)) and code == int(verdict):
+    return code
+  if verdict == str(EXIT_ERROR) and code == EXIT_ERROR:
+    return EXIT_ERROR  # The child printed its `error: ...` line.
+  how = ('interrupted (Ctrl-C)' if interrupted or code in (-signal.SIGINT, _EXIT_INTERRUPTED)
+         else f'killed by signal {signal.Signals(-code).name}' if code < 0 else f'exit status {code}')
+  target = next((a for a in argv if not a.startswith('-')), 'the target')
+  print(f'error: the audit of {target} ended ({how}) before printing its report: the audited code ended the '
+        f'process; no verdict', file=sys.stderr, flush=True)
+  return EXIT_ERROR
+
+
 def run_program() -> int:
-  """Entry point of `python -m tff_gma.audit`: `main` with no execution context installed."""
+  """Entry point of `python -m tff_gma.audit`: the audit in a supervised child process (see `_supervise`), which
+  runs `main` with no execution context installed."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.impl.context_stack import set_default_context
@@ -220,7 +264,19 @@ def run_program() -> int:
   # Auditing executes nothing: with no default context nothing can start TFF's worker, and the context TFF installed
   # at import (which would start one lazily) is released now rather than during interpreter shutdown.
   set_default_context.set_no_default_context()
-  return main()
+  if _CHILD_ENV not in os.environ:
+    if any(a in ('-h', '--help') for a in sys.argv[1:]):
+      return main()  # argparse prints the help and exits.
+    return _supervise(sys.argv[1:])
+  verdict_fd = int(os.environ.pop(_CHILD_ENV))
+  try:
+    code = main()
+  except KeyboardInterrupt:  # Ctrl-C (or code that raised it): no verdict; the parent says so in one line.
+    return _EXIT_INTERRUPTED
+  sys.stdout.flush()
+  os.write(verdict_fd, str(code).encode('ascii'))  # After the report: the parent's proof that it was printed.
+  os.close(verdict_fd)
+  return code
 
 
 if __name__ == '__main__':

@@ -231,3 +231,24 @@ def test_report_states_the_scope_of_a_pass(capsys):
 ])
 def test_parse_type(spec, expected):
   assert cli.parse_type(spec) == expected
+
+
+# The audited code runs in a child process: code that ends the process is never read as a verdict.
+
+
+@pytest.mark.parametrize('source, how', [
+    ('import os\nos._exit(0)\n', 'exit status 0'),
+    ('import os\nos._exit(1)\n', 'exit status 1'),
+    ('import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n', 'killed by signal SIGKILL'),
+    ('import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n', 'interrupted (Ctrl-C)'),
+], ids=['exit0_at_import', 'exit1_at_import', 'sigkill', 'ctrl_c'])
+def test_a_target_that_ends_the_process_is_no_verdict(tmp_path, source, how):
+  modules = tmp_path / 'modules'
+  modules.mkdir()
+  (modules / 'ending_target.py').write_text(source)
+  process = _run_cli(tmp_path, 'ending_target:computation', extra_env={'PYTHONPATH': str(modules)})
+  assert process.returncode == cli.EXIT_ERROR, process.stderr
+  assert process.stdout == ''
+  assert _messages(process.stderr) == [
+      f'error: the audit of ending_target:computation ended ({how}) before printing its report: the audited code '
+      'ended the process; no verdict']
