@@ -84,8 +84,12 @@ def interrupted_message(config: config_lib.ExperimentConfig, args: list[str]) ->
     where = f'after round {done} of {config.rounds}'
   else:
     where = f'before round 1 of {config.rounds} completed'
-  command = ' '.join(['python -m training.run'] + [shlex.quote(a) for a in args])
-  return f'interrupted {where}; resume with: {command}'
+  return f'interrupted {where}; resume with: {resume_command(args)}'
+
+
+def resume_command(args: list[str]) -> str:
+  """The runner's command line with `args`, quoted for a shell: what resumes the run."""
+  return ' '.join(['python -m training.run'] + [shlex.quote(a) for a in args])
 
 
 class _Terminated(KeyboardInterrupt):
@@ -134,6 +138,11 @@ def main(argv):
   except (experiment.DirectoryLockedError, experiment.CheckpointError, experiment.TrainingStopped,
           experiment.UnsafeOutputError, idx.IdxError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
+  except OSError as e:  # The output directory failed under the run (disk full, removed, made read-only).
+    where = interrupted_message(config, sys.argv[1:]).partition(';')[0].replace('interrupted', 'stopped', 1)
+    print(f'error: {e.strerror or e}: {e.filename or config.output_dir} ({where}); fix it, then resume with: '
+          f'{resume_command(sys.argv[1:])}', file=sys.stderr, flush=True)
     sys.exit(1)
   except KeyboardInterrupt as e:
     _stop_quietly(interrupted_message(config, sys.argv[1:]), 143 if isinstance(e, _Terminated) else 130)

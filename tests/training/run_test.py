@@ -158,3 +158,29 @@ def test_a_refused_worker_setting_is_one_line_and_does_not_hang(tmp_path, env, m
   lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
   assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], process.stderr[-3000:]
   assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('flags, message', [
+    (['--output_dir={file}'], 'invalid flags: output_dir {file} is a file, not a directory'),
+    (['--output_dir={file}/sub'], 'invalid flags: output_dir {file}/sub: {file} is a file, not a directory'),
+    (['--output_dir='], 'invalid flags: output_dir is empty'),
+    (['--num_clients=5000', '--clients_per_round=10'], 'invalid flags: num_clients=5000 exceeds the number of examples'),
+    (['--partition=label_skew', '--classes_per_client=11'], 'invalid flags: classes_per_client must be an integer in [1, 10]'),
+    (['--alpha=inf', '--partition=dirichlet'], 'invalid flags: alpha must be finite'),
+    # A directory the kernel will not let anyone create: the failure of a write under the run.
+    (['--output_dir=/proc/tff_gma_test_run'], 'error: No such file or directory: /proc/tff_gma_test_run (stopped '
+     'before round 1 of 1 completed); fix it, then resume with: python -m training.run'),
+], ids=['file', 'under_file', 'empty', 'too_many_clients', 'too_many_classes', 'alpha_inf', 'unwritable'])
+def test_user_errors_are_one_line(tmp_path, flags, message):
+  afile = tmp_path / 'afile'
+  afile.write_text('')
+  flags = [f.format(file=afile) for f in flags]
+  process = subprocess.run(
+      [sys.executable, '-m', 'training.run', '--rounds=1', '--model=logistic',
+       *([] if any(f.startswith('--output_dir') for f in flags) else [f'--output_dir={tmp_path / "out"}']), *flags],
+      cwd=tests.ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, env=_ENV)
+  assert process.returncode == 1, process.stderr[-3000:]
+  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  assert len(lines) == 1 and lines[0].startswith(message.format(file=afile)), process.stderr[-3000:]
+  assert not (tmp_path / 'out').exists()

@@ -71,6 +71,7 @@ import tensorflow_federated as tff
 
 from tff_gma import checks
 from tff_gma import models
+from tff_gma.data import idx
 from tff_gma.data import loaders
 from training import safe_files
 from training import config as config_lib
@@ -150,6 +151,7 @@ def _check(config: config_lib.ExperimentConfig) -> None:
     value = getattr(config, field.name)
     if isinstance(value, float) and not math.isfinite(value):
       raise ConfigError(f'{field.name} must be finite, got {value!r}')
+  _check_output_dir(config.output_dir)
   if config.clients_per_round > config.num_clients:
     raise ConfigError(f'clients_per_round ({config.clients_per_round}) exceeds num_clients ({config.num_clients})')
   if not 0.0 <= config.tau <= 1.0:
@@ -183,6 +185,22 @@ def _check(config: config_lib.ExperimentConfig) -> None:
     if config.corruption in corruption_lib.UPDATE_CORRUPTIONS:
       raise ConfigError(f'rfa_weight_bound: the replay sees honest updates only, not corruption={config.corruption}')
   _check_validation(config)
+
+def _check_output_dir(output_dir: str) -> None:
+  """The output directory: a path, a directory (or creatable as one), writable."""
+  if not isinstance(output_dir, str) or not output_dir.strip():
+    raise ConfigError('output_dir is empty: give the directory the run writes into')
+  path = os.path.abspath(output_dir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError(f'output_dir {output_dir} is a file, not a directory')
+  parent = path
+  while not os.path.exists(parent):  # The nearest existing ancestor: the run creates the rest.
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ConfigError(f'output_dir {output_dir}: {parent} is a file, not a directory')
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise ConfigError(f'output_dir {output_dir}: {parent} is not writable by this user')
+
 
 def _check_validation(config: config_lib.ExperimentConfig) -> None:
   fraction = config.validation_fraction
@@ -459,7 +477,14 @@ def run(config: config_lib.ExperimentConfig, *, show_progress: bool = True,
 
 def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
                 on_round: Optional[Callable[[int, Any], None]], checkpoint_every: int) -> RunResult:
-  setup = build_setup(config)
+  try:
+    setup = build_setup(config)
+  except ConfigError:
+    raise
+  except ValueError as e:  # What only the data can tell (more clients than examples, k above the classes...).
+    if isinstance(e, idx.IdxError):  # The data's files, not a setting: the runner says `error:`.
+      raise
+    raise ConfigError(str(e)) from None
   if config.workers is not None:
     from tff_gma import runtime  # pylint: disable=g-import-not-at-top
     try:
