@@ -42,6 +42,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma.learning import client_lib
+
 VariableModelFn = Callable[[], tff.learning.models.VariableModel]
 
 
@@ -183,50 +185,31 @@ def build_in_graph_client_work(
   if reason is not None:
     raise ValueError(f'model_fn: the in-graph client loop cannot train this model: {reason}')
   metrics_aggregator = metrics_aggregator or tff.learning.metrics.sum_then_finalize
-  with tf.Graph().as_default():  # The model's variables stay out of the caller's context.
-    model = model_fn()
-    metrics_aggregation_fn = metrics_aggregator(model.metric_finalizers())
-    element_type = tff.types.tensorflow_to_type(model.input_spec)
-  data_type = tff.SequenceType(element_type)
-  weights_type = tff.learning.models.weights_type_from_model(model)
-  proximal = proximal_strength > 0.0
-  if proximal:
-    initial_state = ()
-  else:  # The hyperparameters, from a state on a placeholder spec (as TFF's client work takes them).
-    initial_state = optimizer.get_hparams(optimizer.initialize(tf.TensorSpec([], tf.float32)))
 
-  @tff.federated_computation()
-  def init_fn():
-    return tff.federated_value(initial_state, tff.SERVER)
-
-  state_type = init_fn.type_signature.result.member
-
-  @tff.tensorflow.computation(state_type, weights_type, data_type)
-  def client_update_computation(hparams, initial_weights, dataset):
+  def build_update():
     update = build_in_graph_update(model_fn, functional_model, weighting=client_weighting,
                                    proximal_strength=proximal_strength)
     # FedProx's client work keeps the optimizer's own hyperparameters (TFF's has no state).
-    return update(optimizer, initial_weights, dataset, None if proximal else hparams)
+    return lambda opt, hparams, initial_weights, data: update(opt, initial_weights, data, hparams)
 
-  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(weights_type, tff.CLIENTS),
+  types = client_lib.model_types(model_fn, metrics_aggregator)
+  if not proximal_strength > 0.0:  # The optimizer's hyperparameters as the state, as TFF's client work has them.
+    return client_lib.optimizer_client_work(types, optimizer, build_update)
+  data_type = tff.SequenceType(types.batch_type)
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.tensorflow.computation(types.weights_type, data_type)
+  def client_update_computation(initial_weights, dataset):
+    return build_update()(optimizer, None, initial_weights, dataset)
+
+  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(types.weights_type, tff.CLIENTS),
                              tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, weights, client_data):
-    client_result, model_outputs = tff.federated_map(
-        client_update_computation, (tff.federated_broadcast(state), weights, client_data))
-    measurements = tff.federated_zip(collections.OrderedDict(train=metrics_aggregation_fn(model_outputs)))
+    client_result, model_outputs = tff.federated_map(client_update_computation, (weights, client_data))
+    measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(model_outputs)))
     return tff.templates.MeasuredProcessOutput(state, client_result, measurements)
 
-  if proximal:
-    return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
-
-  @tff.tensorflow.computation(state_type)
-  def get_hparams_fn(state):
-    return state
-
-  @tff.tensorflow.computation(state_type, state_type)
-  def set_hparams_fn(state, hparams):
-    del state
-    return hparams
-
-  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn, get_hparams_fn=get_hparams_fn,
-                                                  set_hparams_fn=set_hparams_fn)
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)

@@ -110,12 +110,7 @@ class DirectoryLock:
         fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except OSError as e:
         os.close(dir_fd)
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-          raise
-        self._remove_created_dirs()
-        raise DirectoryLockedError(
-            f'{self.directory} is in use by another run ({_describe(self._holder_from_file())}; lock file '
-            f'{self.path}). Wait for it to end, or use another --output_dir.') from None
+        self._refuse_if_held(e, self._holder_from_file())
       try:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
       except FileNotFoundError:  # The directory was removed meanwhile (a released lock's cleanup): retry.
@@ -134,12 +129,7 @@ class DirectoryLock:
         holder = _read_holder(fd)
         os.close(fd)
         os.close(dir_fd)
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-          raise
-        self._remove_created_dirs()
-        raise DirectoryLockedError(
-            f'{self.directory} is in use by another run ({_describe(holder)}; lock file {self.path}). Wait for '
-            f'it to end, or use another --output_dir.') from None
+        self._refuse_if_held(e, holder)
       try:
         same_file = os.path.samestat(os.fstat(fd), os.stat(self.path))
       except FileNotFoundError:
@@ -175,6 +165,15 @@ class DirectoryLock:
       if dir_fd is not None:
         os.close(dir_fd)
       self._remove_created_dirs()
+
+  def _refuse_if_held(self, error: OSError, holder: dict[str, str]) -> None:
+    """After a failed flock: `DirectoryLockedError` naming the holder when another holds it; else re-raises."""
+    if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+      raise error
+    self._remove_created_dirs()
+    raise DirectoryLockedError(
+        f'{self.directory} is in use by another run ({_describe(holder)}; lock file {self.path}). Wait for it to '
+        f'end, or use another --output_dir.') from None
 
   def _holder_from_file(self) -> dict[str, str]:
     try:
