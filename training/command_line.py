@@ -1,4 +1,5 @@
-"""What the harness's commands share: a usage error is one line, not the command's whole help before it."""
+"""What the harness's commands share: a usage error, or a file-system error, is one line; never the command's whole
+help or a traceback."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ from typing import Any
 from absl import app
 
 
-def one_line_usage_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+STUDY_RESUMES = 'the study resumes from its finished runs when the same command runs again'
+
+
+def one_line_usage_errors(main: Callable[[list[str]], Any], resume_hint: str = '') -> Callable[[list[str]], Any]:
   """`main` for `app.run`, with an `app.UsageError` ending in its message alone on stderr and its exit code.
 
   absl's `app.run` prints the module's docstring and every flag's help (about 150 lines for the runner) before the
   error, which then scrolls out of sight; the message already names the flag and the value.
+
+  An `OSError` (an output path that is a file, a read-only or full disk) ends in one `error:` line naming the path
+  (and `resume_hint`, for a command that resumes), exit 1.
   """
 
   @functools.wraps(main)
@@ -24,5 +31,10 @@ def one_line_usage_errors(main: Callable[[list[str]], Any]) -> Callable[[list[st
     except app.UsageError as e:
       print(str(e), file=sys.stderr, flush=True)
       sys.exit(e.exitcode)
+    except OSError as e:
+      where = f': {e.filename}' if e.filename else ''
+      print(f'error: {e.strerror or e}{where}' + (f' ({resume_hint})' if resume_hint else ''), file=sys.stderr,
+            flush=True)
+      sys.exit(1)
 
   return wrapped

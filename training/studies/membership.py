@@ -133,4 +133,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(command_line.one_line_usage_errors(main))
+  app.run(command_line.one_line_usage_errors(main, command_line.STUDY_RESUMES))

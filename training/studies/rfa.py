@@ -451,4 +451,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(command_line.one_line_usage_errors(main))
+  app.run(command_line.one_line_usage_errors(main, command_line.STUDY_RESUMES))
