@@ -280,19 +280,6 @@ def method_names(role: str) -> tuple[str, ...]:
           + tuple(a.name for a in _ALGORITHMS if role in a.roles and a.kind == COMPOSED))
 
 
-def all_methods() -> tuple[tuple[str, str], ...]:
-  """Every (algorithm, aggregator) pair `check` accepts in the TFF worker, for the contract test."""
-  pairs = []
-  for algorithm_record in _ALGORITHMS:
-    for aggregator_record in _AGGREGATORS:
-      try:
-        check(algorithm_record.name, aggregator_record.name)
-      except ValueError:
-        continue
-      pairs.append((algorithm_record.name, aggregator_record.name))
-  return tuple(pairs)
-
-
 def is_private(algorithm_name: str, aggregator_name: str) -> bool:
   """Whether the method's round passes the privacy audit (with secure client metrics), as the records declare."""
   return algorithm(algorithm_name).private and aggregator(aggregator_name).private
