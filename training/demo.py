@@ -49,8 +49,8 @@ from training.engine import client_execution
 from training.engine import corruption
 from training.engine import evaluation
 from training.engine import methods
-from training.runner import progress
 from training.engine import registry
+from training.runner import progress
 from training.runner import round_loop
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -32,10 +32,10 @@ from tff_gma.data import idx
 from tff_gma.data import loaders
 from training import command_line
 from training import config as config_lib
-from training.runner import checkpoints
 from training.engine import client_execution
 from training.engine import corruption
 from training.engine import registry
+from training.runner import checkpoints
 from training.runner import experiment
 
 # The choices of the settings that name something; every other flag's kind follows its field's type.

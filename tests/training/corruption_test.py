@@ -10,13 +10,13 @@ import tensorflow_federated as tff
 from absl import flags
 
 from tests.training import interrupt
-from training import config as config_lib
-from training.engine import corruption
-from training.runner import round_loop
 from tff_gma import models
 from tff_gma.data import client_data
 from tff_gma.data import loaders
+from training import config as config_lib
+from training.engine import corruption
 from training.runner import experiment
+from training.runner import round_loop
 
 _TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='iid', num_clients=6, clients_per_round=4, rounds=1, model='logistic',

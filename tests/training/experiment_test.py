@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tests.training import interrupt
-from training.engine import registry
 from training import config as config_lib
+from training.engine import registry
 from training.runner import checkpoints
 from training.runner import dir_lock
 from training.runner import experiment

@@ -5,11 +5,11 @@ import pytest
 import tensorflow_federated as tff
 
 from tff_gma import models
+from tff_gma.data import digits
 from training import config as config_lib
 from training.engine import evaluation
 from training.engine import fedavg_family
 from training.runner import round_loop
-from tff_gma.data import digits
 
 
 def _train(algorithm: str, rounds: int, seed: int = 0, aggregator=None):

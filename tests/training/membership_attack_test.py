@@ -8,9 +8,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from training.engine import membership_attack
 from tff_gma.data import digits
 from tff_gma.data import loaders
+from training.engine import membership_attack
 
 _ROOT = tests.ROOT
 NUM_CLASSES = 10

@@ -7,13 +7,13 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from tff_gma import learning
 from tff_gma import models
-from training.engine import registry
-from training import config as config_lib
-from training.engine import fedavg_family
-from training.runner import round_loop
 from tff_gma.data import loaders
+from training import config as config_lib
 from training.engine import corruption
+from training.engine import fedavg_family
 from training.engine import methods
+from training.engine import registry
+from training.runner import round_loop
 
 
 @pytest.mark.parametrize('algorithm, aggregator, flag', [

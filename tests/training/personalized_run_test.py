@@ -8,8 +8,8 @@ import pytest
 
 from tests.training import interrupt
 from training import config as config_lib
-from training.runner import experiment
 from training.engine.client_state import ClientStateStore
+from training.runner import experiment
 
 _TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='label_skew', num_clients=5, clients_per_round=3, rounds=2, model='logistic',

@@ -9,11 +9,11 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from tff_gma import models
 from tff_gma.aggregators import geometric_median
+from tff_gma.data import loaders
 from training import config as config_lib
 from training.engine import fedavg_family
 from training.engine import rfa_weights
 from training.runner import round_loop
-from tff_gma.data import loaders
 
 VALUE_TYPE = tff.to_type([tff.TensorType(np.float32, [2, 3]), tff.TensorType(np.float32, [4])])
 WEIGHT_TYPE = tff.TensorType(np.float32)

@@ -33,9 +33,9 @@ from tff_gma.data import loaders
 from training import config as config_lib
 from training.bench import timing
 from training.engine import client_execution
+from training.engine import fedavg_family
 from training.engine import methods
 from training.engine import registry
-from training.engine import fedavg_family
 from training.runner import round_loop
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

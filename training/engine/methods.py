@@ -43,8 +43,8 @@ from training.engine import client_execution as client_execution_lib
 from training.engine import client_state
 from training.engine import corruption as corruption_lib
 from training.engine import evaluation
-from training.engine import registry
 from training.engine import fedavg_family
+from training.engine import registry
 
 KEEP_CHECKPOINTS = 3  # Rounds of server checkpoints (and of client state) kept in an output directory.
 

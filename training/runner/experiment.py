@@ -73,17 +73,17 @@ from tff_gma import checks
 from tff_gma import models
 from tff_gma.data import idx
 from tff_gma.data import loaders
-from training import safe_files
 from training import config as config_lib
-from training.runner import checkpoints
+from training import safe_files
 from training.engine import corruption as corruption_lib
-from training.runner import dir_lock
 from training.engine import evaluation
 from training.engine import membership_attack
 from training.engine import methods
-from training.runner import progress
 from training.engine import registry
 from training.engine import rfa_weights
+from training.runner import checkpoints
+from training.runner import dir_lock
+from training.runner import progress
 from training.runner import round_loop
 
 LAST_EVALS_FOR_FINAL = 10  # "Final" figure: mean over the last 10 evaluated rounds (GMA paper).

@@ -34,8 +34,8 @@ from tff_gma.data import loaders
 from training import command_line
 from training import config as config_lib
 from training.engine import evaluation
-from training.runner import experiment
 from training.engine import membership_attack
+from training.runner import experiment
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (one run per aggregator and seed).')
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per run.')
