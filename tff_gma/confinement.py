@@ -5,10 +5,17 @@ whoever can connect runs TensorFlow graphs in it, as the user who started it. Th
 binary in a network namespace of its own (only a loopback interface, nothing else; the worker can neither be
 reached from outside nor reach out) and forwards one listening socket into it:
 
-* a Unix socket in a private (0700) directory for the workers of a local simulation: only this user (and root)
-  can connect; no TCP port is open on the host at all;
+* a Unix socket in a private (0700) directory for the workers of a local simulation: only this user can connect;
+  no TCP port is open on the host at all;
 * a TCP socket bound to an address the caller picks (`python -m tff_gma.worker --bind=...`), for the workers of a
-  multi-host run, which must be reachable by design.
+  multi-host run, which must be reachable by design; or a Unix socket the caller names (`--unix=PATH`).
+
+Every connection passes the forwarder, which admits only the worker's owner among the users of this host
+(`PeerCheck`): a Unix peer by its `SO_PEERCRED` uid; a TCP peer on this host (loopback or any local address) by the
+owner uid of its socket, read from the host's `/proc/net/tcp` and `/proc/net/tcp6`. A connection from another
+user is closed before a byte reaches the worker. TCP peers on other hosts cannot be identified (TFF's protocol has
+no authentication) and are admitted: who reaches the listener from outside is up to `--bind`, a firewall or an SSH
+tunnel.
 
 The forwarder is a small helper process (this file, run as a stdlib-only script: `python -I -S confinement.py`)
 that receives the listening socket from the driver, enters a new network namespace (`unshare(CLONE_NEWNET)`,
@@ -28,9 +35,11 @@ Nothing here imports TensorFlow: the helper starts in a few milliseconds.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import fcntl
+import ipaddress
 import json
 import os
 import signal
@@ -137,6 +146,173 @@ def enter_private_network_namespace() -> str:
   return how
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Who may connect: the peer-owner check (in the helper, on every connection, before a byte reaches the worker).
+
+_TCP_LISTEN = 0x0A
+TcpEntry = collections.namedtuple('TcpEntry', 'local remote state uid inode')
+TcpEntry.__doc__ = 'One socket of /proc/net/tcp{,6}: (address, port) pairs, TCP state, owner uid, inode (0: closed).'
+
+
+def _normal(address):
+  """An ipaddress address from a string ('fe80::1%eth0' ok) or address; IPv4-mapped IPv6 becomes IPv4."""
+  if isinstance(address, str):
+    address = ipaddress.ip_address(address.split('%', 1)[0])
+  if address.version == 6 and address.ipv4_mapped is not None:
+    return address.ipv4_mapped
+  return address
+
+
+def _proc_net_address(field: str):
+  """'0100007F:1F40' (an address of /proc/net/tcp or tcp6) -> (address, port)."""
+  hex_address, hex_port = field.split(':')
+  if len(hex_address) not in (8, 32):
+    raise ValueError(f'not an address of /proc/net/tcp: {field!r}')
+  # The kernel prints the address as 32-bit words in host byte order: packing them natively restores its bytes.
+  raw = b''.join(struct.pack('=I', int(hex_address[i:i + 8], 16)) for i in range(0, len(hex_address), 8))
+  return _normal(ipaddress.ip_address(raw)), int(hex_port, 16)
+
+
+def parse_proc_net_tcp(text: str) -> list:
+  """The sockets listed in the text of /proc/net/tcp or /proc/net/tcp6 (a header line, then one per socket)."""
+  entries = []
+  for line in text.splitlines()[1:]:
+    fields = line.split()
+    if len(fields) < 10:
+      continue
+    try:
+      entries.append(TcpEntry(_proc_net_address(fields[1]), _proc_net_address(fields[2]), int(fields[3], 16),
+                              int(fields[7]), int(fields[9])))
+    except ValueError:  # Unreadable line: its socket counts as not found (a local peer is then refused).
+      continue
+  return entries
+
+
+def parse_fib_trie_local(text: str) -> list:
+  """The IPv4 networks that are local to the host (type LOCAL: its addresses, 127/8, AnyIP routes), from the
+  text of /proc/net/fib_trie ('|-- KEY' lines, each followed by its '/PREFIX SCOPE TYPE' lines)."""
+  networks = set()
+  key = None
+  for line in text.splitlines():
+    item = line.strip()
+    if item.startswith('|-- '):
+      key = item[4:].strip()
+    elif item.startswith('/') and key is not None:
+      fields = item.split()
+      if len(fields) >= 3 and fields[2] == 'LOCAL':
+        try:
+          networks.add(ipaddress.ip_network(f'{key}{fields[0]}', strict=False))
+        except ValueError:
+          pass
+    else:
+      key = None
+  return sorted(networks)
+
+
+def parse_if_inet6(text: str) -> list:
+  """The host's IPv6 addresses, as /128 networks, from the text of /proc/net/if_inet6."""
+  networks = []
+  for line in text.splitlines():
+    fields = line.split()
+    try:
+      networks.append(ipaddress.ip_network(ipaddress.ip_address(bytes.fromhex(fields[0]))))
+    except (IndexError, ValueError):
+      continue
+  return networks
+
+
+def tcp_peer_verdict(peer, ours, entries, local_networks, owner_uid: int) -> tuple:
+  """(admit, why) for a TCP connection to the listener from `peer` ((address, port)) arriving at `ours`.
+
+  `entries`: the host's sockets (`parse_proc_net_tcp`; an iterable, read up to the peer's socket: a connection's
+  two ends are unique among the host's sockets); `local_networks()`: the host's local networks (called only when
+  the peer's socket is not among `entries`). The peer's socket is the one whose local end is `peer` and remote
+  end `ours`. Admitted: a peer socket of `owner_uid`; a peer on another host (an address that is not
+  this host's), whose user cannot be known. Refused: a peer socket of another uid; one that its process has
+  already closed (inode 0: TIME_WAIT and orphaned sockets, listed with uid 0, have no owner left); and a peer at
+  an address of this host whose socket is not listed (fail closed).
+  """
+  peer_address, peer_port = _normal(peer[0]), int(peer[1])
+  our_address, our_port = _normal(ours[0]), int(ours[1])
+  found = next(([e] for e in entries if e.state != _TCP_LISTEN and e.local == (peer_address, peer_port)
+                and e.remote == (our_address, our_port)), [])
+  owners = {e.uid for e in found if e.inode}
+  if owners == {owner_uid}:
+    return True, f'a local socket of uid {owner_uid}'
+  if owners:
+    return False, 'a local socket of uid ' + ', '.join(str(uid) for uid in sorted(owners - {owner_uid}))
+  if found:
+    return False, 'a local socket already closed by its process (no owner left)'
+  if (peer_address.is_loopback or peer_address == our_address
+      or any(peer_address in network for network in local_networks())):
+    return False, 'an address of this host whose socket is not listed (its owner is unknown)'
+  return True, 'another host'
+
+
+class PeerCheck:
+  """Admits, among the users of this host, only the worker's owner (this process's effective uid).
+
+  Made before the helper leaves the host's namespaces: it keeps the host's /proc/net/tcp, tcp6, fib_trie and
+  if_inet6 open (a /proc/net file shows the network namespace it was opened in, at every re-read, and its uids
+  as seen from the user namespace it was opened in, where the owner is `os.geteuid()` of now).
+  A Unix peer is checked by its `SO_PEERCRED` uid, a TCP peer by `tcp_peer_verdict`. Root is no exception (when
+  the owner is another user): root could enter the worker by other means anyway, but is not let in by this one.
+  (Where the helper runs in its own user namespace, `SO_PEERCRED` shows another user's uid as the overflow uid,
+  65534: still refused, unless the owner is that very uid; the socket's 0700 directory keeps them out anyway.)
+  """
+
+  def __init__(self, proc_net: str = '/proc/self/net', tcp: bool = True):
+    """`tcp`: whether TCP peers will be checked (a Unix listener needs none of the tables)."""
+    self.owner_uid = os.geteuid()
+    self._lock = threading.Lock()
+    self._fds = {}
+    for name in ('tcp', 'tcp6', 'fib_trie', 'if_inet6') if tcp else ():
+      try:
+        self._fds[name] = os.open(os.path.join(proc_net, name), os.O_RDONLY | os.O_CLOEXEC)
+      except OSError:  # No IPv6 on this host: no tcp6 peer either.
+        pass
+    if tcp and 'tcp' not in self._fds:
+      raise OSError(errno.ENOENT, f'{proc_net}/tcp is unreadable: the owners of local peers cannot be checked')
+
+  def _read(self, name: str) -> str:
+    fd = self._fds.get(name)
+    if fd is None:
+      return ''
+    chunks = []
+    with self._lock:
+      os.lseek(fd, 0, os.SEEK_SET)
+      while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+          break
+        chunks.append(chunk)
+    return b''.join(chunks).decode('ascii', 'replace')
+
+  def _local_networks(self) -> list:
+    return parse_fib_trie_local(self._read('fib_trie')) + parse_if_inet6(self._read('if_inet6'))
+
+  def refusal(self, conn: socket.socket):
+    """None to admit the connection `conn`; otherwise a line saying whom it came from and why it is refused."""
+    try:
+      if conn.family == socket.AF_UNIX:
+        pid, uid, _ = struct.unpack('3i', conn.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize('3i')))
+        if uid == self.owner_uid:
+          return None
+        return f'a process (pid {pid}) of uid {uid} on the Unix socket'
+      if conn.family not in (socket.AF_INET, socket.AF_INET6) or 'tcp' not in self._fds:
+        return f'a socket of family {conn.family!r} that this check was not made for'
+      peer, ours = conn.getpeername()[:2], conn.getsockname()[:2]
+      # Reading a table walks the kernel's whole socket hash (tens of ms on a big host): tcp6 only when needed.
+      # An IPv4 peer (mapped ones included) is an IPv4 socket, or an IPv6 one connected to a mapped address.
+      tables = ('tcp', 'tcp6') if _normal(peer[0]).version == 4 else ('tcp6',)
+      entries = (entry for name in tables for entry in parse_proc_net_tcp(self._read(name)))
+      admit, why = tcp_peer_verdict(peer, ours, entries, self._local_networks, self.owner_uid)
+      return None if admit else f'{_normal(peer[0])}:{peer[1]}, {why}'
+    except (OSError, ValueError) as e:  # Fail closed.
+      return f'a peer whose owner could not be read ({e})'
+
+
 def _pump(src: socket.socket, dst: socket.socket, done) -> None:
   """Copies src to dst until EOF (then half-closes dst) or an error (then shuts both down)."""
   r, w = os.pipe()
@@ -181,7 +357,17 @@ def _pump(src: socket.socket, dst: socket.socket, done) -> None:
     done()
 
 
-def _serve_connection(client: socket.socket, port: int) -> None:
+def _serve_connection(client: socket.socket, port: int, check: PeerCheck | None = None) -> None:
+  if check is not None:
+    refused = check.refusal(client)
+    if refused is not None:  # Closed before a byte is read or forwarded.
+      client.close()
+      try:
+        print(f'tff_gma confinement: refused a connection from {refused}: only the worker\'s owner (uid '
+              f'{check.owner_uid}) may connect from this host', file=sys.stderr, flush=True)
+      except (OSError, ValueError):
+        pass
+      return
   try:
     upstream = socket.create_connection(('127.0.0.1', port))
   except OSError:
@@ -205,7 +391,7 @@ def _serve_connection(client: socket.socket, port: int) -> None:
   _pump(client, upstream, done)
 
 
-def _accept_loop(listener: socket.socket, port: int) -> None:
+def _accept_loop(listener: socket.socket, port: int, check: PeerCheck | None = None) -> None:
   while True:
     try:
       client, _ = listener.accept()
@@ -214,7 +400,7 @@ def _accept_loop(listener: socket.socket, port: int) -> None:
         time.sleep(0.01)
         continue
       return
-    threading.Thread(target=_serve_connection, args=(client, port), daemon=True).start()
+    threading.Thread(target=_serve_connection, args=(client, port, check), daemon=True).start()
 
 
 def _die_with_parent_of(parent_pid: int):
@@ -255,6 +441,12 @@ def helper_main(argv: list[str]) -> int:
   for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(sig, on_signal)
 
+  listener = socket.socket(fileno=listen_fd)
+  try:
+    check = PeerCheck(tcp=listener.family != socket.AF_UNIX)  # In the host's namespaces, before leaving them.
+  except OSError as e:
+    report(ok=False, unavailable=False, reason=str(e))
+    return 1
   try:
     how = enter_private_network_namespace()
   except OSError as e:
@@ -280,8 +472,7 @@ def helper_main(argv: list[str]) -> int:
       break
     except OSError:
       time.sleep(0.02)
-  listener = socket.socket(fileno=listen_fd)
-  threading.Thread(target=_accept_loop, args=(listener, port), daemon=True).start()
+  threading.Thread(target=_accept_loop, args=(listener, port, check), daemon=True).start()
   report(ok=True, pid=worker.pid, port=port, how=how)
   status.close()
   code = worker.wait()

@@ -234,6 +234,14 @@ def _allow_unconfined(worker: 'WorkerProcess', setting: str) -> None:
         f'listen on all interfaces without authentication, so any host that reaches this one could run code in '
         f'it. Allow network namespaces for this user (or run as root), or opt in to the exposed worker with '
         f'{confinement.ENV_VAR}=off (or auto: confined where the kernel allows it).')
+  # Unconfined, the worker itself listens on all interfaces and no forwarder checks who connects: a listener
+  # restricted to loopback, an address or a Unix socket would only pretend to restrict it. Running the forwarder
+  # anyway would not help either: the worker's own port on all interfaces (127.0.0.1 included) stays open to every
+  # local user and every host. So those are refused, and the exposed worker stays an explicit opt-in.
+  if worker.unix_path is not None:
+    raise RuntimeError(
+        f'cannot serve the TFF worker on the Unix socket {worker.unix_path}: confinement is unavailable ({reason}), '
+        f'so the worker itself would listen on all interfaces, to any local user and any host')
   if worker.listen_host not in (None,) + _ALL_INTERFACES:
     raise RuntimeError(
         f'cannot restrict the TFF worker to {worker.listen_host}: the worker itself listens on all interfaces, '
@@ -295,6 +303,63 @@ def _tcp_listener(host: str, port: int) -> socket.socket:
   return sock
 
 
+def is_loopback_host(host: Optional[str]) -> bool:
+  """Whether `host` (a --bind value) names this host's loopback."""
+  return host is not None and (host == 'localhost' or host.startswith('127.') or host in ('::1', '[::1]'))
+
+
+def _unix_listener(path: str) -> socket.socket:
+  """A Unix socket bound at `path` (mode 0600), in a directory of this user's with mode 0700, created if missing.
+
+  Raises RuntimeError (one line) when the directory is another user's, a symbolic link or open to others, or
+  when something that is not a stale socket lies at `path`.
+  """
+  path = os.path.abspath(path)
+  if len(os.fsencode(path)) > 107:
+    raise RuntimeError(f'Unix socket path {path} is {len(os.fsencode(path))} bytes long; at most 107 fit')
+  directory = os.path.dirname(path)
+  try:
+    os.mkdir(directory, 0o700)
+    os.chmod(directory, 0o700)  # Whatever the umask.
+  except FileExistsError:
+    pass
+  except OSError as e:
+    raise RuntimeError(f'cannot create the Unix socket\'s directory {directory}: {e.strerror}') from None
+  st = os.lstat(directory)
+  if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+    raise RuntimeError(f'the Unix socket\'s directory {directory} is not a directory (a symbolic link is refused)')
+  if st.st_uid != os.geteuid():
+    raise RuntimeError(f'the Unix socket\'s directory {directory} belongs to uid {st.st_uid}, not to this user '
+                       f'(uid {os.geteuid()}); use a directory of your own with mode 0700')
+  if stat.S_IMODE(st.st_mode) != 0o700:
+    raise RuntimeError(f'the Unix socket\'s directory {directory} has mode {stat.S_IMODE(st.st_mode):04o}; it must be '
+                       f'0700 (chmod 700 {directory}), so that no other user can reach the socket')
+  try:
+    existing = os.lstat(path)
+  except FileNotFoundError:
+    existing = None
+  if existing is not None:
+    if not stat.S_ISSOCK(existing.st_mode):
+      raise RuntimeError(f'{path} exists and is not a socket; refusing to replace it')
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+      try:
+        probe.connect(path)
+        serving = True
+      except OSError:  # ECONNREFUSED: a socket left by a dead process.
+        serving = False
+    if serving:
+      raise RuntimeError(f'another process serves on {path}; stop it or pick another path')
+    os.unlink(path)
+  listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  try:
+    listener.bind(path)
+    os.chmod(path, 0o600)
+  except OSError as e:
+    listener.close()
+    raise RuntimeError(f'cannot serve on the Unix socket {path}: {e.strerror}') from None
+  return listener
+
+
 @dataclasses.dataclass
 class WorkerProcess:
   """One TFF C++ worker owned by this Python process, confined to a private network namespace where possible.
@@ -308,8 +373,15 @@ class WorkerProcess:
     max_concurrent_computation_calls: passed to the worker; nonpositive means unlimited.
     remove_log_on_stop: remove `log_path` when the worker is stopped (for the default per-process logs).
     listen_host: `None` (default): reachable only through a Unix socket in this process's private directory
-      (`target` is `unix:<path>`), from this user and root. Otherwise the TCP address to serve on ('' for all
+      (`target` is `unix:<path>`), from this user. Otherwise the TCP address to serve on ('' for all
       interfaces): for workers that other hosts' drivers use (`python -m tff_gma.worker`).
+    unix_path: serve on a Unix socket at this path instead (`python -m tff_gma.worker --unix=PATH`): created
+      0600 in a directory that must be this user's with mode 0700 (created so if missing). Not with
+      `listen_host`.
+    In every case the confinement helper admits, among this host's users, only this process's (effective) user:
+    a connection from another local user's socket is closed before it reaches the worker
+    (`confinement.PeerCheck`); TCP connections from other hosts are not identified (TFF has no authentication).
+    Unconfined (opt-in), there is no such check, so only `listen_host` all interfaces is allowed then.
     confinement: 'require', 'auto' or 'off'; `None` reads `$TFF_GMA_WORKER_CONFINEMENT` (default 'require').
   """
 
@@ -319,6 +391,7 @@ class WorkerProcess:
   remove_log_on_stop: bool = False
   listen_host: Optional[str] = None
   confinement: Optional[str] = None
+  unix_path: Optional[str] = None
   _process: Optional[subprocess.Popen] = dataclasses.field(default=None, init=False, repr=False)
   _log_file: Optional[IO[bytes]] = dataclasses.field(default=None, init=False, repr=False)
   _worker_pid: Optional[int] = dataclasses.field(default=None, init=False, repr=False)
@@ -358,14 +431,17 @@ class WorkerProcess:
     """Who can connect to this running worker, in words."""
     if self._process is None:
       return 'not running'
+    owner = f'uid {os.geteuid()}'
     if self._socket_path is not None:
-      return (f'Unix socket {self._socket_path} (private directory: this user and root only); the worker runs '
-              f'in a private {self._confined} with no other interface')
-    where = f'port {self.port} on ' + ('all interfaces' if self.listen_host in (None,) + _ALL_INTERFACES
-                                       else f'{self.listen_host} only')
+      return (f'Unix socket {self._socket_path} (0600 in a 0700 directory, and the forwarder admits only peers of '
+              f'{owner}); the worker runs in a private {self._confined} with no other interface')
+    everywhere = self.listen_host in (None,) + _ALL_INTERFACES
+    where = f'port {self.port} on ' + ('all interfaces' if everywhere else f'{self.listen_host} only')
     if self._confined:
-      return f'{where} (forwarded into a private {self._confined}; the worker itself listens nowhere else)'
-    return f'{where} (the worker itself listens there: NOT confined)'
+      return (f'{where} (forwarded into a private {self._confined}; the worker itself listens nowhere else); '
+              f'from this host only processes of {owner} (the forwarder refuses other users\' sockets)'
+              + ('' if is_loopback_host(self.listen_host) else '; from other hosts anyone who reaches it'))
+    return f'{where} (the worker itself listens there: NOT confined; any local user and any host that reaches it)'
 
   def running(self) -> bool:
     if self._process is None or self._process.poll() is not None:
@@ -378,6 +454,9 @@ class WorkerProcess:
     if self.running():
       return self
     self._release()  # A dead previous worker: its socket and helper.
+    if self.unix_path is not None and self.listen_host is not None:
+      raise ValueError(f'a worker serves on a Unix socket ({self.unix_path}) or on TCP '
+                       f'({self.listen_host or "all interfaces"}), not both')
     setting = confinement.mode(self.confinement)
     if self.log_path == 'stderr':
       out = sys.stderr
@@ -429,7 +508,10 @@ class WorkerProcess:
   def _start_confined(self, out) -> Optional[str]:
     """Starts the helper and the worker in its namespace; returns why confinement is unavailable, or None."""
     requested_port = self.port
-    if self.listen_host is None:
+    if self.unix_path is not None:
+      listener = _unix_listener(self.unix_path)
+      self._socket_path = os.path.abspath(self.unix_path)
+    elif self.listen_host is None:
       path = os.path.join(private_dir(), f'worker_{next(_socket_names)}.sock')
       listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
       try:
@@ -716,8 +798,9 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
   aggregation stage per computation, so multi-pass aggregates (RFA with more than one pass) cannot run on it
   (`check_single_aggregation_stage` says so before training). The workers are not owned here: start them with
   `start_local_workers` on this host (their `target`s are private Unix sockets, 'unix:/path'), or
-  `python -m tff_gma.worker --port=P` on other hosts: those are reachable (and unauthenticated) by design,
-  see its start-up message and docs/runtime.md for how to restrict them.
+  `python -m tff_gma.worker --port=P` (target 'host:P') or `--unix=PATH` (target 'unix:PATH'): on this host only
+  their owner can connect to those; other hosts that reach a TCP one can, unauthenticated, by design: see its
+  start-up message and docs/runtime.md for how to restrict them.
 
   Each worker must answer within `connect_timeout_s`; otherwise a RuntimeError names its address (a refused
   connection fails at once).

@@ -1,17 +1,28 @@
 """Runs one TFF C++ worker in the foreground, for multi-host simulations.
 
     python -m tff_gma.worker --port=8000 [--bind=10.0.0.5] [--log_path=worker.log]
+    python -m tff_gma.worker --unix=$HOME/.tff_gma/worker.sock [--log_path=worker.log]
 
-The driver connects with `python -m training.run --workers=host1:8000,host2:8000 ...`. The worker must be
-reachable by that driver, and TFF's executor service has no authentication: whoever can connect to the port
-runs TensorFlow graphs in the worker (reading and writing files, as the user running this command). At start
-this command prints exactly who can connect. Restrict it:
+The driver connects with `python -m training.run --workers=host1:8000,host2:8000 ...` (or `unix:PATH` on the same
+host). TFF's executor service has no authentication: whoever can connect runs TensorFlow graphs in the worker
+(reading and writing files, as the user running this command). The worker runs in a private network namespace
+(`tff_gma.confinement`) behind one listener whose forwarder admits, among the users of this host, only this
+command's user: a connection from another local user's socket is closed before it reaches the worker. Who else can
+connect depends on the listener; at start this command prints exactly who can:
 
-* `--bind=ADDRESS`: serve only on that address of this host (an address on a private network between the
-  driver and the workers, or 127.0.0.1 with the driver reaching it through an SSH tunnel). The worker itself
-  then runs in a private network namespace and is reached only through this listener (`tff_gma.confinement`);
-  where the kernel refuses that namespace, `--bind` other than all interfaces is refused.
-* a firewall rule that accepts the port only from the driver's host, or a private network.
+* `--unix=PATH`: a Unix socket (0600, in a directory of this user's with mode 0700, created if missing): this user
+  only, and no TCP port. Reach it from another host through SSH: `ssh -N -L 8000:PATH host`, then
+  `--workers=localhost:8000` on the driver's host.
+* `--bind=127.0.0.1`: loopback only: this user's processes on this host, e.g. an SSH tunnel
+  (`ssh -N -L 8000:127.0.0.1:8000 host`) that this user opened.
+* `--bind=ADDRESS`: that address of this host only (a private network between the driver and the workers): any
+  host that reaches it, and this user on this host.
+* no `--bind`: all interfaces: any host that reaches this one, and this user on this host. Restrict it with a
+  firewall rule that accepts the port only from the driver's host, or a private network.
+
+Where the kernel refuses the namespace, the worker can only run unconfined (opt-in: `TFF_GMA_WORKER_CONFINEMENT`),
+listening on all interfaces itself with no check of who connects; `--bind` other than all interfaces and `--unix`
+are then refused rather than pretending to restrict it.
 
 The worker stops with this process (Ctrl-C, SIGTERM, or this process dying: PR_SET_PDEATHSIG).
 """
@@ -29,7 +40,12 @@ from tff_gma import runtime
 _PORT = flags.DEFINE_integer('port', 8000, 'TCP port to serve on (0: pick a free one).')
 _BIND = flags.DEFINE_string(
     'bind', '', "Address of this host to serve on: '' (default) = all interfaces; e.g. a private network's "
-    'address, or 127.0.0.1 behind an SSH tunnel. Anyone who can connect can run code in the worker.')
+    'address, or 127.0.0.1 behind an SSH tunnel. Other hosts that reach it can run code in the worker; of the '
+    "local users, only this command's.")
+_UNIX = flags.DEFINE_string(
+    'unix', None, 'Serve on a Unix socket at this path instead of TCP (0600, in a directory of your own with '
+    'mode 0700, created if missing): only your own processes can connect; drivers use --workers=unix:PATH, or an '
+    'SSH forward (ssh -L 8000:PATH host).')
 _LOG = flags.DEFINE_string('log_path', None, "The worker's log file ('stderr' to show it); default: discard.")
 
 
@@ -41,30 +57,70 @@ def _user() -> str:
 
 
 def exposure_message(worker: runtime.WorkerProcess) -> str:
-  """The start-up message: where the worker listens, that it is unauthenticated, and how to restrict it."""
-  everywhere = worker.listen_host in ('', '0.0.0.0', '::')
-  where = f'all interfaces of this host, port {worker.port}' if everywhere else f'{worker.target} only'
-  lines = [
-      f'TFF worker (pid {worker.pid}) listening on {where}; drivers use --workers=<this host>:{worker.port}.',
-      f'UNAUTHENTICATED: any process that can connect to it (any host that can reach {where}, any local '
-      f'process) can run arbitrary TensorFlow graphs in the worker as {_user()}: read and write its files.',
-  ]
+  """The start-up message: where the worker listens, exactly who can connect, and how to restrict it."""
+  user = _user()
+  root_too = ', root included' if os.geteuid() != 0 else ''
+  if worker.unix_path is not None:
+    path = worker.target[len('unix:'):]
+    where = f'the Unix socket {path}'
+    lines = [
+        f'TFF worker (pid {worker.pid}) listening on {where} only (no TCP port); drivers on this host use '
+        f'--workers={worker.target}, drivers on other hosts an SSH forward: ssh -N -L 8000:{path} <this host>, '
+        'then --workers=localhost:8000.',
+        f'Who can connect: only processes of {user} (the socket is 0600 in a 0700 directory, and the forwarder '
+        f'closes any connection from another uid{root_too}). No other host can connect.',
+    ]
+  else:
+    everywhere = worker.listen_host in ('', '0.0.0.0', '::')
+    where = f'all interfaces of this host, port {worker.port}' if everywhere else f'{worker.target} only'
+    lines = [f'TFF worker (pid {worker.pid}) listening on {where}; drivers use --workers=<this host>:{worker.port}.']
+    if not worker.confined:
+      lines.append(f'Who can connect: ANY local process of any user, and any host that can reach {where}: the '
+                   'worker itself listens there, NOT confined, and nothing checks who connects.')
+    elif runtime.is_loopback_host(worker.listen_host):
+      lines.append(f'Who can connect: only processes of {user} on this host (the forwarder closes connections '
+                   f"from other users' sockets{root_too}), e.g. an SSH tunnel that this user opened: "
+                   f'ssh -N -L {worker.port}:{worker.target} <this host>. No other host can connect.')
+    else:
+      lines.append(f'Who can connect: any host that can reach {where}, and on this host only processes of {user} '
+                   f"(the forwarder closes connections from other users' sockets{root_too}).")
+  lines.append('The protocol is UNAUTHENTICATED: whoever can connect can run arbitrary TensorFlow graphs in the '
+               f'worker as {user}: read and write its files.')
   if worker.confined:
     lines.append(f'The worker runs in a private {worker.confined}: this listener is the only way in, and the '
                  'worker cannot open network connections itself.')
   else:
     lines.append(f'The worker is NOT confined ({runtime.confinement_status()}): it listens on all interfaces '
                  'itself.')
-  if everywhere:
-    lines.append('Restrict it with --bind=<an address on a private network> (or 127.0.0.1 behind an SSH tunnel), '
-                 'a firewall rule that admits only the driver, or a private network.')
+  if worker.unix_path is None and worker.listen_host in ('', '0.0.0.0', '::'):
+    lines.append('Restrict it with --bind=<an address on a private network>, --bind=127.0.0.1 or --unix=PATH '
+                 'behind an SSH tunnel, a firewall rule that admits only the driver, or a private network.')
   lines.append('Ctrl-C stops it.')
   return '\n'.join(lines)
 
 
 def main(argv):
-  del argv
-  worker = runtime.WorkerProcess(log_path=_LOG.value, port=_PORT.value or None, listen_host=_BIND.value).start()
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if _UNIX.value is not None and (flags.FLAGS['port'].present or flags.FLAGS['bind'].present):
+    print('error: --unix serves on a Unix socket instead of TCP: leave out --port and --bind', file=sys.stderr)
+    sys.exit(1)
+  if _UNIX.value is not None and not _UNIX.value.strip():
+    print('error: --unix needs a path (e.g. --unix=$HOME/.tff_gma/worker.sock)', file=sys.stderr)
+    sys.exit(1)
+  try:
+    if _UNIX.value is not None:
+      worker = runtime.WorkerProcess(log_path=_LOG.value, unix_path=_UNIX.value)
+    else:
+      worker = runtime.WorkerProcess(log_path=_LOG.value, port=_PORT.value or None, listen_host=_BIND.value)
+    worker.start()
+  except (RuntimeError, ValueError) as e:  # Confinement refused, a bad socket directory, a log path refused.
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
+  except OSError as e:  # The port taken, the address not this host's.
+    where = 'that Unix socket' if _UNIX.value is not None else f'{_BIND.value or "all interfaces"}, port {_PORT.value}'
+    print(f'error: cannot serve the TFF worker on {where}: {e.strerror or e}', file=sys.stderr, flush=True)
+    sys.exit(1)
   print(exposure_message(worker), flush=True)
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
   try:

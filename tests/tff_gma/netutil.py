@@ -107,3 +107,50 @@ def unix_connect_as(path: str, uid: int, gid: int) -> str:
     os._exit(code)  # pylint: disable=protected-access
   _, status = os.waitpid(pid, 0)
   return {0: 'connected', 13: 'permission denied'}.get(os.waitstatus_to_exitcode(status), 'error')
+
+
+_READ_RESULTS = {0: 'eof', 1: 'data', 2: 'reset', 3: 'timeout', 4: 'connect failed'}
+_libc = None
+
+
+def first_read_as(address, uid: int, gid: int, timeout: float = 5.0, keep_root_files: bool = False) -> str:
+  """Connects to `address` ((host, port) for TCP, a path for a Unix socket) from a forked process running as
+  uid/gid, and reads once: 'eof' (closed at once), 'data' (the other end spoke), 'reset', 'timeout', or
+  'connect failed'. Needs root. `keep_root_files`: only the effective uid changes (the file-system uid stays 0),
+  so the process can reach a path in root's private directory while `SO_PEERCRED` reports `uid`."""
+  global _libc
+  import ctypes  # pylint: disable=g-import-not-at-top
+  if _libc is None:
+    _libc = ctypes.CDLL(None, use_errno=True)  # Loaded here, not in the child (no dlopen after fork).
+  unix = isinstance(address, str)
+  family = socket.AF_UNIX if unix else (socket.AF_INET6 if ':' in address[0] else socket.AF_INET)
+  pid = os.fork()
+  if pid == 0:  # Only system calls here: the parent may have threads.
+    code = 5
+    try:
+      os.setgroups([])
+      if keep_root_files:
+        os.setresgid(0, gid, 0)
+        os.setresuid(0, uid, 0)
+        _libc.setfsgid(0)
+        _libc.setfsuid(0)
+      else:
+        os.setgid(gid)
+        os.setuid(uid)
+      s = socket.socket(family, socket.SOCK_STREAM)
+      s.settimeout(timeout)
+      try:
+        s.connect(address)  # A numeric (ASCII) address: no codec is imported after the uid change.
+      except OSError:
+        os._exit(4)  # pylint: disable=protected-access
+      try:
+        code = 1 if s.recv(64) else 0
+      except ConnectionResetError:
+        code = 2
+      except socket.timeout:
+        code = 3
+    except BaseException:  # pylint: disable=broad-except
+      code = 5
+    os._exit(code)  # pylint: disable=protected-access
+  _, status = os.waitpid(pid, 0)
+  return _READ_RESULTS.get(os.waitstatus_to_exitcode(status), 'error')

@@ -135,3 +135,239 @@ def _secure_total(values):
     return tff.federated_secure_sum_bitwidth(x, 8)
 
   return secure_total(values)
+
+
+# --- Who can connect to `python -m tff_gma.worker` (issue 24, item 1). --------------------------------------------
+
+NOBODY = 65534
+
+# The issue's probe: a graph that writes a file, sent to the worker by user nobody. Imports and tracing happen as
+# root (nobody cannot read this interpreter's files), then the process becomes nobody and calls the worker.
+_GRAPH_AS_NOBODY = '''
+import os, sys, threading
+os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'
+target, path = sys.argv[1], sys.argv[2]
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
+from tff_gma import runtime
+
+@tff.tensorflow.computation
+def write_file():
+  written = tf.io.write_file(path, tf.constant('written by the worker'))
+  with tf.control_dependencies([written]):
+    return tf.constant(1)
+
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+assert os.geteuid() == 65534 and os.getuid() == 65534
+tff.framework.get_context_stack().set_default_context(tff.framework.SyncExecutionContext(
+    executor_fn=runtime._executor_factory(None, 1, target=target), compiler_fn=runtime._compile_for_simulation,
+    transform_args=tensorflow_computation.transform_args, transform_result=tensorflow_computation.transform_result))
+# TFF retries a call whose connection fails (UNAVAILABLE is retryable) without end: it gets 15 s.
+threading.Timer(15, lambda: (print('NOT_RUN', flush=True), os._exit(0))).start()
+try:
+  print('RAN', write_file(), flush=True)
+except Exception as e:  # pylint: disable=broad-except
+  print('FAILED', type(e).__name__, flush=True)
+os._exit(0)
+'''
+
+
+def _write_file_computation(path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  @tff.tensorflow.computation
+  def write_file():
+    written = tf.io.write_file(path, tf.constant('written by the worker'))
+    with tf.control_dependencies([written]):
+      return tf.constant(1)
+
+  return write_file
+
+
+def _start_worker_command(args):
+  """`python -m tff_gma.worker ARGS`: (process, banner, worker pid); skips where the kernel refuses confinement."""
+  proc = subprocess.Popen([sys.executable, '-m', 'tff_gma.worker'] + args,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  lines = []
+  while not lines or not lines[-1].startswith('Ctrl-C'):
+    line = proc.stdout.readline()
+    if not line:
+      err = proc.communicate(timeout=60)[1]
+      if 'confinement is required' in err or 'confinement is unavailable' in err:
+        pytest.skip(f'the kernel refuses a network namespace here: {err.strip().splitlines()[-1]}')
+      raise AssertionError(err)
+    lines.append(line.strip())
+  banner = '\n'.join(lines)
+  return proc, banner, int(re.search(r'\(pid (\d+)\)', banner).group(1))
+
+
+def _stop_worker_command(proc, pid):
+  proc.terminate()
+  proc.communicate(timeout=60)
+  deadline = time.monotonic() + 15
+  while os.path.exists(f'/proc/{pid}') and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert not os.path.exists(f'/proc/{pid}'), 'the worker outlived the command'
+
+
+@pytest.mark.slow
+def test_loopback_worker_runs_nothing_for_another_user(tmp_path):
+  """`--bind=127.0.0.1` (the SSH-tunnel setup): a graph sent as user nobody is refused; the owner's runs."""
+  if os.geteuid() != 0:
+    pytest.skip('acting as user nobody needs root')
+  from tests.tff_gma import netutil  # pylint: disable=g-import-not-at-top
+  private = tmp_path / 'root_only'
+  private.mkdir(mode=0o700)
+  log = tmp_path / 'worker.log'
+  proc, banner, pid = _start_worker_command(['--port=0', '--bind=127.0.0.1', f'--log_path={log}'])
+  try:
+    port = int(re.search(r'127\.0\.0\.1:(\d+) only', banner).group(1))
+    # A raw connection as nobody is closed at once; the owner's reaches the worker (its gRPC server speaks first).
+    assert netutil.first_read_as(('127.0.0.1', port), NOBODY, NOBODY) == 'eof'
+    assert netutil.first_read_as(('127.0.0.1', port), os.geteuid(), os.getegid()) == 'data'
+    # The probe: a TFF call from user nobody whose graph would write a file in a directory only root can write.
+    probe = subprocess.run([sys.executable, '-c', _GRAPH_AS_NOBODY, f'127.0.0.1:{port}', str(private / 'nobody')],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert probe.returncode == 0, probe.stderr
+    assert 'RAN' not in probe.stdout and ('NOT_RUN' in probe.stdout or 'FAILED' in probe.stdout), probe
+    assert not (private / 'nobody').exists(), 'a graph sent by user nobody ran in the worker'
+    # The owner's same graph runs, through the same listener.
+    runtime.set_multi_worker_context([f'127.0.0.1:{port}'])
+    assert _write_file_computation(str(private / 'owner'))() == 1
+    assert (private / 'owner').read_text() == 'written by the worker'
+    assert _secure_total([1, 2, 3]) == 6
+  finally:
+    runtime.set_simulation_context()
+    _stop_worker_command(proc, pid)
+  # The start-up message says exactly that.
+  assert 'Who can connect: only processes of ' in banner and f'(uid {os.geteuid()}) on this host' in banner
+  assert 'any local process' not in banner.lower()
+  refusals = [l for l in log.read_text().splitlines() if 'refused a connection from 127.0.0.1' in l]
+  # (TFF retries the call: each retry is refused. The last may find nobody's socket already closed: also refused.)
+  assert refusals and f'a local socket of uid {NOBODY}' in refusals[0], log.read_text()[-2000:]
+
+
+@pytest.mark.slow
+def test_unix_socket_worker_serves_only_its_owner(tmp_path):
+  """`--unix=PATH`: a 0600 socket in a 0700 directory it creates; nobody cannot connect, the owner runs a round."""
+  from tests.tff_gma import netutil  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'sockets' / 'worker.sock'
+  log = tmp_path / 'worker.log'
+  proc, banner, pid = _start_worker_command([f'--unix={path}', f'--log_path={log}'])
+  try:
+    assert f'--workers=unix:{path}' in banner and 'no TCP port' in banner
+    assert f'ssh -N -L 8000:{path}' in banner
+    assert oct(os.stat(path.parent).st_mode & 0o777) == '0o700'
+    assert oct(os.stat(path).st_mode & 0o777) == '0o600'
+    assert not netutil.host_listening_ports(pid)
+    if os.geteuid() == 0:
+      assert netutil.first_read_as(str(path), NOBODY, NOBODY) == 'connect failed'  # The 0700 directory.
+      # Past the directory (root's file access) but uid nobody: the forwarder's SO_PEERCRED check closes it.
+      assert netutil.first_read_as(str(path), NOBODY, NOBODY, keep_root_files=True) == 'eof'
+    runtime.set_multi_worker_context([f'unix:{path}'])
+    assert _secure_total([1, 2, 3]) == 6
+  finally:
+    runtime.set_simulation_context()
+    _stop_worker_command(proc, pid)
+  assert not path.exists(), 'the socket was left behind'
+  if os.geteuid() == 0:
+    assert 'a process (pid ' in log.read_text() and f'of uid {NOBODY} on the Unix socket' in log.read_text()
+
+
+def test_unix_socket_directory_must_be_the_users_own_and_private(tmp_path):
+  opened = tmp_path / 'open'
+  opened.mkdir()
+  opened.chmod(0o755)
+  with pytest.raises(RuntimeError, match=r'has mode 0755; it must be 0700'):
+    runtime._unix_listener(str(opened / 'w.sock'))  # pylint: disable=protected-access
+  private = tmp_path / 'private'
+  private.mkdir(mode=0o700)
+  link = tmp_path / 'link'
+  link.symlink_to(private)
+  with pytest.raises(RuntimeError, match='not a directory'):
+    runtime._unix_listener(str(link / 'w.sock'))  # pylint: disable=protected-access
+  if os.geteuid() == 0:
+    others = tmp_path / 'others'
+    others.mkdir(mode=0o700)
+    os.chown(others, NOBODY, NOBODY)
+    with pytest.raises(RuntimeError, match=f'belongs to uid {NOBODY}, not to this user'):
+      runtime._unix_listener(str(others / 'w.sock'))  # pylint: disable=protected-access
+  (private / 'file').write_text('')
+  with pytest.raises(RuntimeError, match='is not a socket'):
+    runtime._unix_listener(str(private / 'file'))  # pylint: disable=protected-access
+  created = tmp_path / 'new' / 'w.sock'  # Missing directory: created 0700.
+  listener = runtime._unix_listener(str(created))  # pylint: disable=protected-access
+  try:
+    assert oct(os.stat(created.parent).st_mode & 0o777) == '0o700'
+    assert oct(os.stat(created).st_mode & 0o777) == '0o600'
+    listener.listen()
+    with pytest.raises(RuntimeError, match='another process serves on'):
+      runtime._unix_listener(str(created))  # pylint: disable=protected-access
+  finally:
+    listener.close()
+  # A stale socket (nobody listening) is replaced.
+  runtime._unix_listener(str(created)).close()  # pylint: disable=protected-access
+  with pytest.raises(RuntimeError, match='at most 107'):
+    runtime._unix_listener(str(tmp_path / ('x' * 120)))  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+def test_worker_command_refusals_are_one_line(tmp_path):
+  opened = tmp_path / 'open'
+  opened.mkdir()
+  opened.chmod(0o755)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  cases = [
+      ([f'--unix={opened}/w.sock'], 'has mode 0755; it must be 0700'),
+      ([f'--unix={tmp_path}/d/w.sock', '--bind=127.0.0.1'], 'leave out --port and --bind'),
+  ]
+  for args, message in cases:
+    proc = subprocess.run([sys.executable, '-m', 'tff_gma.worker'] + args, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, env=env, timeout=300)
+    assert proc.returncode == 1, proc
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], proc.stderr
+    assert not os.path.exists(f'{tmp_path}/d/w.sock')
+
+
+def test_unconfined_worker_refuses_restricted_listeners(tmp_path):
+  """Unconfined (opt-in), nothing checks who connects and the worker listens on all interfaces itself: a
+  loopback, address or Unix listener would only pretend to restrict it, so they are refused."""
+  for listener in ({'listen_host': '127.0.0.1'}, {'unix_path': str(tmp_path / 'd' / 'w.sock')}):
+    worker = runtime.WorkerProcess(confinement='off', **listener)
+    with pytest.raises(RuntimeError, match='cannot (restrict|serve) the TFF worker'):
+      worker.start()
+    assert not worker.running()
+  assert not (tmp_path / 'd').exists()
+  with pytest.raises(ValueError, match='not both'):
+    runtime.WorkerProcess(listen_host='127.0.0.1', unix_path=str(tmp_path / 'w.sock')).start()
+
+
+@pytest.mark.parametrize('listener, confined, expected, unexpected', [
+    (dict(listen_host='127.0.0.1'), 'network namespace',
+     ['Who can connect: only processes of', 'on this host', 'No other host can connect'], ['ANY local']),
+    (dict(listen_host='10.0.0.5'), 'network namespace',
+     ['any host that can reach 10.0.0.5:8000 only, and on this host only processes of'], ['ANY local']),
+    (dict(listen_host=''), 'network namespace',
+     ['any host that can reach all interfaces', 'on this host only processes of', 'Restrict it'], ['ANY local']),
+    (dict(unix_path='/run/x/w.sock'), 'network namespace',
+     ['the Unix socket /run/x/w.sock only', 'Who can connect: only processes of', 'No other host'], ['ANY local']),
+    (dict(listen_host=''), None, ['ANY local process of any user', 'NOT confined'], ['only processes of']),
+], ids=['loopback', 'address', 'all_interfaces', 'unix', 'unconfined'])
+def test_exposure_message_says_who_can_connect(listener, confined, expected, unexpected):
+  import types  # pylint: disable=g-import-not-at-top
+  from tff_gma import worker as worker_command  # pylint: disable=g-import-not-at-top
+  fake = types.SimpleNamespace(**{'pid': 1, 'port': 8000, 'confined': confined, 'unix_path': None,
+                                  'listen_host': None, **listener})
+  fake.target = (f'unix:{fake.unix_path}' if fake.unix_path else f'{fake.listen_host or "127.0.0.1"}:8000')
+  message = worker_command.exposure_message(fake)
+  for text in expected:
+    assert text in message, message
+  for text in unexpected:
+    assert text not in message, message
+  assert 'UNAUTHENTICATED' in message and message.endswith('Ctrl-C stops it.')
