@@ -25,6 +25,10 @@ Weights: every weighted factory accepts a scalar `weight_type` of any float or i
 The non-private baselines of the robustness study (coordinate-wise median, trimmed mean, multi-Krum) collect
 every client's update at the server; they are not exported here (see `tff_gma.aggregators.robust_baselines`).
 
+Differential privacy: GMA and RFA have none, and their unweighted factories refuse (at `create`, one line) to be
+`tff.aggregators.DifferentiallyPrivateFactory`'s `record_aggregation_factory` or `MeanFactory`'s sum factories,
+slots TFF treats as sums, where they would return a wrong result silently (`composition`).
+
 The processes use `tff.federated_secure_sum` (GMA's sign sums, the client counts), so they need an execution
 context that supports the secure intrinsics, such as `tff_gma.runtime.set_simulation_context()`.
 """

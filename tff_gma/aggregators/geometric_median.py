@@ -55,6 +55,11 @@ mean start; measured, see `DEFAULT_INIT`), smoothing nu = 1e-6, `secure=False`
 (mean semantics by default, as TFF's `MeanFactory`; set `secure=True` with `value_bound` for secure sums only),
 `report_final_objective=False` (no round beyond the budget).
 `UnweightedGeometricMedianFactory` is the unweighted variant (a_i = 1), for `build_unweighted_fed_avg`.
+
+Differential privacy: none. `UnweightedGeometricMedianFactory` refuses to be `tff.aggregators.
+DifferentiallyPrivateFactory`'s `record_aggregation_factory` (which needs a sum), and `mean_factory` must weight
+the clients (`tff.aggregators.as_weighted_aggregator(...)` is refused: it would drop the Weiszfeld weights); the
+Weiszfeld weights and objectives get no noise. See `composition` and docs/methods.md.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
+from tff_gma.aggregators import composition
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import weiszfeld
 
@@ -175,6 +181,9 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       mean_factory = default_mean
     elif not isinstance(mean_factory, tff.aggregators.WeightedAggregationFactory):
       raise ValueError(f'mean_factory must be a tff.aggregators.WeightedAggregationFactory, got {mean_factory!r}')
+    composition.check_weighted_mean(
+        mean_factory, 'GeometricMedianFactory',
+        "RFA's passes are means weighted by the Weiszfeld weights, so it would return a plain mean")
     self._mean_factory = mean_factory
     self._report_final_objective = checks.check_bool(report_final_objective, 'report_final_objective')
 
@@ -345,4 +354,6 @@ class UnweightedGeometricMedianFactory(tff.aggregators.UnweightedAggregationFact
                                             max_weight_ratio, mean_factory, report_final_objective, init)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
+    """The geometric median with a_i = 1; refuses to be a slot TFF sums in (`composition`)."""
+    composition.check_not_in_sum_slot('UnweightedGeometricMedianFactory', 'a geometric median')
     return secure_mean.as_unweighted(self._weighted).create(value_type)

@@ -35,6 +35,10 @@ Defaults: `tau=0.4` and `mask='soft'` as in the paper; `secure=False`, because T
 semantics of `tff.aggregators.MeanFactory` (no bounds to choose, no clipping, no quantization); the sign
 agreement is always securely summed. Set `secure=True` (with `value_bound`) to move the mean through secure sums as well (what the audit checks).
 
+Differential privacy: none. `UnweightedGradientMaskedFactory` refuses to be `tff.aggregators.
+DifferentiallyPrivateFactory`'s `record_aggregation_factory` (which needs a sum; the sign votes would get no
+noise either); see `composition` and docs/methods.md.
+
 Unweighted use: `UnweightedGradientMaskedFactory` (same arguments) is a
 `tff.aggregators.UnweightedAggregationFactory` that runs the weighted process with weight 1 for every client,
 for `tff.learning.algorithms.build_unweighted_fed_avg`. Two classes, as TFF's `MeanFactory` /
@@ -52,6 +56,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
+from tff_gma.aggregators import composition
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import sign_agreement
 
@@ -132,6 +137,9 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
       mean_factory = secure_mean.weighted_mean_factory(self._secure, value_bound, weight_bound)
     elif not isinstance(mean_factory, tff.aggregators.WeightedAggregationFactory):
       raise ValueError(f'mean_factory must be a tff.aggregators.WeightedAggregationFactory, got {mean_factory!r}')
+    composition.check_weighted_mean(
+        mean_factory, 'GradientMaskedFactory',
+        "GMA's mean weights each client by its weight and gives a dropped client weight 0")
     self._mean_factory = mean_factory
 
   @property
@@ -222,4 +230,6 @@ class UnweightedGradientMaskedFactory(tff.aggregators.UnweightedAggregationFacto
     self._weighted = GradientMaskedFactory(tau, mask, secure, value_bound, weight_bound, mean_factory)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
+    """The masked mean with weight 1 per client; refuses to be a slot TFF sums in (`composition`)."""
+    composition.check_not_in_sum_slot('UnweightedGradientMaskedFactory', 'a masked mean')
     return secure_mean.as_unweighted(self._weighted).create(value_type)

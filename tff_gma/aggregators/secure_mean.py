@@ -71,6 +71,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
+from tff_gma.aggregators import composition
 
 SECAGG_LEVELS = 2**32 - 1  # Quantization levels of TFF's float secure sum (`primitives.secure_quantized_sum`).
 QUANTIZATION_SLACK = 1 + 1e-5  # Covers the float64 arithmetic of that quantization (module docstring: < 4e-6).
@@ -416,6 +417,9 @@ class _UnitWeightFactory(tff.aggregators.UnweightedAggregationFactory):
     self._weighted_factory = weighted_factory
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
+    if type(self._weighted_factory).__module__.startswith('tff_gma.'):
+      # This library's weighted factories all return means: never a slot TFF sums in (see `composition`).
+      composition.check_not_in_sum_slot(f'as_unweighted({type(self._weighted_factory).__name__})', 'a mean')
     process = self._weighted_factory.create(value_type, tff.TensorType(np.float32))
 
     @tff.federated_computation(process.state_type, tff.FederatedType(value_type, tff.CLIENTS))

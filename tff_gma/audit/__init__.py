@@ -12,15 +12,21 @@ experiment harness (`training.engine.rfa_weights`, `training.engine.membership_a
 """
 
 from tff_gma.audit.static import AUDIT_SCOPE
+from tff_gma.audit.static import CLIENT_WORK
+from tff_gma.audit.static import COMPONENTS
 from tff_gma.audit.static import AuditPolicy
 from tff_gma.audit.static import AuditReport
 from tff_gma.audit.static import ComputationAudit
 from tff_gma.audit.static import DEFAULT_ALLOWED_INTRINSICS
 from tff_gma.audit.static import DEFAULT_POLICY
+from tff_gma.audit.static import DISTRIBUTOR
 from tff_gma.audit.static import DYNAMIC
+from tff_gma.audit.static import FINALIZER
 from tff_gma.audit.static import Flow
 from tff_gma.audit.static import KEYED_SELECT_INTRINSICS
 from tff_gma.audit.static import MEAN_INTRINSICS
+from tff_gma.audit.static import METRICS_AGGREGATOR
+from tff_gma.audit.static import MODEL_AGGREGATOR
 from tff_gma.audit.static import PLAIN_SUM_INTRINSICS
 from tff_gma.audit.static import SECURE_SUM_INTRINSICS
 from tff_gma.audit.static import Violation
@@ -28,15 +34,21 @@ from tff_gma.audit.static import audit_computation
 
 __all__ = [
     'AUDIT_SCOPE',
+    'CLIENT_WORK',
+    'COMPONENTS',
     'AuditPolicy',
     'AuditReport',
     'ComputationAudit',
     'DEFAULT_ALLOWED_INTRINSICS',
     'DEFAULT_POLICY',
+    'DISTRIBUTOR',
     'DYNAMIC',
+    'FINALIZER',
     'Flow',
     'KEYED_SELECT_INTRINSICS',
     'MEAN_INTRINSICS',
+    'METRICS_AGGREGATOR',
+    'MODEL_AGGREGATOR',
     'PLAIN_SUM_INTRINSICS',
     'SECURE_SUM_INTRINSICS',
     'Violation',

@@ -28,6 +28,17 @@ listed, with count 0, so that nothing is hidden. Aggregations of values holding 
 of `<>`) move nothing and are not listed. A select counts as a round trip like an aggregation (the keys go up, the
 selected values come back).
 
+Components. For the `next` of a learning process composed by `tff.learning.templates.compose_learning_process`
+(TFF's builders and this library's use it), each flow is named by the part of the round it sits in
+(`Flow.component`): the distributor, the client work, the metrics aggregator, the model aggregator or the
+finalizer. The composer calls each of its four processes once, in a local of its top-level block, and builds
+its state and metrics from their outputs under the fields `distributor`, `client_work`, `aggregator`,
+`finalizer`; the audit reads which local each field comes from, and a flow takes the component of the local it
+sits in. TFF's metrics aggregator runs inside the client work: a client-work flow is the metrics aggregator's
+when its result reaches the client work's measurements `train` (TFF's training client works) or `eval`
+(`build_fed_eval`) directly, through no later flow (the evaluation tracks, per value, the flows it comes from).
+Any other computation, or a `next` built differently, has no components (`None`); its flows keep their `where`.
+
 What it does not see: what the TensorFlow inside `federated_map` computes (an aggregate of an encoding of the raw
 data is still an aggregate, and is reported as such), and the runtime's deployment (whether `federated_mean` is
 computed by a trusted aggregator is outside the building block; the default policy trusts it, as the issue asks).
@@ -73,6 +84,23 @@ _SECURE_PARAMETER_NAMES = {
     'federated_secure_modular_sum': 'modulus',
 }
 DYNAMIC = 'dynamic'
+# The components of a learning process composed by `tff.learning.templates.compose_learning_process` (which TFF's
+# builders and this library's use), as the report names them. The metrics aggregator (TFF's `metrics_aggregator`
+# argument) runs inside the client work; the audit tells its flows apart by where their results go (`_components`).
+DISTRIBUTOR = 'distributor'
+CLIENT_WORK = 'client work'
+METRICS_AGGREGATOR = 'metrics aggregator'
+MODEL_AGGREGATOR = 'model aggregator'
+FINALIZER = 'finalizer'
+COMPONENTS = (DISTRIBUTOR, CLIENT_WORK, METRICS_AGGREGATOR, MODEL_AGGREGATOR, FINALIZER)
+# The fields of the composer's state and metrics naming the four processes, and the component each names.
+COMPOSER_FIELDS = ('distributor', 'client_work', 'aggregator', 'finalizer')
+_COMPONENT_OF_FIELD = {
+    'distributor': DISTRIBUTOR, 'client_work': CLIENT_WORK, 'aggregator': MODEL_AGGREGATOR, 'finalizer': FINALIZER}
+STATE_MODEL_FIELD = 'global_model_weights'  # Only the state (`LearningAlgorithmState`) has it.
+# The client work's measurements holding the metrics aggregator's output: `train` in TFF's training client works
+# (and this library's), `eval` in `tff.learning.algorithms.build_fed_eval`.
+METRICS_MEASUREMENTS = ('train', 'eval')
 # Traced federated computations name their locals `fc_<python function>_symbol_<i>`.
 _TRACED_LOCAL_NAME = re.compile(r'^fc_(?P<function>.+)_symbol_(?P<index>\d+)$')
 _MIN_RECURSION_LIMIT = 20000
@@ -140,6 +168,10 @@ class Flow:
     aggregation_pass: the sequential client-to-server round (1-based) it belongs to; `None` if never reached.
     where: path of block locals (`function[i]`, from the traced function names) leading to the call site.
     allowed: whether the policy allows it.
+    component: for the `next` of a learning process composed by `tff.learning.templates.compose_learning_process`
+      (TFF's builders, this library's), the part of the round the flow sits in, in words: `'distributor'`,
+      `'client work'`, `'metrics aggregator'` (TFF's `metrics_aggregator`, which runs inside the client work),
+      `'model aggregator'` or `'finalizer'` (`COMPONENTS`); `None` for other computations.
   """
 
   computation: str
@@ -151,6 +183,7 @@ class Flow:
   aggregation_pass: Optional[int]
   where: str
   allowed: bool
+  component: Optional[str] = None
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self) | {'parameters': dict(self.parameters)}
@@ -158,13 +191,14 @@ class Flow:
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
-  """A flow the policy does not allow."""
+  """A flow the policy does not allow (`component`: as `Flow.component`)."""
 
   computation: str
   intrinsic: str
   where: str
   count: int
   reason: str
+  component: Optional[str] = None
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -220,6 +254,7 @@ class AuditReport:
             where=f.where,
             count=f.count,
             reason=_violation_reason(f, self.policy),
+            component=f.component,
         ) for f in self.flows if not f.allowed
     ]
 
@@ -243,19 +278,22 @@ class AuditReport:
     raise KeyError(f'no audited computation named {name!r}; have {[c.name for c in self.computations]}')
 
   def _summary_table(self) -> list[str]:
-    """One row per (computation, intrinsic, secure, allowed): call sites, runs per call, passes."""
+    """One row per (computation, [component,] intrinsic, secure, allowed): call sites, runs per call, passes."""
+    with_components = any(f.component for f in self.flows)
     rows = collections.OrderedDict()
     for f in self.flows:
-      key = (f.computation, f.intrinsic, f.secure, f.allowed)
+      key = (f.computation, f.component, f.intrinsic, f.secure, f.allowed)
       sites, runs, passes = rows.get(key, (0, 0, set()))
       rows[key] = (sites + 1, runs + f.count, passes | ({f.aggregation_pass} if f.aggregation_pass else set()))
+    component_header, component_rule = ('component | ', '---|') if with_components else ('', '')
     lines = [
-        '| computation | intrinsic | secure | call sites | runs/call | passes | allowed |',
-        '|---|---|---|---:|---:|---|---|',
+        f'| computation | {component_header}intrinsic | secure | call sites | runs/call | passes | allowed |',
+        f'|---|{component_rule}---|---|---:|---:|---|---|',
     ]
-    for (computation, intrinsic, secure, allowed), (sites, runs, passes) in rows.items():
-      lines.append(f'| `{computation}` | `{intrinsic}` | {"yes" if secure else "no"} | {sites} | {runs} '
-                   f'| {", ".join(map(str, sorted(passes))) or "-"} | {"yes" if allowed else "**NO**"} |')
+    for (computation, component, intrinsic, secure, allowed), (sites, runs, passes) in rows.items():
+      component_cell = f'{component or "-"} | ' if with_components else ''
+      lines.append(f'| `{computation}` | {component_cell}`{intrinsic}` | {"yes" if secure else "no"} | {sites} '
+                   f'| {runs} | {", ".join(map(str, sorted(passes))) or "-"} | {"yes" if allowed else "**NO**"} |')
     lines.append('')
     return lines
 
@@ -280,7 +318,15 @@ class AuditReport:
 
   def to_markdown(self) -> str:
     """The report as markdown: verdict, passes, scope, one table of flows per computation, violations, notes."""
-    verdict = 'PASS' if self.ok else f'FAIL ({len(self.violations)} violation{"s" * (len(self.violations) != 1)})'
+    violations = self.violations
+    verdict = 'PASS'
+    if violations:
+      where = ''
+      if any(v.component for v in violations):  # E.g. `FAIL (3 violations: 2 in the model aggregator, 1 in ...)`.
+        per_component = collections.Counter(v.component for v in violations)
+        where = ': ' + ', '.join(f'{n} in the {c}' if c else f'{n} outside the components'
+                                 for c, n in per_component.items())
+      verdict = f'FAIL ({len(violations)} violation{"s" * (len(violations) != 1)}{where})'
     lines = [
         f'## Aggregation audit: {self.subject}',
         '',
@@ -302,20 +348,26 @@ class AuditReport:
         lines.append('No client data reaches the server.')
         lines.append('')
         continue
-      lines.append('| pass | intrinsic | value type | secure | parameters | runs/call | allowed | where |')
-      lines.append('|---:|---|---|---|---|---:|---|---|')
+      with_components = any(f.component for f in comp.flows)
+      component_header, component_rule = (' component |', '---|') if with_components else ('', '')
+      lines.append(f'| pass | intrinsic | value type | secure | parameters | runs/call | allowed |{component_header}'
+                   ' where |')
+      lines.append(f'|---:|---|---|---|---|---:|---|{component_rule}---|')
       for f in comp.flows:
         params = ', '.join(f'{k}={_format_parameter(v)}' for k, v in f.parameters.items()) or '-'
+        component_cell = f' {f.component or "-"} |' if with_components else ''
         lines.append(
             f'| {f.aggregation_pass if f.aggregation_pass is not None else "-"} | `{f.intrinsic}` '
             f'| `{_escape_cell(f.value_type)}` | {"yes" if f.secure else "no"} | {_escape_cell(params)} '
-            f'| {f.count} | {"yes" if f.allowed else "**NO**"} | `{_escape_cell(f.where)}` |')
+            f'| {f.count} | {"yes" if f.allowed else "**NO**"} |{component_cell} `{_escape_cell(f.where)}` |')
       lines.append('')
-    if self.violations:
+    if violations:
       lines.append('### Violations')
       lines.append('')
-      for v in self.violations:
-        lines.append(f'- `{v.intrinsic}` in `{v.computation}` at `{v.where}` (runs {v.count}x per call): {v.reason}')
+      for v in violations:
+        component = f'the **{v.component}** of ' if v.component else ''
+        lines.append(f'- `{v.intrinsic}` in {component}`{v.computation}` at `{v.where}` (runs {v.count}x per call): '
+                     f'{v.reason}')
       lines.append('')
     if self.notes:
       lines.append('### Notes')
@@ -368,10 +420,15 @@ class _Const:
 
 @dataclasses.dataclass(frozen=True)
 class _Data:
-  """A non-function value: the longest chain of aggregations it depends on, and its value if constant."""
+  """A non-function value: the longest chain of aggregations it depends on, and its value if constant.
+
+  `sources` are the indices of the flow sites whose results reach this value directly, i.e. through no later
+  client-to-server flow (a flow's result has its own site only); they say which flow feeds which output.
+  """
 
   level: int
   const: Optional[_Const] = None
+  sources: frozenset[int] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,8 +486,20 @@ def _level(value: _Value) -> int:
   return 0
 
 
-def _join(values: Iterable[_Value], extra: int = 0) -> _Data:
-  return _Data(max((_level(v) for v in values), default=0) + extra)
+def _sources(value: _Value) -> frozenset[int]:
+  """The flow sites that reach a value directly (see `_Data.sources`)."""
+  if isinstance(value, _Data):
+    return value.sources
+  if isinstance(value, _StructValue):
+    return frozenset().union(*(_sources(v) for _, v in value.elements))
+  return frozenset()
+
+
+def _join(values: Iterable[_Value], extra: int = 0, site: Optional[int] = None) -> _Data:
+  """One value depending on all of `values`; `site`: the result of that flow site (its level one higher)."""
+  values = list(values)
+  sources = frozenset([site]) if site is not None else frozenset().union(*(_sources(v) for v in values))
+  return _Data(max((_level(v) for v in values), default=0) + extra, sources=sources)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -537,6 +606,8 @@ class _Site:
   aggregation_pass: int
   where: str
   count: int = 0
+  index: int = -1  # Its position among the evaluation's sites (the id in `_Data.sources`).
+  top_local: Optional[str] = None  # The local of the computation's top-level block it sits in, if any.
 
 
 def _format_local(name: str) -> str:
@@ -547,10 +618,15 @@ def _format_local(name: str) -> str:
 class _Evaluator:
   """Evaluates a building block over `_Value`s, recording each client-to-server call."""
 
-  def __init__(self, root_name: str):
+  def __init__(self, root_name: str, top_block: Optional[building_blocks.Block] = None):
     self._path: list[str] = [root_name]
     self._sites: dict[tuple[Any, ...], _Site] = {}
     self.reached_calls: set[int] = set()
+    # The computation's top-level block (the body of the lambda it is): which of its locals a site sits in, and
+    # the scope its locals end up in (see `_components`).
+    self._top_block = top_block
+    self._top_local: Optional[str] = None
+    self.top_scope: Optional[_Env] = None
 
   @property
   def sites(self) -> list[_Site]:
@@ -574,12 +650,19 @@ class _Evaluator:
       return _Closure(block, env)
     if isinstance(block, building_blocks.Block):
       scope = _Env(env)
+      top = block is self._top_block and self.top_scope is None
+      if top:
+        self.top_scope = scope
       for name, local in block.locals:
         self._path.append(_format_local(name))
+        if top:
+          self._top_local = name
         try:
           scope.bind(name, self.evaluate(local, scope))
         finally:
           self._path.pop()
+          if top:
+            self._top_local = None
       return self.evaluate(block.result, scope)
     if isinstance(block, building_blocks.Call):
       function = self.evaluate(block.function, env)
@@ -610,10 +693,10 @@ class _Evaluator:
       if argument is None and isinstance(function.block, building_blocks.CompiledComputation):
         return _Data(0, _compiled_const(function.block))
       if call is not None and _is_client_to_server(function.block.type_signature):
-        self._record(call, f'<opaque {type(function.block).__name__}>',
-                     _client_part_type(function.block.type_signature.parameter), secure=False, parameters={},
-                     inputs=[argument])
-        return _join([argument], extra=1)
+        site = self._record(call, f'<opaque {type(function.block).__name__}>',
+                            _client_part_type(function.block.type_signature.parameter), secure=False,
+                            parameters={}, inputs=[argument])
+        return _join([argument], extra=1, site=site)
       return _join([argument] if argument is not None else [])
     # Calling a data value cannot type-check; keep going conservatively.
     return _join([function] + ([argument] if argument is not None else []))
@@ -645,22 +728,25 @@ class _Evaluator:
       parameters = {}
       if uri in _SECURE_PARAMETER_NAMES and len(values) == 2:
         parameters[_SECURE_PARAMETER_NAMES[uri]] = _const_of(values[1])
-      self._record(call, uri, _client_part_type(intrinsic_type.parameter), secure=_is_secure(intrinsic),
-                   parameters=parameters, inputs=inputs)
-      return _join(inputs, extra=1)
+      site = self._record(call, uri, _client_part_type(intrinsic_type.parameter), secure=_is_secure(intrinsic),
+                          parameters=parameters, inputs=inputs)
+      return _join(inputs, extra=1, site=site)
     return _join(inputs)
 
   def _record(self, call: building_blocks.Call, uri: str, value_type: tff.Type, secure: bool,
-              parameters: dict[str, Any], inputs: Sequence[Optional[_Value]]) -> None:
+              parameters: dict[str, Any], inputs: Sequence[Optional[_Value]]) -> int:
+    """Counts one run of a flow site; returns the site's index."""
     self.reached_calls.add(id(call))
     aggregation_pass = _join([v for v in inputs if v is not None]).level + 1
     where = ' > '.join(self._path)
     key = (id(call), where, aggregation_pass, json.dumps(parameters, default=_json_default, sort_keys=True))
     site = self._sites.get(key)
     if site is None:
-      site = _Site(uri, str(value_type), secure, parameters, aggregation_pass, where)
+      site = _Site(uri, str(value_type), secure, parameters, aggregation_pass, where, index=len(self._sites),
+                   top_local=self._top_local)
       self._sites[key] = site
     site.count += 1
+    return site.index
 
 
 def _is_secure(intrinsic: building_blocks.Intrinsic) -> bool:
@@ -671,41 +757,131 @@ def _is_secure(intrinsic: building_blocks.Intrinsic) -> bool:
           or definition.broadcast_kind is intrinsic_defs.BroadcastKind.SECURE)
 
 
-def _unreached_sites(root: building_blocks.ComputationBuildingBlock, reached: set[int],
-                     root_name: str) -> list[_Site]:
+def _unreached_sites(root: building_blocks.ComputationBuildingBlock, reached: set[int], root_name: str,
+                     top_block: Optional[building_blocks.Block] = None) -> list[_Site]:
   """Client-to-server intrinsic calls in the tree that the evaluation never reached (count 0)."""
   sites = []
 
-  def visit(block, path):
+  def visit(block, path, top_local):
     if (isinstance(block, building_blocks.Call) and isinstance(block.function, building_blocks.Intrinsic)
         and id(block) not in reached):
       intrinsic = block.function
       if ((intrinsic.uri in KEYED_SELECT_INTRINSICS or _is_client_to_server(intrinsic.type_signature))
           and _carries_data(intrinsic.type_signature)):
         sites.append(_Site(intrinsic.uri, str(_client_part_type(intrinsic.type_signature.parameter)),
-                           _is_secure(intrinsic), {}, 0, ' > '.join(path), count=0))
+                           _is_secure(intrinsic), {}, 0, ' > '.join(path), count=0, top_local=top_local))
     if isinstance(block, building_blocks.Block):
       for name, local in block.locals:
-        visit(local, path + [_format_local(name)])
-      visit(block.result, path)
+        visit(local, path + [_format_local(name)], name if block is top_block else top_local)
+      visit(block.result, path, top_local)
     else:
       for child in block.children():
-        visit(child, path)
+        visit(child, path, top_local)
 
-  visit(root, [root_name])
+  visit(root, [root_name], None)
   return sites
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Components of a composed learning process.
+
+
+def _referenced_local(block: building_blocks.ComputationBuildingBlock) -> Optional[str]:
+  """The name `x` of a block that is `x` or a selection from it (`x[2]`, `x.state`), else `None`."""
+  while isinstance(block, building_blocks.Selection):
+    block = block.source
+  return block.name if isinstance(block, building_blocks.Reference) else None
+
+
+def _composer_structs(top_block: building_blocks.Block) -> list[tuple[dict[str, str], building_blocks.Struct]]:
+  """The composer's state and metrics structs in a top-level block: ({local: component field}, struct) each.
+
+  `compose_learning_process`'s `next` builds `LearningAlgorithmState(global_model_weights, distributor,
+  client_work, aggregator, finalizer)` and `OrderedDict(distributor=..., client_work=..., aggregator=...,
+  finalizer=...)` from the outputs of the four components' `next`, each called once in a local of its top-level
+  block. A struct counts when each of the four fields is (a selection from) a different top-level local. Only
+  the top-level block's own expressions are searched (struct elements and call arguments, e.g. of
+  `federated_zip`), not the components' bodies.
+  """
+  local_names = {name for name, _ in top_block.locals}
+  found = []
+
+  def visit(block):
+    if isinstance(block, building_blocks.Struct):
+      elements = dict((n, e) for n, e in structure.iter_elements(block) if n is not None)
+      if all(field in elements for field in COMPOSER_FIELDS):
+        mapping = {}
+        for field in COMPOSER_FIELDS:
+          local = _referenced_local(elements[field])
+          if local not in local_names or local in mapping:
+            return
+          mapping[local] = field
+        found.append((mapping, block))
+        return
+      for _, element in structure.iter_elements(block):
+        visit(element)
+    elif isinstance(block, building_blocks.Call) and block.argument is not None:
+      visit(block.argument)
+
+  for _, local in top_block.locals:
+    visit(local)
+  visit(top_block.result)
+  return found
+
+
+def _components(top_block: Optional[building_blocks.Block],
+                evaluator: '_Evaluator') -> tuple[dict[str, str], frozenset[int]]:
+  """({top-level local: component field}, indices of the metrics aggregator's sites) of a composed process.
+
+  Empty when the computation is not the `next` of a process composed by `compose_learning_process` (or built as
+  it is), or when its structs disagree on which local is which component. The metrics aggregator's sites are the
+  flows whose results reach the client work's measurements `train` (TFF's training client works) or `eval`
+  (`build_fed_eval`) directly, i.e. through no later flow: what TFF's `metrics_aggregator` computes.
+  """
+  if top_block is None:
+    return {}, frozenset()
+  structs = _composer_structs(top_block)
+  mapping: dict[str, str] = {}
+  for struct_mapping, _ in structs:
+    for local, field in struct_mapping.items():
+      if mapping.setdefault(local, field) != field:
+        return {}, frozenset()
+  metric_sites = frozenset()
+  if evaluator.top_scope is not None:
+    for struct_mapping, struct in structs:
+      elements = dict((n, e) for n, e in structure.iter_elements(struct) if n is not None)
+      if STATE_MODEL_FIELD in elements:
+        continue  # The state; the metrics struct is the other one.
+      measurements = evaluator.evaluate(elements['client_work'], evaluator.top_scope)
+      if isinstance(measurements, _StructValue):
+        for element_name, value in measurements.elements:
+          if element_name in METRICS_MEASUREMENTS:
+            metric_sites |= _sources(value)
+  return mapping, metric_sites
+
+
+def _site_component(site: _Site, mapping: dict[str, str], metric_sites: frozenset[int]) -> Optional[str]:
+  field = mapping.get(site.top_local)
+  if field is None:
+    return None
+  if field == 'client_work' and site.index in metric_sites:
+    return METRICS_AGGREGATOR
+  return _COMPONENT_OF_FIELD[field]
 
 
 def _audit_building_block(name: str, block: building_blocks.ComputationBuildingBlock,
                           policy: AuditPolicy) -> ComputationAudit:
-  evaluator = _Evaluator(name)
+  top_block = (block.result if isinstance(block, building_blocks.Lambda)
+               and isinstance(block.result, building_blocks.Block) else None)
+  evaluator = _Evaluator(name, top_block)
   value = evaluator.evaluate(block, _Env())
   if isinstance(value, _Closure):
     # A computation is a lambda: call it on its (level-0) parameter.
     parameter = None if value.function.parameter_type is None else _LEVEL_0
     evaluator.call(value, parameter, None)
   sites = evaluator.sites
-  unreached = _unreached_sites(block, evaluator.reached_calls, name)
+  unreached = _unreached_sites(block, evaluator.reached_calls, name, top_block)
+  mapping, metric_sites = _components(top_block, evaluator)
   flows = tuple(
       Flow(
           computation=name,
@@ -717,6 +893,7 @@ def _audit_building_block(name: str, block: building_blocks.ComputationBuildingB
           aggregation_pass=s.aggregation_pass or None,
           where=s.where,
           allowed=policy.allows(s.intrinsic),
+          component=_site_component(s, mapping, metric_sites),
       ) for s in sorted(sites, key=lambda s: s.aggregation_pass) + unreached)
   notes = []
   type_signature = block.type_signature

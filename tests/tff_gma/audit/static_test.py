@@ -329,6 +329,75 @@ def test_secure_rfa_learning_process_passes_and_counts_its_passes():
   assert metric_sum.aggregation_pass == 1 and 'aggregator_computation' in metric_sum.where
 
 
+def test_the_report_names_the_component_of_each_stock_fed_avg_violation(default_fed_avg_report):
+  # The issue's case: stock FedAvg's three plain sums, one in TFF's metrics aggregator (which runs inside the client
+  # work), two in the model aggregator (MeanFactory's value and weight sums), named in words.
+  report = default_fed_avg_report
+  components = sorted((v.component, v.intrinsic) for v in report.violations)
+  assert components == [('metrics aggregator', 'federated_sum'), ('model aggregator', 'federated_sum'),
+                        ('model aggregator', 'federated_sum')]
+  (metric_violation,) = [v for v in report.violations if v.component == audit.METRICS_AGGREGATOR]
+  assert 'aggregator_computation' in metric_violation.where
+  model_flows = [f for f in report.flows if f.component == audit.MODEL_AGGREGATOR]
+  assert sorted(f.value_type for f in model_flows) == ['{<float32[64,10],float32[10]>}@CLIENTS', '{float32}@CLIENTS']
+  markdown = report.to_markdown()
+  assert '**Verdict: FAIL (3 violations: 1 in the metrics aggregator, 2 in the model aggregator).**' in markdown
+  assert '- `federated_sum` in the **metrics aggregator** of `next` at `next > next_fn[1]' in markdown
+  assert '| `next` | metrics aggregator | `federated_sum` | no | 1 | 1 | 1 | **NO** |' in markdown
+  assert '| `next` | model aggregator | `federated_sum` | no | 2 | 2 | 1 | **NO** |' in markdown
+  assert '| pass | intrinsic | value type | secure | parameters | runs/call | allowed | component | where |' in markdown
+  decoded = json.loads(report.to_json())
+  assert sorted(v['component'] for v in decoded['violations']) == [
+      'metrics aggregator', 'model aggregator', 'model aggregator']
+
+
+def test_every_flow_of_a_secure_learning_process_has_its_component():
+  report = audit.audit_computation(targets.rfa_secure_learning_process())
+  assert report.ok
+  assert {f.component for f in report.flows} == {audit.METRICS_AGGREGATOR, audit.MODEL_AGGREGATOR}
+  # The metrics' secure sums are TFF's secure_sum_then_finalize; RFA's passes and counts the model aggregator.
+  assert all('aggregator_computation' in f.where for f in report.flows if f.component == audit.METRICS_AGGREGATOR)
+  estimate_sums = [f for f in report.flows if 'int64[64,10],int64[10]' in f.value_type]
+  assert {f.component for f in estimate_sums} == {audit.MODEL_AGGREGATOR}
+
+
+def test_a_distributor_flow_is_named_distributor():
+  report = audit.audit_computation(targets.fed_avg_counting_distributor())
+  (violation,) = report.violations
+  assert (violation.intrinsic, violation.component) == ('federated_sum', audit.DISTRIBUTOR)
+  assert '(1 violation: 1 in the distributor)' in report.to_markdown()
+
+
+def test_federated_evaluation_metrics_are_the_metrics_aggregator():
+  # build_fed_eval keeps the metrics in the client work's state too; they are still its `eval` measurements.
+  report = audit.audit_computation(targets.fed_eval_default())
+  (violation,) = report.violations
+  assert (violation.intrinsic, violation.component) == ('federated_sum', audit.METRICS_AGGREGATOR)
+
+
+def test_client_work_aggregates_that_are_not_metrics_are_client_work():
+  # SCAFFOLD's client work averages the control-variate deltas (its state) and counts the participants besides
+  # summing the metrics: only the metrics' sum is the metrics aggregator.
+  from tff_gma import aggregators, learning  # pylint: disable=g-import-not-at-top
+  process = learning.build_scaffold(targets._model_fn(), 0.1,  # pylint: disable=protected-access
+                                    model_aggregator=aggregators.GradientMaskedFactory())
+  for computation in (process.next, process.next_with_client_state):
+    report = audit.audit_computation(computation)
+    by_component = sorted((f.component, f.intrinsic) for f in report.flows
+                          if f.component in (audit.CLIENT_WORK, audit.METRICS_AGGREGATOR))
+    assert by_component == [('client work', 'federated_mean'), ('client work', 'federated_secure_sum'),
+                            ('metrics aggregator', 'federated_sum')], report.to_markdown()
+    assert {f.component for f in report.flows} == {
+        audit.CLIENT_WORK, audit.METRICS_AGGREGATOR, audit.MODEL_AGGREGATOR}
+
+
+def test_computations_that_are_not_composed_processes_have_no_components():
+  for report in (audit.audit_computation(targets.plain_sum),
+                 audit.audit_computation(targets.secure_gma(), value_type=_MODEL_LIKE)):
+    assert {f.component for f in report.flows} == {None}
+    assert 'component' not in report.to_markdown().split('### Violations')[0].split('**Scope.**')[1]
+
+
 # --- The project's aggregators. ----------------------------------------------------------------------------------
 
 _MODEL_LIKE = tff.to_type([tff.TensorType(np.float32, [3]), tff.TensorType(np.float32, [2])])

@@ -229,6 +229,41 @@ def rfa_secure_learning_process() -> tff.learning.templates.LearningProcess:
       metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)
 
 
+def _counting_distributor(model_weights_type) -> tff.learning.templates.DistributionProcess:
+  """TFF's broadcast, measuring how many clients received the model with a plain `federated_sum`."""
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(model_weights_type, tff.SERVER))
+  def next_fn(state, weights):
+    received = tff.federated_sum(tff.federated_value(1, tff.CLIENTS))
+    return tff.templates.MeasuredProcessOutput(state, tff.federated_broadcast(weights), received)
+
+  return tff.learning.templates.DistributionProcess(init_fn, next_fn)
+
+
+def fed_avg_counting_distributor() -> tff.learning.templates.LearningProcess:
+  """FedAvg with secure metrics and a secure mean whose distributor sums a count in the clear (a distributor flow)."""
+  model_fn = _model_fn()
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  return tff.learning.algorithms.build_weighted_fed_avg(
+      model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+      model_distributor=_counting_distributor(initial_weights.type_signature.result),
+      model_aggregator=secure_mean_factory(),
+      metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)
+
+
+def fed_eval_default() -> tff.learning.templates.LearningProcess:
+  """TFF's federated evaluation as built by default: the metrics summed with a plain `federated_sum`."""
+  return tff.learning.algorithms.build_fed_eval(_model_fn())
+
+
 # --- Passes the audit and leaks anyway: what a PASS does not establish. ------------------------------------------
 
 NUM_SLOTS = 4
