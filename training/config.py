@@ -152,6 +152,11 @@ class ExperimentConfig:
   client_execution: str = _help('Where clients train: worker (the TFF worker, CPU only) or local (this process\'s '
                                 'TensorFlow: its GPUs round-robin, else its CPU; aggregation stays in the worker; '
                                 'FedAvg family only).', 'worker')
+  dataset_placement: str = _help(
+      'Where each round\'s client datasets are built: worker (the TFF worker builds them from files written once, '
+      'so a round sends a file name and a seed per client; where it applies, else driver with a log line) or '
+      'driver (this process builds and sends them every round, examples included). Same results either way.',
+      'worker')
   elastic_tau: float = _help('elastic: aggregation threshold tau.', _METHOD.elastic_tau)
   elastic_mu: float = _help('elastic: momentum of the parameter sensitivity.', _METHOD.elastic_mu)
   sensitivity_fraction: float = _help('elastic: share of a client\'s batches that estimate the sensitivity.',

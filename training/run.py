@@ -35,6 +35,7 @@ from training import config as config_lib
 from training.engine import client_execution
 from training.engine import corruption
 from training.engine import registry
+from training.engine import worker_datasets
 from training.runner import checkpoints
 from training.runner import experiment
 
@@ -47,6 +48,7 @@ _ENUMS = {
     'aggregator': list(registry.AGGREGATORS),
     'rfa_init': ['mean', 'zero'],
     'client_execution': list(client_execution.MODES),
+    'dataset_placement': list(worker_datasets.PLACEMENTS),
     'corruption': list(corruption.CORRUPTIONS),
 }
 _DEFINE = {'int': flags.DEFINE_integer, 'float': flags.DEFINE_float, 'bool': flags.DEFINE_bool,

@@ -128,6 +128,7 @@ def apply_optimizer_finalizer(
 def optimizer_client_work(
     types: ModelTypes, client_optimizer: tff.learning.optimizers.Optimizer,
     build_client_update: Callable[[], Callable[..., Any]],
+    data_type: Optional[tff.Type] = None,
 ) -> tff.learning.templates.ClientWorkProcess:
   """A `ClientWorkProcess` whose state is the client optimizer's hyperparameters (as TFF's model-delta work).
 
@@ -135,15 +136,16 @@ def optimizer_client_work(
   learning process reach the client optimizer (e.g. a learning-rate schedule set between rounds).
 
   Args:
-    types: the model's types (`model_types`); the client data is a sequence of `types.batch_type`.
+    types: the model's types (`model_types`).
     client_optimizer: the client optimizer.
     build_client_update: builds (inside the client's TF graph) a function
       `(optimizer, hparams, initial_weights, batches) -> (ClientResult, unfinalized metrics)`.
+    data_type: the type of a client's data (`batches` above); default: a sequence of `types.batch_type`.
 
   Returns:
     The client work; measurements: `train`, the aggregated training metrics.
   """
-  data_type = tff.SequenceType(types.batch_type)
+  data_type = data_type or tff.SequenceType(types.batch_type)
   initial_hparams = optimizer_hparams(client_optimizer)
 
   @tff.federated_computation()

@@ -8,15 +8,18 @@ and the RFA weight replay (`training.engine.rfa_weights`) are all built. The rou
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable
 from typing import Optional
 
 import numpy as np
 import tensorflow_federated as tff
+from tensorflow_federated.python.learning.templates import model_delta_client_work as tff_model_delta
 from tensorflow_federated.python.learning.templates import proximal_client_work  # FedProx's client work.
 
 from tff_gma import learning
+from tff_gma.learning import client_lib
 from tff_gma.learning import gma_fed_avg
 from training import config as config_lib
 
@@ -69,6 +72,7 @@ def build_client_work(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     config: config_lib.AlgorithmConfig,
     metrics_aggregator=None,
+    client_sources=None,
 ) -> tff.learning.templates.ClientWorkProcess:
   """The FedAvg family's client work: the one that training, corruption and the RFA weight replay run.
 
@@ -78,6 +82,8 @@ def build_client_work(
   """
   if not isinstance(config, config_lib.AlgorithmConfig):
     raise ValueError(f'config must be a config_lib.AlgorithmConfig, got {config!r}')
+  if client_sources is not None:
+    return _client_work_from_sources(model_fn, config, metrics_aggregator, client_sources)
   kwargs = dict(loop_implementation=LOOP_IMPLEMENTATION, metrics_aggregator=metrics_aggregator)
   if config.name == 'fedprox':
     return proximal_client_work.build_model_delta_client_work(
@@ -85,6 +91,44 @@ def build_client_work(
         **kwargs)
   return tff.learning.templates.build_model_delta_client_work(
       model_fn, client_optimizer(config), CLIENT_WEIGHTING, **kwargs)
+
+
+def _client_work_from_sources(model_fn, config: config_lib.AlgorithmConfig, metrics_aggregator, client_sources
+                              ) -> tff.learning.templates.ClientWorkProcess:
+  """`build_client_work`'s client work with a source per client (`client_sources.source_type`, e.g. a file prefix
+  and a seed pair) instead of a dataset: the client's computation builds its dataset (`client_sources.dataset`)
+  and trains on it with TFF's own update in one TF graph, so no dataset crosses between computations in the
+  worker (`training.engine.worker_datasets`). The same state, update, weights and metrics as TFF's client works
+  (`build_model_delta_client_work`, FedProx's), whose federated plumbing this repeats."""
+  types = client_lib.model_types(model_fn, metrics_aggregator)
+  optimizer = client_optimizer(config)
+  if config.name != 'fedprox':
+    def build_update():
+      update = tff_model_delta.build_model_delta_update_with_tff_optimizer(
+          model_fn=model_fn, weighting=CLIENT_WEIGHTING, loop_implementation=LOOP_IMPLEMENTATION)
+      return lambda opt, hparams, weights, source: update(opt, weights, client_sources.dataset(source), hparams)
+
+    return client_lib.optimizer_client_work(types, optimizer, build_update, data_type=client_sources.source_type)
+
+  @tff.federated_computation()
+  def init_fn():  # FedProx's client work has no state.
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.tensorflow.computation(types.weights_type, client_sources.source_type)
+  def client_update(initial_weights, source):
+    update = proximal_client_work.build_model_delta_update_with_tff_optimizer(
+        model_fn=model_fn, weighting=CLIENT_WEIGHTING, delta_l2_regularizer=config.proximal_strength,
+        loop_implementation=LOOP_IMPLEMENTATION)
+    return update(optimizer, initial_weights, client_sources.dataset(source))
+
+  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(types.weights_type, tff.CLIENTS),
+                             tff.FederatedType(client_sources.source_type, tff.CLIENTS))
+  def next_fn(state, weights, sources):
+    result, local_metrics = tff.federated_map(client_update, (weights, sources))
+    measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(local_metrics)))
+    return tff.templates.MeasuredProcessOutput(state, result, measurements)
+
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,10 +165,12 @@ def build_components(
     client_work: Optional[tff.learning.templates.ClientWorkProcess] = None,
     *,
     mask_on_step: bool = False,
+    client_sources=None,
 ) -> Components:
-  """The parts of `build_learning_process`'s round (see `Components`; `mask_on_step`: `build_server_processes`)."""
+  """The parts of `build_learning_process`'s round (see `Components`; `mask_on_step`: `build_server_processes`;
+  `client_sources`: `build_client_work`'s, clients given sources to build their datasets from)."""
   if client_work is None:
-    client_work = build_client_work(model_fn, config, metrics_aggregator)
+    client_work = build_client_work(model_fn, config, metrics_aggregator, client_sources)
 
   @tff.tensorflow.computation()
   def initial_weights_fn():

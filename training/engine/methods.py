@@ -56,15 +56,32 @@ class Method:
                round_fn: Optional[Callable[..., tuple[Any, Any]]] = None,
                store: Optional[client_state.ClientStateStore] = None,
                held_out: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None,
-               local_round: Optional[client_execution_lib.LocalRound] = None):
+               local_round: Optional[client_execution_lib.LocalRound] = None,
+               client_sources=None):
     self.process = process
+    # Set when the process's clients take sources to build their datasets from (`build(client_sources=...)`).
+    self.client_sources = client_sources
     self._local_round = local_round
     self._round_fn = round_fn if local_round is None else local_round.run_round
     self.client_state = store  # Values the clients keep between rounds (SCAFFOLD's c_i, personalized v_k).
     self._held_out = dict(held_out or {})
+    self._worker_datasets = None
+
+  def place_datasets_in_worker(self, worker_datasets) -> None:
+    """Gives a method built with `client_sources` the run's files (`training.engine.worker_datasets`): `run_round`
+    then sends each participant's file prefix and shuffle seeds, and the worker builds the dataset the round's
+    `datasets` would have sent (the same examples, order and batches)."""
+    if self.client_sources is None:
+      raise ValueError('this method was built for datasets sent each round (build(client_sources=None))')
+    self._worker_datasets = worker_datasets
 
   def run_round(self, state, client_ids: Sequence[str], datasets: Sequence[tf.data.Dataset], round_num: int):
     """One round on the given clients; returns (state, metrics)."""
+    if self.client_sources is not None:
+      if self._worker_datasets is None:
+        raise ValueError('this method\'s clients build their datasets from files: place_datasets_in_worker first')
+      output = self.process.next(state, self._worker_datasets.sources(client_ids, round_num))
+      return output.state, output.metrics
     if self._round_fn is not None:
       return self._round_fn(state, list(client_ids), list(datasets), round_num)
     if self.client_state is not None:
@@ -120,6 +137,7 @@ def build(
     held_out: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None,
     cache_key: Optional[tuple] = None,
     client_execution: str = client_execution_lib.WORKER,
+    client_sources=None,
 ) -> Method:
   """The method `algorithm` x `aggregator` (names as the runner's flags).
 
@@ -138,6 +156,9 @@ def build(
     client_execution: `worker` (default): the whole round runs in the TFF worker; `local`: the clients train in
       this process's TensorFlow (a GPU where there is one) and the rest of the round runs in the worker
       (`training.engine.client_execution`; FedAvg family only).
+    client_sources: a `training.engine.worker_datasets.ClientSources` (FedAvg family, in the worker, without
+      update corruption): the clients take a source each (file prefix, seeds) and build their datasets in their
+      own computation; the method then needs `place_datasets_in_worker` before its first round.
   """
   registry.check(algorithm, aggregator, update_corruption.kind if update_corruption else corruption_lib.NONE,
         client_execution)
@@ -148,12 +169,17 @@ def build(
   corrupted = update_corruption is not None
   key = None if cache_key is None else (
       cache_key, algorithm, aggregator, config, params, extra, num_clients, metrics_aggregator, corrupted,
-      client_execution)
+      client_execution, None if client_sources is None else client_sources.key)
   if key is not None and key in _PROCESS_CACHE:
     process = _PROCESS_CACHE[key]
   else:
+    if client_sources is not None and (registry.algorithm(algorithm).kind != registry.FEDAVG_FAMILY or corrupted
+                                       or client_execution != client_execution_lib.WORKER
+                                       or registry.aggregator(aggregator).kind != registry.MODEL_AGGREGATOR):
+      raise ValueError('client_sources: only the FedAvg family\'s own client work, in the worker and without update '
+                       f'corruption, builds its datasets from sources; got {algorithm}/{aggregator}')
     process = _build_process(model_fn, algorithm, aggregator, config, params, extra, num_clients,
-                             metrics_aggregator, corrupted, client_execution)
+                             metrics_aggregator, corrupted, client_execution, client_sources)
     if key is not None:
       _PROCESS_CACHE[key] = process
   if isinstance(process, client_execution_lib.LocalRound):
@@ -164,13 +190,13 @@ def build(
     return Method(process, lambda *args: tuple(harness.run_round(*args)))
   if isinstance(process, learning.LearningProcessWithClientState):
     return Method(process, store=client_state.ClientStateStore.for_process(process), held_out=held_out)
-  return Method(process)
+  return Method(process, client_sources=client_sources)
 
 
 def _build_process(model_fn, algorithm: str, aggregator: str, config: config_lib.AlgorithmConfig,
                    params: config_lib.AggregatorParams, extra: config_lib.MethodParams, num_clients: Optional[int],
-                   metrics_aggregator, corrupted: bool, client_execution: str = client_execution_lib.WORKER
-                   ) -> tff.learning.templates.LearningProcess | client_execution_lib.LocalRound:
+                   metrics_aggregator, corrupted: bool, client_execution: str = client_execution_lib.WORKER,
+                   client_sources=None) -> tff.learning.templates.LearningProcess | client_execution_lib.LocalRound:
   aggregator_record, algorithm_record = registry.aggregator(aggregator), registry.algorithm(algorithm)
   if aggregator_record.kind == registry.PROCESS:
     return aggregator_record.build_process(model_fn, config, None, extra, num_clients, metrics_aggregator, params)
@@ -191,4 +217,5 @@ def _build_process(model_fn, algorithm: str, aggregator: str, config: config_lib
     return corruption_lib.build_learning_process(
         model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)
   return fedavg_family.build_learning_process(
-      model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)
+      model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step,
+      client_sources=client_sources)

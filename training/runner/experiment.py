@@ -81,6 +81,7 @@ from training.engine import membership_attack
 from training.engine import methods
 from training.engine import registry
 from training.engine import rfa_weights
+from training.engine import worker_datasets
 from training.runner import checkpoints
 from training.runner import dir_lock
 from training.runner import progress
@@ -125,6 +126,9 @@ def _check(config: config_lib.ExperimentConfig) -> None:
   if config.model not in models.MODELS:
     raise ConfigError(f'model: unknown model {config.model!r}; expected one of {models.MODELS}')
   registry.check(config.algorithm, config.aggregator, config.corruption, config.client_execution, config.workers)
+  if config.dataset_placement not in worker_datasets.PLACEMENTS:
+    raise ConfigError(f'dataset_placement: unknown placement {config.dataset_placement!r}; expected one of '
+                      f'{worker_datasets.PLACEMENTS}')
   if config.workers is not None:
     targets = [t for t in config.workers.split(',') if t]
     host_port = lambda t: t.rpartition(':')[0] and t.rpartition(':')[2].isdigit()
@@ -220,12 +224,13 @@ def _check_validation(config: config_lib.ExperimentConfig) -> None:
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
 _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir', 'workers', 'rfa_weight_bound',
-                      'membership_inference', 'participation_eval')
+                      'membership_inference', 'participation_eval', 'dataset_placement')
 
 
 # Settings whose default changed after runs were written without them: such a run ran with this value.
 # rfa_init: RFA started Weiszfeld from the weighted mean before the setting existed (the default is now 'zero').
-_VALUE_BEFORE_SETTING_EXISTED = {'rfa_init': 'mean'}
+# dataset_placement: every round's datasets were sent from this process before the setting existed.
+_VALUE_BEFORE_SETTING_EXISTED = {'rfa_init': 'mean', 'dataset_placement': 'driver'}
 
 
 def completed_config(saved: dict[str, Any]) -> dict[str, Any]:
@@ -329,7 +334,7 @@ def build_setup(config: config_lib.ExperimentConfig) -> Setup:
       metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None,
       update_corruption=update_corruption, held_out=held_out,
       cache_key=(config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id),
-      client_execution=config.client_execution)
+      client_execution=config.client_execution, client_sources=_client_sources(config, data.train))
   eval_x, eval_y = validation if validation is not None else (data.test_x, data.test_y)
   evaluator = evaluation.CentralEvaluator(build_keras, eval_x, eval_y, pad_id=data.pad_id)
   return Setup(data, build_keras, model_fn, method, evaluator, corrupted, validation, config.participation_eval)
@@ -442,6 +447,30 @@ def _read_rows(csv_path: str) -> list[dict[str, float]]:
             pass
       rows.append(row)
   return rows
+
+
+def _client_sources(config: config_lib.ExperimentConfig, train) -> Optional[worker_datasets.ClientSources]:
+  """What the clients build their datasets from when `dataset_placement=worker` applies (else None, with a log
+  line saying why)."""
+  if config.dataset_placement != worker_datasets.WORKER:
+    return None
+  reason = worker_datasets.applies(algorithm=config.algorithm, aggregator=config.aggregator,
+                                   corruption=config.corruption, client_execution=config.client_execution,
+                                   workers=config.workers, train=train)
+  if reason is not None:
+    logging.info('dataset_placement=worker does not apply (%s): each round sends its datasets', reason)
+    return None
+  return worker_datasets.ClientSources(train.element_type_structure, config.local_epochs, config.batch_size)
+
+
+def _place_datasets(method: methods.Method, inputs: round_loop.ClientInputs
+                    ) -> Optional[worker_datasets.WorkerDatasets]:
+  """The run's files for a method whose clients build their datasets from them (None for the others)."""
+  if method.client_sources is None:
+    return None
+  placement = worker_datasets.WorkerDatasets(inputs)
+  method.place_datasets_in_worker(placement)
+  return placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -583,6 +612,7 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
 
   inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs, config.batch_size,
                                config.seed)
+  placement = _place_datasets(setup.method, inputs)
   seconds = {'train': 0.0, 'evaluate': 0.0, 'release_and_checkpoint': 0.0}
 
   def timed(part: str, callback: Callable[[round_loop.Round], None]) -> Callable[[round_loop.Round], None]:
@@ -606,6 +636,9 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     state = loop.run(config.rounds)
   except TrainingStopped as e:
     stopped, state = e, loop.state
+  finally:
+    if placement is not None:
+      placement.close()
 
   rows = [r for r in _read_rows(csv_path) if r.get('round', 0) <= config.rounds]
   evaluated = [r for r in rows if accuracy_key in r]
@@ -620,6 +653,7 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       'seconds_by_part': {**{k: round(v, 3) for k, v in seconds.items()}, 'rounds': loop.round_num - start_round},
       # Where this run's client training ran: TensorFlow devices of this process (local), or the TFF worker's CPU.
       'client_execution': setup.method.client_execution,
+      'dataset_placement': worker_datasets.DRIVER if placement is None else worker_datasets.WORKER,
       'client_devices': setup.method.client_devices(),
       'config': dataclasses.asdict(config),
   }

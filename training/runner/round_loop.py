@@ -39,15 +39,47 @@ def sample_clients(client_ids: Sequence[str], num: int, seed: int, round_num: in
   return [client_ids[i] for i in sorted(rng.choice(len(client_ids), size=num, replace=False))]
 
 
+def client_seed(seed: int, round_num: int, index: int) -> int:
+  """The shuffle seed of the client at `index` (in the client data's order) in round `round_num`."""
+  return _round_seed(seed, round_num, index + 1)
+
+
+SHUFFLE_BUFFER = 10_000
+
+
+def shuffle_seeds(op_seed: int) -> tuple[int, int]:
+  """The (seed, seed2) pair `Dataset.shuffle(seed=op_seed)` takes in this process: TF's global seed (set by
+  `seeded_initial_state`) with the op seed."""
+  return tf.compat.v1.random.get_seed(op_seed)
+
+
+def round_pipeline(examples: tf.data.Dataset, seed, seed2, *, local_epochs: int, batch_size: int) -> tf.data.Dataset:
+  """A client's examples as one round takes them: shuffled by the seed pair (reshuffled each epoch), repeated for
+  the local epochs, batched.
+
+  The shuffle is the op `Dataset.shuffle` builds in eager mode, with the seed pair given (possibly as tensors): a
+  TFF computation's graph has no TF global seed, so `Dataset.shuffle(seed=...)` there would pair the op seed with
+  another global seed (and a seed of 0 cannot be paired inside a graph); the datasets built here and those built
+  in the TFF worker (`training.engine.worker_datasets`) shuffle alike.
+  """
+  spec = tf.nest.flatten(examples.element_spec)
+  variant = tf.raw_ops.ShuffleDatasetV3(
+      input_dataset=tf.data.experimental.to_variant(examples), buffer_size=tf.constant(SHUFFLE_BUFFER, tf.int64),
+      seed=tf.cast(seed, tf.int64), seed2=tf.cast(seed2, tf.int64), seed_generator=tf.raw_ops.DummySeedGenerator(),
+      output_types=[s.dtype for s in spec], output_shapes=[s.shape for s in spec], reshuffle_each_iteration=True)
+  shuffled = tf.data.experimental.from_variant(variant, examples.element_spec)
+  return shuffled.repeat(local_epochs).batch(batch_size)
+
+
 def client_dataset(
     client_data: tff.simulation.datasets.ClientData, client_id: str, *, local_epochs: int, batch_size: int,
     seed: int, round_num: int,
 ) -> tf.data.Dataset:
   """The client's data for one round: shuffled (seeded by seed, round and client), repeated, batched."""
-  ds = client_data.create_tf_dataset_for_client(client_id)
   index = client_data.client_ids.index(client_id)
-  return (ds.shuffle(10_000, seed=_round_seed(seed, round_num, index + 1), reshuffle_each_iteration=True)
-          .repeat(local_epochs).batch(batch_size))
+  return round_pipeline(client_data.create_tf_dataset_for_client(client_id),
+                        *shuffle_seeds(client_seed(seed, round_num, index)), local_epochs=local_epochs,
+                        batch_size=batch_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +97,15 @@ class ClientInputs:
         client_dataset(self.train, c, local_epochs=self.local_epochs, batch_size=self.batch_size, seed=self.seed,
                        round_num=round_num)
         for c in participants]
+
+  def seeds(self, client_ids: Sequence[str], round_num: int) -> list[tuple[int, int]]:
+    """The shuffle seed pairs of `client_ids`' datasets in round `round_num` (as `__call__` builds them)."""
+    ids = self.train.client_ids
+    return [shuffle_seeds(client_seed(self.seed, round_num, ids.index(c))) for c in client_ids]
+
+  def pipeline(self, examples: tf.data.Dataset, seed, seed2) -> tf.data.Dataset:
+    """`round_pipeline` with this run's epochs and batch size (the seeds may be tensors)."""
+    return round_pipeline(examples, seed, seed2, local_epochs=self.local_epochs, batch_size=self.batch_size)
 
 
 def flatten_metrics(metrics, prefix: str = '') -> dict[str, float]:

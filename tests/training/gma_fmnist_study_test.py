@@ -1,0 +1,188 @@
+"""The Fashion-MNIST GMA study: its intervals and verdicts, the grid's edge rule, tuning over partitions, and the
+read-back of finished runs into the side-by-side report (on run directories the test writes)."""
+
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import tests
+from training.runner import experiment
+from training.studies import gma_fmnist
+
+_ROOT = tests.ROOT
+
+
+def test_t_quantiles_are_students_and_conservative_between_table_entries():
+  for df in range(1, 40):
+    exact = stats.t.ppf(0.975, df)
+    ours = gma_fmnist.t_quantile_975(df)
+    assert ours >= exact - 5e-4  # Never narrower than the exact interval (table values are rounded to 3 places).
+    if df in gma_fmnist._T975:  # pylint: disable=protected-access
+      assert ours == pytest.approx(exact, abs=5e-4)
+    assert ours <= exact * 1.03  # Between entries at most 3% wider.
+  with pytest.raises(ValueError, match='df'):
+    gma_fmnist.t_quantile_975(0)
+
+
+def test_paired_interval_matches_scipys_t_interval():
+  rng = np.random.default_rng(0)
+  for n in (2, 5, 7):
+    d = rng.normal(0.4, 1.0, n)
+    mean, low, high = gma_fmnist.paired_interval(d)
+    ref_low, ref_high = stats.t.interval(0.95, n - 1, loc=d.mean(), scale=stats.sem(d))
+    assert mean == pytest.approx(d.mean())
+    assert (low, high) == pytest.approx((ref_low, ref_high), abs=2e-3 * (ref_high - ref_low))
+  with pytest.raises(ValueError, match='at least 2'):
+    gma_fmnist.paired_interval([1.0])
+
+
+def test_verdict_reads_the_interval():
+  assert gma_fmnist.verdict(0.1, 0.9) == 'GMA ahead'
+  assert gma_fmnist.verdict(-0.9, -0.1) == 'AVG ahead'
+  assert gma_fmnist.verdict(-0.1, 0.9) == 'undecided'
+  assert gma_fmnist.verdict(0.0, 0.5) == 'undecided'  # An interval touching 0 contains it.
+
+
+def test_beyond_steps_past_an_edge_of_the_grid_along_the_ladder():
+  ladder = gma_fmnist.SERVER_LR_LADDER
+  assert gma_fmnist.beyond(ladder, (1.0, 1.5, 2.0), 2.0) == 3.0
+  assert gma_fmnist.beyond(ladder, (1.0, 1.5, 2.0), 1.0) == 0.1
+  assert gma_fmnist.beyond(ladder, (1.0, 1.5, 2.0), 1.5) is None  # Inner value.
+  assert gma_fmnist.beyond(ladder, (0.001, 0.01), 0.001) is None  # The ladder's end.
+  # The ladders hold the paper's grid (App. D.4) and one step beyond each end.
+  assert set(gma_fmnist.CLIENT_LR_LADDER[1:-1]) == {0.001, 0.01, 0.05, 0.1}
+  assert set(gma_fmnist.SERVER_LR_LADDER[1:-1]) == {0.01, 0.1, 1.0, 1.5, 2.0}
+
+
+def _finish(study, run, score=None, test_curve=None, validation_curve=None):
+  """Writes what a finished run leaves: summary.json (with its config) and metrics.csv."""
+  config = study.config(run)
+  os.makedirs(config.output_dir, exist_ok=True)
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump({'best_validation_accuracy': score, 'rounds_completed': config.rounds,
+               'config': dataclasses.asdict(config)}, f)
+  curve = test_curve if test_curve is not None else validation_curve
+  key = 'test/accuracy' if test_curve is not None else 'validation/accuracy'
+  rows = [{'round': i + 1, key: v} for i, v in enumerate(curve or [score] * config.rounds)]
+  with open(os.path.join(config.output_dir, 'metrics.csv'), 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def _finish_point(study, setting, method, point, scores):
+  for run, score in zip(study.tuning_runs(setting, method, point), scores):
+    _finish(study, run, score)
+
+
+def test_tuning_scores_points_by_the_mean_over_partitions_then_applies_the_edge_rule_then_tau(tmp_path):
+  study = gma_fmnist.Study(['fmnist_label500'], ['fedavg/gma'], (0, 1), (2, 3), str(tmp_path), rounds=3)
+  setting, method = 'fmnist_label500', ('fedavg', 'gma')
+  points, chosen, _ = study.tuned(setting, method)
+  assert chosen is None and len(points) == 9  # The SGD grid: client lr {0.01, 0.05, 0.1} x server lr {1, 1.5, 2}.
+  assert {(p.client_lr, p.server_lr) for p in points} == {(c, s) for c in (0.01, 0.05, 0.1) for s in (1.0, 1.5, 2.0)}
+  runs, blocked = study.runnable('all')
+  assert len(runs) == 18 and blocked == 1 and all(r.tuning and r.tau == 0.4 for r in runs)
+  for p in points:
+    _finish_point(study, setting, method, p, [0.5, 0.5])
+  # Partition 0 alone would pick (0.1, 1.0); the mean over both partitions picks (0.05, 2.0), an edge of the grid.
+  _finish_point(study, setting, method, gma_fmnist.Point(0.1, 1.0, 0.4), [0.9, 0.5])
+  _finish_point(study, setting, method, gma_fmnist.Point(0.05, 2.0, 0.4), [0.8, 0.8])
+  points, chosen, _ = study.tuned(setting, method)
+  assert chosen is None and points[9:] == [gma_fmnist.Point(0.05, 3.0, 0.4)]  # Server lr one step past 2.
+  _finish_point(study, setting, method, points[9], [0.85, 0.85])  # The extension wins.
+  points, chosen, found = study.tuned(setting, method)
+  assert found['edge'] and chosen is None  # Tau is next, at the extension's learning rates.
+  assert points[10:] == [gma_fmnist.Point(0.05, 3.0, 0.2), gma_fmnist.Point(0.05, 3.0, 0.6)]
+  _finish_point(study, setting, method, points[10], [0.7, 0.7])
+  _finish_point(study, setting, method, points[11], [0.86, 0.86])
+  points, chosen, _ = study.tuned(setting, method)
+  assert chosen == gma_fmnist.Point(0.05, 3.0, 0.6)
+  finals = study.final_runs(setting, method, chosen)
+  assert [r.seed for r in finals] == [2, 3] and not any(r.tuning for r in finals)
+  runs, blocked = study.runnable('final')
+  assert runs == finals and blocked == 0
+  for run in finals:
+    config = study.config(run)
+    assert config.validation_fraction == 0 and config.eval_every == 1 and config.tau == 0.6
+
+
+def test_avg_gets_no_tau_stage_and_adaptive_servers_their_own_grid(tmp_path):
+  study = gma_fmnist.Study(['fmnist_label500'], [], (0,), (2, 3), str(tmp_path), rounds=3)
+  points, _, _ = study.tuned('fmnist_label500', ('fedyogi', 'mean'))
+  assert {(p.client_lr, p.server_lr) for p in points} == {(c, s) for c in (0.01, 0.05, 0.1) for s in (0.01, 0.1)}
+  for p in points:
+    _finish_point(study, 'fmnist_label500', ('fedyogi', 'mean'), p, [0.9 if p == gma_fmnist.Point(0.05, 0.1, 0.4)
+                                                                      else 0.5])
+  points, chosen, found = study.tuned('fmnist_label500', ('fedyogi', 'mean'))
+  # Server lr 0.1 is the grid's top edge: one step past it is 1.0 (a cut value comes back); no tau stage for AVG.
+  assert points[6:] == [gma_fmnist.Point(0.05, 1.0, 0.4)] and chosen is None
+  _finish_point(study, 'fmnist_label500', ('fedyogi', 'mean'), points[6], [0.1])
+  _, chosen, found = study.tuned('fmnist_label500', ('fedyogi', 'mean'))
+  assert chosen == gma_fmnist.Point(0.05, 0.1, 0.4) and not found['edge']
+
+
+def test_every_setting_and_method_is_a_valid_runner_config(tmp_path):
+  study = gma_fmnist.Study(list(gma_fmnist.SETTINGS), [], gma_fmnist.TUNE_SEEDS, gma_fmnist.FINAL_SEEDS,
+                           str(tmp_path))
+  assert len(gma_fmnist.FINAL_SEEDS) >= 5 and not set(gma_fmnist.FINAL_SEEDS) & set(gma_fmnist.TUNE_SEEDS)
+  assert len(gma_fmnist.TUNE_SEEDS) >= 2
+  for setting in study.settings:
+    for method in study.methods[setting]:
+      run = study.tuning_runs(setting, method, study.tuned(setting, method)[0][0])[0]
+      config = study.config(run)
+      experiment.validate(config)
+      assert (config.dataset, config.model, config.local_epochs, config.client_momentum) == (
+          'fashion_mnist', 'lenet', 1, 0.9)
+      assert config.validation_fraction == gma_fmnist.VALIDATION_FRACTION
+  assert {m for m in gma_fmnist.METHODS} >= {(a, g) for a in ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
+                                               for g in ('mean', 'gma')}
+  assert {('fedadam', 'gma_dropin'), ('fedyogi', 'gma_dropin')} <= set(gma_fmnist.METHODS)
+
+
+def test_collect_reads_finished_runs_back_into_the_side_by_side_report(tmp_path):
+  setting = 'fmnist_label500'
+  study = gma_fmnist.Study([setting], ['fedavg/mean', 'fedavg/gma'], (0,), (2, 3, 4), str(tmp_path), rounds=12)
+  for method, level in ((('fedavg', 'mean'), 0.70), (('fedavg', 'gma'), 0.72)):
+    points, _, _ = study.tuned(setting, method)
+    for p in points:  # Every grid point equal: the first wins; it is an edge, so one extension per axis follows.
+      _finish_point(study, setting, method, p, [0.6])
+    while True:
+      points, chosen, _ = study.tuned(setting, method)
+      for p in points:
+        if study.score(setting, method, p) is None:
+          _finish_point(study, setting, method, p, [0.5])
+      if chosen is not None:
+        break
+    for k, run in enumerate(study.final_runs(setting, method, chosen)):
+      _finish(study, run, test_curve=[level + 0.01 * k] * 11 + [level + 0.01 * k + 0.05])
+  records = gma_fmnist.collect(study)
+  assert [(r['algorithm'], r['aggregator']) for r in records] == [('fedavg', 'mean'), ('fedavg', 'gma')]
+  rows = gma_fmnist.comparisons(records)
+  assert len(rows) == 1
+  row = rows[0]
+  # Per seed GMA - AVG = 2 points on both metrics, no spread: the interval is the point, GMA ahead.
+  for metric in ('best', 'last10'):
+    assert row[metric]['differences'] == pytest.approx([2.0, 2.0, 2.0])
+    assert row[metric]['low'] == pytest.approx(2.0) and row[metric]['verdict'] == 'GMA ahead'
+  assert row['best']['avg'] == pytest.approx(100 * np.mean([0.75, 0.76, 0.77]))
+  assert row['last10']['avg'] == pytest.approx(100 * np.mean([0.705, 0.715, 0.725]))
+  assert row['paper'] == {'avg': 78.02, 'gma': 78.82, 'gap': pytest.approx(0.80)}
+  report = gma_fmnist.write_results(study, records)
+  assert '78.02 -> 78.82 (+0.80)' in report and 'GMA ahead' in report
+  saved = json.loads((tmp_path / 'results.json').read_text())
+  assert saved['comparisons'][0]['best']['verdict'] == 'GMA ahead' and len(saved['records']) == 2
+
+
+def test_invalid_settings_fail_with_one_line(tmp_path):
+  proc = subprocess.run([sys.executable, '-m', 'training.studies.gma_fmnist', '--settings=fmnist_label7',
+                         f'--output_dir={tmp_path / "x"}'], cwd=_ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0 and 'unknown setting' in proc.stderr and 'Traceback' not in proc.stderr
+  assert not (tmp_path / 'x').exists()
