@@ -17,6 +17,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import aggregators
+from tff_gma import models
 from training import config as config_lib
 from training.bench import cli as bench
 from training.bench import sections
@@ -284,7 +285,8 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   result = json.loads(output.read_text())
   assert list(result) == ['environment', 'round_time_ratio', 'aggregation_time_ratio', 'scaling', 'details',
                           'round_cpu_ratio', 'pipeline_throughput_ratio', 'iterator_loop_speedup',
-                          'compile_seconds', 'client_execution_time_ratio', 'targets']
+                          'compile_seconds', 'client_execution_time_ratio', 'round_to_floor',
+                          'worker_datasets_speedup', 'targets']
   assert result['environment']['mode'] == 'smoke' and 'training.bench' in result['environment']['command']
 
   def positive_finite(x):
@@ -305,7 +307,8 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   for row in result['scaling']:
     assert positive_finite(row['seconds']) and positive_finite(row['peak_total_gib'])
     assert row['peak_rss_gib']['worker'] > 0 and row['peak_rss_gib']['python'] > 0
-  assert [t['target'].split(' ')[0] for t in result['targets']] == ['gma', 'project']
+  assert [t['target'].split(' ')[0] for t in result['targets']] == ['gma', 'project', 'project', 'project']
+  assert all(math.isfinite(r) for r in result['round_to_floor']['logistic'].values())
   markdown = (tmp_path / 'bench.md').read_text()
   assert '| gma |' in markdown and '## Scaling' in markdown and '## Targets' in markdown
 
@@ -339,3 +342,43 @@ def test_client_execution_flags():
                      (('--client_execution_models=char_lstm',), 'client_execution_models')):
     with pytest.raises(ValueError, match=flag):
       _settings(*argv)
+
+
+@pytest.mark.parametrize('model', ['logistic', 'cnn'])
+def test_the_floor_computes_the_round_tffs_fedavg_computes(simulation_context, model):
+  # The floor is the same arithmetic: from the same model and batches (unshuffled), the mean of the clients'
+  # SGD-with-momentum epochs equals TFF's stock FedAvg round (server SGD at 1) to float32 rounding.
+  del simulation_context
+  from training.bench import floor as floor_lib  # pylint: disable=g-import-not-at-top
+  shape = sections.FLOOR_SHAPES[model]
+  rng = np.random.default_rng(1)
+  arrays = [(rng.random((n, *shape), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)) for n in (7, 12)]
+  spec = collections.OrderedDict(x=tf.TensorSpec([None, *shape], tf.float32), y=tf.TensorSpec([None], tf.int32))
+  build_keras = models.keras_builder(model, shape, 10)
+  model_fn = models.model_fn(build_keras, spec)
+  config = sections.ALGORITHM_CONFIG
+  process = sections._stock_process('stock_fedavg_iterator', model_fn)  # pylint: disable=protected-access
+  tf.keras.utils.set_random_seed(0)
+  start = [v.numpy() for v in build_keras().trainable_weights]
+  state = process.set_model_weights(process.initialize(), tff.learning.models.ModelWeights(start, []))
+  datasets = [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(4) for x, y in arrays]
+  expected = process.next(state, datasets).state
+  ours = floor_lib.build_floor(build_keras, spec, arrays, batch_size=4, client_lr=config.client_lr,
+                               momentum=config.client_momentum, initial_weights=start)()
+  for a, b in zip(ours, process.get_model_weights(expected).trainable):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert any(not np.allclose(a, s) for a, s in zip(ours, start))
+
+
+def test_floor_section_times_every_entry_as_a_ratio_to_the_floor(simulation_context):
+  section = sections.bench_floor(sections.SMOKE, [simulation_context.pid])
+  assert set(section['round_to_floor']['logistic']) == {*sections.FLOOR_ENTRIES[1:], 'project_beyond_one_batch'}
+  assert all(math.isfinite(r) for r in section['round_to_floor']['logistic'].values())
+  detail = section['models']['logistic']
+  assert detail['setup']['clients'] == 2 and detail['setup']['examples_per_client'] == 20
+  assert set(detail['timings']) == set(sections.FLOOR_ENTRIES)
+  markdown = bench.to_markdown({'environment': dict(mode='smoke', date='d', command='c', cpus=2, load_before=[],
+                                                    load_after=[], tff='0.87.0'),
+                                'details': {'floor': section}, 'round_to_floor': section['round_to_floor'],
+                                'targets': []})
+  assert '| logistic | 2 x 20, 16 |' in markdown

@@ -95,6 +95,13 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     if row['clients_per_round'] == 500:
       targets.append(dict(target=f'500 clients per round ({row["aggregator"]}) within {sections.MEMORY_LIMIT_GIB:.0f} GiB',
                           value=row['peak_total_gib'], met=row['peak_total_gib'] <= sections.MEMORY_LIMIT_GIB))
+  for model, ratios in result.get('round_to_floor', {}).items():
+    value = ratios['project_worker_datasets']
+    targets.append(dict(target=f'project round ({model}) <= {sections.FLOOR_TARGET:.1f}x the in-graph floor',
+                        value=value, met=value <= sections.FLOOR_TARGET))
+  for model, value in result.get('worker_datasets_speedup', {}).items():
+    targets.append(dict(target=f'project round ({model}) >= {sections.LOOP_SPEEDUP_TARGET:.1f}x the throughput of '
+                        'sent datasets (the loop before)', value=value, met=value >= sections.LOOP_SPEEDUP_TARGET))
   return targets
 
 
@@ -107,6 +114,18 @@ def to_markdown(result: dict[str, Any]) -> str:
            f'Command: `{result["environment"]["command"]}`  ',
            f'Machine: {result["environment"]["cpus"]} CPUs, load average {result["environment"]["load_before"]} '
            f'before, {result["environment"]["load_after"]} after; TFF {result["environment"]["tff"]}.', '']
+  if 'floor' in result['details']:
+    lines += ['## A round against its in-graph floor (`training.bench.floor`)', '',
+              '| model | clients x examples, batch | floor s | project (worker datasets) | project (sent datasets) | '
+              'stock FedAvg (iterator) | project, one batch a client | project minus one batch |',
+              '|---|---|---|---|---|---|---|---|']
+    for model, detail in result['details']['floor']['models'].items():
+      setup, ratios = detail['setup'], result['round_to_floor'][model]
+      lines.append(f'| {model} | {setup["clients"]} x {setup["examples_per_client"]}, {setup["batch_size"]} | '
+                   f'{_fmt(detail["timings"]["floor"]["seconds"])} | '
+                   + ' | '.join(f'{_fmt(ratios[n], 2)}x' for n in (*sections.FLOOR_ENTRIES[1:],
+                                                                   'project_beyond_one_batch')) + ' |')
+    lines += ['', 'Ratios: median round time over the floor\'s, interleaved in one run.', '']
   if 'rounds' in result['details']:
     rounds = result['details']['rounds']
     setup = rounds['setup']
@@ -314,6 +333,11 @@ def run(settings: sections.Settings, mode: str, profile: Sequence[str] = (), com
     section = sections.bench_client_execution(settings, [worker.pid])
     result['client_execution_time_ratio'] = section['client_execution_time_ratio']
     result['details']['client_execution'] = section
+  if 'floor' in settings.sections:
+    section = sections.bench_floor(settings, [worker.pid])
+    result['round_to_floor'] = section['round_to_floor']
+    result['worker_datasets_speedup'] = section['worker_datasets_speedup']
+    result['details']['floor'] = section
   result['targets'] = check_targets(result)
   result['environment']['load_after'] = [round(x, 2) for x in os.getloadavg()]
   result['environment']['seconds'] = time.monotonic() - started
@@ -329,6 +353,7 @@ def main(argv):
     settings = settings_from_flags()
   except ValueError as e:
     raise app.UsageError(f'invalid flags: {e}') from None
+  command_line.check_output_file(FLAGS.output, 'output')  # Before the benchmark, not after it.
   command = ' '.join([os.path.relpath(sys.executable, _ROOT), '-m', 'training.bench', *sys.argv[1:]])
   result = run(settings, mode, FLAGS.profile, command)
   directory = os.path.dirname(os.path.abspath(FLAGS.output))

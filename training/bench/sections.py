@@ -3,7 +3,9 @@
 * `rounds`: a round of every candidate, interleaved, as ratios to the mean (and TFF's stock FedAvg);
 * `aggregation`: the aggregation process alone, on values generated in the worker;
 * `client_execution`: clients trained in the TFF worker vs in this process;
-* `scaling`: round time and memory against clients per round.
+* `scaling`: round time and memory against clients per round;
+* `floor`: a FedAvg round of the project (datasets built in the worker, and sent), TFF's stock FedAvg and the
+  in-graph floor (`training.bench.floor`: the same arithmetic as plain TF in this process), as ratios to the floor.
 
 `training.bench.cli` runs them, checks the targets and writes JSON and Markdown; `training.bench.timing` has the
 timing tools. See `training.bench.cli` for the command line.
@@ -45,7 +47,7 @@ BASELINE = 'mean'
 VARIANTS = ('gma+secure', 'gma_binary+secure', 'rfa+num_passes=1', 'rfa+num_passes=5')
 AGGREGATORS = tuple(registry.AGGREGATORS) + VARIANTS
 PIPELINE = ('stock_fedavg', 'stock_fedavg_iterator', 'project_pipeline')
-SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution')
+SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution', 'floor')
 GIB = 1024**3
 MEMORY_LIMIT_GIB = 24.0
 # Targets of issue 8 (ratios to `mean` in the same run).
@@ -84,6 +86,12 @@ class Settings:
   client_execution_clients: int = 10
   client_execution_examples: int = 300
   client_execution_repetitions: int = 3
+  # floor: models, each on its data shape (FLOOR_SHAPES), clients x generated examples, the batch, sweeps.
+  floor_models: tuple[str, ...] = ('cnn', 'lenet')
+  floor_clients: int = 10
+  floor_examples: tuple[int, ...] = (144, 600)  # Per model: the digits' 1,437 / 10; Fashion-MNIST's 6,000 / 10.
+  floor_batch_size: int = 16
+  floor_repetitions: int = 7
   seed: int = 0
 
 
@@ -97,6 +105,7 @@ QUICK = Settings(
     scaling_repetitions=1,
     client_execution_examples=100,
     client_execution_repetitions=2,
+    floor_repetitions=3,
 )
 # For the tests: every section and key, on sizes that take seconds.
 SMOKE = Settings(
@@ -114,6 +123,10 @@ SMOKE = Settings(
     client_execution_clients=2,
     client_execution_examples=4,
     client_execution_repetitions=1,
+    floor_models=('logistic',),
+    floor_clients=2,
+    floor_examples=(20,),
+    floor_repetitions=1,
 )
 MODES = {'full': Settings(), 'quick': QUICK, 'smoke': SMOKE}
 
@@ -485,3 +498,93 @@ def bench_scaling(settings: Settings, worker: runtime.WorkerProcess) -> list[dic
           sampled_peak_total_gib=memory.result['sampled_peak_total_bytes'] / GIB,
       ))
   return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Section: a round against its in-graph floor.
+
+FLOOR_SHAPES = {'cnn': (8, 8, 1), 'logistic': (8, 8, 1), 'lenet': (28, 28, 1)}  # The digits' and Fashion-MNIST's.
+FLOOR_TARGET = 1.5  # Issue 26: a round within 1.5x its in-graph floor.
+LOOP_SPEEDUP_TARGET = 2.0  # and twice the throughput of the loop before (datasets sent every round).
+FLOOR_ENTRIES = ('floor', 'project_worker_datasets', 'project_sent_datasets', 'stock_fedavg_iterator',
+                 'project_one_batch')
+# project_one_batch: the project's round with each client holding one batch of examples: what a round costs beyond
+# its clients' epochs (state to and from the worker, broadcast, aggregation, the server update, metrics, dataset
+# set-up), so that `round - one batch` is the part that grows with the examples, comparable to the floor.
+
+
+def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
+  """Per model: a FedAvg/mean round of `floor_clients` clients of generated examples, one local epoch, interleaved:
+  the floor, the runner's round with the datasets built in the worker (its default) and with them sent, and TFF's
+  stock iterator FedAvg; each as a ratio to the floor (`round_to_floor`)."""
+  if len(settings.floor_examples) != len(settings.floor_models):
+    raise ValueError('floor_examples needs one count per floor model')
+  from training.bench import floor as floor_lib  # pylint: disable=g-import-not-at-top
+  from training.engine import worker_datasets  # pylint: disable=g-import-not-at-top
+  config = dataclasses.replace(ALGORITHM_CONFIG)
+  out = collections.OrderedDict(round_to_floor={}, worker_datasets_speedup={}, models={})
+  for model, examples in zip(settings.floor_models, settings.floor_examples):
+    shape, rng = FLOOR_SHAPES[model], np.random.default_rng(settings.seed)
+    arrays = collections.OrderedDict(
+        (f'client_{i}', (rng.random((examples, *shape), dtype=np.float32), rng.integers(0, 10, examples).astype(np.int32)))
+        for i in range(settings.floor_clients))
+    train = client_data_lib.from_client_arrays(arrays)
+    element = train.create_tf_dataset_for_client(train.client_ids[0]).element_spec
+    input_spec = collections.OrderedDict((k, tf.TensorSpec([None, *s.shape], s.dtype)) for k, s in element.items())
+    build_keras = models.keras_builder(model, shape, 10)
+    model_fn = models.model_fn(build_keras, input_spec)
+    tf.keras.utils.set_random_seed(settings.seed)
+    inputs = round_loop.ClientInputs(train, len(arrays), 1, settings.floor_batch_size, settings.seed)
+    placement = worker_datasets.WorkerDatasets(inputs)
+    one_batch = client_data_lib.from_client_arrays(collections.OrderedDict(
+        (c, (x[:settings.floor_batch_size], y[:settings.floor_batch_size])) for c, (x, y) in arrays.items()))
+    one_batch_inputs = round_loop.ClientInputs(one_batch, len(arrays), 1, settings.floor_batch_size, settings.seed)
+    one_batch_placement = worker_datasets.WorkerDatasets(one_batch_inputs)
+    ids = list(train.client_ids)
+    stock_datasets = [train.create_tf_dataset_for_client(c).batch(settings.floor_batch_size) for c in ids]
+    initial = None
+    calls, compile_seconds = {}, {}
+    try:
+      for name in FLOOR_ENTRIES[1:]:
+        if name == 'stock_fedavg_iterator':
+          method, round_inputs = methods.Method(_stock_process(name, model_fn)), lambda _: (ids, stock_datasets)
+        else:
+          files = {'project_worker_datasets': placement, 'project_one_batch': one_batch_placement}.get(name)
+          method = methods.build(model_fn, 'fedavg', BASELINE, algorithm_config=config,
+                                 client_sources=None if files is None else files.client_sources)
+          if files is not None:
+            method.place_datasets_in_worker(files)
+          round_inputs = one_batch_inputs if name == 'project_one_batch' else inputs
+        state = round_loop.seeded_initial_state(method.process, build_keras, settings.seed)
+        if initial is None:
+          initial = method.process.get_model_weights(state)
+        loop = round_loop.RoundLoop(method, method.process.set_model_weights(state, initial), round_inputs)
+        _log(f'floor {model}: building and compiling {name}')
+        _, first = timing.timed_call(loop.step, worker_pids)
+        calls[name], compile_seconds[name] = loop.step, first.wall
+      calls['floor'] = floor_lib.build_floor(
+          build_keras, input_spec, list(arrays.values()), batch_size=settings.floor_batch_size,
+          client_lr=config.client_lr, momentum=config.client_momentum, initial_weights=list(initial.trainable))
+      _, first = timing.timed_call(calls['floor'], worker_pids)
+      compile_seconds['floor'] = first.wall
+      _log(f'floor {model}: {settings.floor_repetitions} interleaved sweeps')
+      samples = timing.interleaved_times({n: calls[n] for n in FLOOR_ENTRIES}, settings.floor_repetitions,
+                                         worker_pids=worker_pids)
+    finally:
+      placement.close()
+      one_batch_placement.close()
+    timings = {n: timing.summarize(s) for n, s in samples.items()}
+    floor_seconds = timings['floor']['seconds']
+    out['round_to_floor'][model] = {n: timings[n]['seconds'] / floor_seconds for n in FLOOR_ENTRIES[1:]}
+    # The part of the project's round that grows with the examples, over the floor's.
+    out['round_to_floor'][model]['project_beyond_one_batch'] = (
+        timings['project_worker_datasets']['seconds'] - timings['project_one_batch']['seconds']) / floor_seconds
+    out['worker_datasets_speedup'][model] = (timings['project_sent_datasets']['seconds']
+                                             / timings['project_worker_datasets']['seconds'])
+    out['models'][model] = collections.OrderedDict(
+        setup=dict(data=f'generated {list(shape)}, 10 classes', clients=len(ids), examples_per_client=examples,
+                   batch_size=settings.floor_batch_size, local_epochs=1, aggregator=BASELINE,
+                   repetitions=settings.floor_repetitions),
+        timings=timings, compile_seconds=compile_seconds,
+        samples={n: [dataclasses.asdict(x) for x in ss] for n, ss in samples.items()})
+  return out

@@ -1,0 +1,60 @@
+"""The in-graph floor of a FedAvg round: the clients' arithmetic with nothing around it.
+
+The same client work as a FedAvg round (one local epoch of minibatch SGD with momentum from the server model, on
+each client's examples, then the example-weighted mean of the clients' models), written as plain TF in one graph
+run by a `tf.compat.v1.Session` in this process: the model as pure functions of its weight tensors
+(`tff.learning.models.functional_model_from_keras`), each client's examples as one constant tensor, the steps as a
+`tf.while_loop` over batch slices with the weights and momentum as loop tensors, every client in the one graph
+(independent loops TF may run side by side). No dataset, no variable, no TFF runtime: what a round cannot go below
+on this machine. The batches are taken in the stored order (the arithmetic does not depend on the order).
+
+`build_floor(...)` returns the round as a no-argument callable (its result: the new model's weights, NumPy), for
+`training.bench.timing.interleaved_times` beside the TFF rounds it bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+def build_floor(build_keras: Callable[[], tf.keras.Model], input_spec, client_arrays: Sequence[tuple[np.ndarray,
+                np.ndarray]], *, batch_size: int, client_lr: float, momentum: float, initial_weights: Sequence[np.ndarray]
+                ) -> Callable[[], list[np.ndarray]]:
+  """One round of the floor (module docstring) on `client_arrays` [(x, y), ...] from `initial_weights`."""
+  functional = tff.learning.models.functional_model_from_keras(
+      build_keras(), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), input_spec)
+  graph = tf.Graph()
+  with graph.as_default():
+    start = tuple(tf.constant(w) for w in initial_weights)
+    finals, counts = [], []
+    for x, y in client_arrays:
+      x_all, y_all, size = tf.constant(x), tf.constant(y), len(y)
+      num_batches = -(-size // batch_size)
+
+      def step(i, weights, velocity, x_all=x_all, y_all=y_all, size=size):
+        begin = i * batch_size
+        end = tf.minimum(begin + batch_size, size)
+        with tf.GradientTape() as tape:
+          tape.watch(weights)
+          predictions = functional.predict_on_batch((weights, ()), x_all[begin:end], training=True)
+          loss = functional.loss(output=predictions, label=y_all[begin:end])
+        gradients = tape.gradient(loss, weights)
+        velocity = tuple(momentum * v + g for v, g in zip(velocity, gradients))
+        return i + 1, tuple(w - client_lr * v for w, v in zip(weights, velocity)), velocity
+
+      _, trained, _ = tf.while_loop(lambda i, *_: i < num_batches, step,
+                                    (tf.constant(0), start, tuple(tf.zeros_like(w) for w in start)))
+      finals.append(trained)
+      counts.append(float(size))
+    total = sum(counts)
+    mean = [tf.add_n([c / total * f[k] for c, f in zip(counts, finals)]) for k in range(len(start))]
+  session = tf.compat.v1.Session(graph=graph)
+
+  def round_fn() -> list[np.ndarray]:
+    return session.run(mean)
+
+  return round_fn
