@@ -10,6 +10,8 @@ from typing import Any
 
 from absl import app
 
+from training import safe_files
+
 
 STUDY_RESUMES = 'the study resumes from its finished runs when the same command runs again'
 
@@ -38,3 +40,18 @@ def one_line_usage_errors(main: Callable[[list[str]], Any], resume_hint: str = '
       sys.exit(1)
 
   return wrapped
+
+
+def check_output_dir(directory: str, flag: str = 'output_dir') -> None:
+  """Before any work: `app.UsageError('invalid flags: ...')` when `--flag`'s directory could not be written (a
+  file, under a file, empty, not writable, on a read-only file system), instead of failing after the work."""
+  problem = safe_files.output_dir_problem(directory, flag)
+  if problem is not None:
+    raise app.UsageError(f'invalid flags: {problem}')
+
+
+def check_output_file(path: str, flag: str = 'output') -> None:
+  """`check_output_dir` for a flag naming a file (or a prefix of files): not a directory, its directory writable."""
+  problem = safe_files.output_file_problem(path, flag)
+  if problem is not None:
+    raise app.UsageError(f'invalid flags: {problem}')

@@ -128,6 +128,8 @@ class ExperimentConfig:
                                         '--secure).', _AGGREGATOR.secure_bound)
   secure_metrics: bool = _help('Aggregate training metrics with secure sums.', False)
   eval_every: int = _help('Evaluate every this many rounds (and at the last).', 1)
+  eval_last_rounds: int = _help('Also evaluate every one of the last this many rounds (e.g. 10 for a last-10 '
+                                 'mean of consecutive rounds with a sparse eval_every).', 0)
   participation_eval: bool = _help('Evaluations also score the global model on this round\'s participating vs the '
                                    'other clients\' training data (GMA paper Table 4; with many clients the costliest '
                                    'part of an evaluation).', True)

@@ -163,8 +163,10 @@ def run_one(name: str, train_data, evaluator, build_keras, model_fn, num_rounds:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
+  command_line.check_output_dir(FLAGS.output_dir)  # Before the training, not after it.
   mode = FLAGS.client_execution
   names = FLAGS.aggregators or [m for m in DEFAULT_METHODS if runs_in(m, mode)]
   for name in names:

@@ -15,10 +15,12 @@ overwrite it. So:
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
 from collections.abc import Iterable
+from typing import Optional
 
 # What a run creates in its output directory (its own files and TFF's), checked for planted links up front.
 RUN_OUTPUTS = ('config.json', 'summary.json', 'metrics.csv', 'accuracy.png', 'audit.md', 'membership.json',
@@ -51,6 +53,66 @@ def check_output_dir(directory: str, names: Iterable[str] = RUN_OUTPUTS) -> None
     if os.path.islink(path):
       raise UnsafeOutputError(f'{path} is a symbolic link (to {os.readlink(path)}); a run does not write through '
                               f'one. Remove it, or use another --output_dir')
+
+
+def output_dir_problem(directory: str, flag: str = 'output_dir', shown: Optional[str] = None) -> Optional[str]:
+  """Why `directory` could not be created or written into (None: it can), naming `flag`; nothing is created.
+
+  An empty path; a file; a path under a file; a nearest existing ancestor that this user may not write into, or
+  that lies on a read-only file system (which even root cannot write). `shown`: the flag's value, when that is
+  not `directory` itself (a file's path, whose directory is checked).
+  """
+  if not isinstance(directory, str) or not directory.strip():
+    return f'{flag} is empty: give the directory the run writes into'
+  named = f'{flag} {directory}' if shown is None else f'{flag} {shown}: {directory}'
+  path = os.path.abspath(directory)
+  if os.path.exists(path) and not os.path.isdir(path):
+    return f'{named} is a file, not a directory'
+  parent = path
+  while not os.path.exists(parent):  # The nearest existing ancestor: the run creates the rest.
+    parent = os.path.dirname(parent)
+  named = f'{flag} {shown or directory}'
+  if not os.path.isdir(parent):
+    return f'{named}: {parent} is a file, not a directory'
+  try:
+    read_only = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
+  except OSError:
+    read_only = False
+  if read_only:
+    return f'{named}: {parent} is on a read-only file system'
+  if not os.access(parent, os.W_OK | os.X_OK):
+    return f'{named}: {parent} is not writable by this user'
+  return None
+
+
+def output_file_problem(path: str, flag: str) -> Optional[str]:
+  """Why the file `path` (or files with `path` as their prefix) could not be written (None: it could)."""
+  if not isinstance(path, str) or not path.strip():
+    return f'{flag} is empty: give the path to write'
+  if os.path.isdir(path):
+    return f'{flag} {path} is a directory; give a file\'s path'
+  return output_dir_problem(os.path.dirname(os.path.abspath(path)), flag, shown=path)
+
+
+# TensorFlow's file system reports an errno as `tf.errors.OpError` 'CONTEXT; STRERROR' (tsl's errors::IOError).
+_ERRNO_OF_STRERROR = {os.strerror(code): code for code in sorted(errno.errorcode, reverse=True)}
+
+
+def os_error_of(error: BaseException) -> Optional[OSError]:
+  """The `OSError` that a TensorFlow file-system error stands for, or None.
+
+  TensorFlow (and TFF's release and state managers, which write through it) raise a failed write as a
+  `tf.errors.OpError` whose message is the path and the C library's text ('/run/metrics.csv_temp1666; No space
+  left on device'), not as an `OSError`: this gives it back its errno and path, so a caller handles both alike.
+  """
+  message = getattr(error, 'message', None)
+  if not isinstance(message, str):
+    return None
+  context, separator, reason = message.strip().rpartition('; ')
+  code = _ERRNO_OF_STRERROR.get(reason)
+  if not separator or code is None:
+    return None
+  return OSError(code, reason, context)
 
 
 def write_atomic(path: str, data: bytes | str) -> None:

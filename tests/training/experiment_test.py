@@ -396,8 +396,10 @@ def test_resume_removes_unfinished_saves_and_a_cut_last_row(tmp_path):
   (partial / 'saved_model.pb').write_bytes(b'\0' * 100)
   with open(out / 'metrics.csv', 'a') as f:
     f.write('3,0.51')  # A row cut while written: no line end, too few fields.
+  release = out / 'metrics.csv_temp5678'  # TFF's CSV release written there, killed (or out of space) before renamed.
+  release.write_text('round,x\n1,0.5\n')
   experiment.run(dataclasses.replace(config, rounds=3), show_progress=False)
-  assert not partial.exists()
+  assert not partial.exists() and not release.exists()
   rows = experiment._read_rows(str(out / 'metrics.csv'))
   assert [r['round'] for r in rows] == [1, 2, 3]
   assert 'client_work/train/loss' in rows[2]

@@ -111,7 +111,7 @@ def test_tuning_scores_points_by_the_mean_over_partitions_then_applies_the_edge_
   assert runs == finals and blocked == 0
   for run in finals:
     config = study.config(run)
-    assert config.validation_fraction == 0 and config.eval_every == 1 and config.tau == 0.6
+    assert config.validation_fraction == 0 and (config.eval_every, config.eval_last_rounds) == (5, 10) and config.tau == 0.6
 
 
 def test_avg_gets_no_tau_stage_and_adaptive_servers_their_own_grid(tmp_path):

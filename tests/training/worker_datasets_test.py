@@ -142,3 +142,13 @@ def test_the_worker_iterates_the_batches_python_built():
         np.testing.assert_array_equal(u, v)
   finally:
     placement.close()
+
+
+def test_a_sparse_eval_every_can_still_evaluate_each_of_the_last_rounds(tmp_path):
+  config = dataclasses.replace(_TOY, rounds=9, eval_every=4, eval_last_rounds=3, local_epochs=1,
+                               output_dir=str(tmp_path / 'run'))
+  experiment.run(config, show_progress=False)
+  rows = experiment._read_rows(str(tmp_path / 'run' / 'metrics.csv'))  # pylint: disable=protected-access
+  assert [int(r['round']) for r in rows if 'test/accuracy' in r] == [4, 7, 8, 9]
+  with pytest.raises(experiment.ConfigError, match='eval_last_rounds'):
+    experiment.validate(dataclasses.replace(config, eval_last_rounds=-1))

@@ -138,6 +138,21 @@ def remove_partial_saves(output_dir: str) -> list[str]:
   return removed
 
 
+def remove_partial_releases(csv_path: str) -> list[str]:
+  """Removes what an unfinished release of `csv_path` left beside it: TFF's CSV release manager writes the whole
+  file to `<csv_path>_temp<n>` and renames it over `csv_path`; a kill or a full disk in between leaves the
+  temporary file (a copy of every row). Returns the paths removed."""
+  directory, name = os.path.split(csv_path)
+  partial = re.compile(re.escape(name) + r'_temp[0-9]+')
+  removed = []
+  for entry in sorted(os.listdir(directory or '.')) if os.path.isdir(directory or '.') else []:
+    path = os.path.join(directory, entry)
+    if partial.fullmatch(entry) and os.path.isfile(path) and not os.path.islink(path):
+      os.unlink(path)
+      removed.append(path)
+  return removed
+
+
 def drop_partial_row(csv_path: str) -> bool:
   """Drops a last row of `csv_path` that was cut while written (no line end, or fewer fields than the header);
   returns whether one was dropped. Such a row would otherwise be read back, and summarised, as a round."""

@@ -148,6 +148,9 @@ def _check(config: config_lib.ExperimentConfig) -> None:
       checks.check_positive_int(getattr(config, name), name)
     except ValueError as e:
       raise ConfigError(str(e)) from None
+  last = config.eval_last_rounds
+  if isinstance(last, bool) or not isinstance(last, (int, np.integer)) or last < 0:
+    raise ConfigError(f'eval_last_rounds must be an integer >= 0, got {last!r}')
   if not isinstance(config.seed, (int, np.integer)) or not 0 <= config.seed <= MAX_SEED:
     raise ConfigError(f'seed must be an integer in [0, {MAX_SEED}] (NumPy\'s and Keras\' seeds are 32-bit), got '
                       f'{config.seed!r}')
@@ -191,19 +194,10 @@ def _check(config: config_lib.ExperimentConfig) -> None:
   _check_validation(config)
 
 def _check_output_dir(output_dir: str) -> None:
-  """The output directory: a path, a directory (or creatable as one), writable."""
-  if not isinstance(output_dir, str) or not output_dir.strip():
-    raise ConfigError('output_dir is empty: give the directory the run writes into')
-  path = os.path.abspath(output_dir)
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ConfigError(f'output_dir {output_dir} is a file, not a directory')
-  parent = path
-  while not os.path.exists(parent):  # The nearest existing ancestor: the run creates the rest.
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    raise ConfigError(f'output_dir {output_dir}: {parent} is a file, not a directory')
-  if not os.access(parent, os.W_OK | os.X_OK):
-    raise ConfigError(f'output_dir {output_dir}: {parent} is not writable by this user')
+  """The output directory: a path, a directory (or creatable as one), writable, on a writable file system."""
+  problem = safe_files.output_dir_problem(output_dir)
+  if problem is not None:
+    raise ConfigError(problem)
 
 
 def _check_validation(config: config_lib.ExperimentConfig) -> None:
@@ -223,7 +217,7 @@ def _check_validation(config: config_lib.ExperimentConfig) -> None:
 
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
-_RESUMABLE_CHANGES = ('rounds', 'eval_every', 'output_dir', 'audit', 'data_dir', 'workers', 'rfa_weight_bound',
+_RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last_rounds', 'output_dir', 'audit', 'data_dir', 'workers', 'rfa_weight_bound',
                       'membership_inference', 'participation_eval', 'dataset_placement')
 
 
@@ -485,7 +479,9 @@ def run(config: config_lib.ExperimentConfig, *, show_progress: bool = True,
 
   Raises `ConfigError` before anything is written when a setting is invalid; then holds `config.output_dir`
   exclusively until it returns or raises (`DirectoryLockedError` at once if another run holds it);
-  `CheckpointError` if the directory's checkpoints exist and none loads. `on_round(round_num, state)` is called
+  `CheckpointError` if the directory's checkpoints exist and none loads; `OSError` when a write fails under it (a
+  full or read-only disk; TensorFlow's own file errors too, which TFF's checkpoints and releases raise as
+  `tf.errors.OpError`). `on_round(round_num, state)` is called
   after each round (after its checkpoint, on a round that saves one; tests use it to interrupt).
 
   `checkpoint_every`: the state is saved after every `checkpoint_every`-th round and after the last. It does not
@@ -501,7 +497,13 @@ def run(config: config_lib.ExperimentConfig, *, show_progress: bool = True,
                       config.output_dir, lock.stale_holder)
     # Again under the lock: another run may have written into the directory since `prepare` read it.
     check_resumable(config)
-    return _run_locked(config, show_progress, on_round, checkpoint_every)
+    try:
+      return _run_locked(config, show_progress, on_round, checkpoint_every)
+    except tf.errors.OpError as e:  # A write through TensorFlow (TFF's checkpoints and releases) that failed.
+      os_error = safe_files.os_error_of(e)
+      if os_error is None:
+        raise
+      raise os_error from e
 
 
 def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
@@ -549,6 +551,8 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     state, start_round = initial_state, 0
     _run_async(state_manager.save(state, 0))
   csv_path = os.path.join(config.output_dir, 'metrics.csv')
+  for path in checkpoints.remove_partial_releases(csv_path):
+    logging.warning('%s: removed %s, a metrics.csv release that never finished', config.output_dir, path)
   if checkpoints.drop_partial_row(csv_path):
     logging.warning('%s: dropped the last row of metrics.csv, cut while it was written', config.output_dir)
   checkpoints.truncate_rows(csv_path, 'round', start_round)  # Rows after the checkpoint: of another timeline.
@@ -626,7 +630,8 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     seconds['train'] += done.seconds
 
   evaluate_round = timed('evaluate', round_loop.evaluate_every(
-      config.eval_every, config.rounds, lambda done: evaluate(setup, done.state, done.participants)))
+      config.eval_every, config.rounds, lambda done: evaluate(setup, done.state, done.participants),
+      last_rounds=config.eval_last_rounds))
   loop = round_loop.RoundLoop(setup.method, state, inputs, round_num=start_round, before_round=before_round,
                           after_round=(count_training, check_round, evaluate_round,
                                        timed('release_and_checkpoint', release_and_save)))

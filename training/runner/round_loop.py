@@ -191,11 +191,13 @@ class RoundLoop:
     return self.state
 
 
-def evaluate_every(every: int, last_round: int, evaluate: Callable[[Round], dict[str, float]]) -> AfterRound:
-  """A callback adding `evaluate(round)` to the row of every `every`-th round and of `last_round`."""
+def evaluate_every(every: int, last_round: int, evaluate: Callable[[Round], dict[str, float]], *,
+                   last_rounds: int = 0) -> AfterRound:
+  """A callback adding `evaluate(round)` to the row of every `every`-th round, of each of the last `last_rounds`
+  rounds and of `last_round`."""
 
   def callback(done: Round) -> None:
-    if done.number % every == 0 or done.number == last_round:
+    if done.number % every == 0 or done.number > last_round - last_rounds or done.number == last_round:
       done.row.update(evaluate(done))
 
   return callback

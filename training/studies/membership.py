@@ -102,11 +102,17 @@ def summarize(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
+  try:
+    seeds = [int(s) for s in _SEEDS.value]
+    cells = [(a, s) for s in seeds for a in _AGGREGATORS.value]
+    for aggregator, seed in cells:  # Every run is checked (its output directory too) before anything runs.
+      experiment.validate(run_config(aggregator, seed))
+  except ValueError as e:
+    raise app.UsageError(f'invalid study settings: {e}') from e
   runtime.set_simulation_context()
-  seeds = [int(s) for s in _SEEDS.value]
-  cells = [(a, s) for s in seeds for a in _AGGREGATORS.value]
   results = []
   for i, (aggregator, seed) in enumerate(cells, 1):
     print(f'[{i}/{len(cells)}] {aggregator} seed {seed}', flush=True)

@@ -178,12 +178,17 @@ def build_config(trajectory: str) -> config_lib.ExperimentConfig:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   started = time.monotonic()
-  runtime.set_simulation_context()
   trajectory, seed = _TRAJECTORY.value, _SEED.value
+  command_line.check_output_file(_OUTPUT.value, 'output')  # Before the training, not after it.
   config = build_config(trajectory)
-  experiment.validate(config)
+  try:
+    experiment.validate(config)
+  except ValueError as e:
+    raise app.UsageError(f'invalid flags: {e}') from e
+  runtime.set_simulation_context()
   setup = experiment.build_setup(config)
   process = setup.process
   client_ids = list(setup.data.train.client_ids)
