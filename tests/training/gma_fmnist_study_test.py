@@ -67,6 +67,8 @@ def _finish(study, run, score=None, test_curve=None, validation_curve=None):
   os.makedirs(config.output_dir, exist_ok=True)
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump({'best_validation_accuracy': score, 'rounds_completed': config.rounds,
+               'seconds_by_part': {'train': 0.5 * config.rounds, 'evaluate': 0.1 * config.rounds,
+                                   'release_and_checkpoint': 0.05 * config.rounds, 'rounds': config.rounds},
                'config': dataclasses.asdict(config)}, f)
   curve = test_curve if test_curve is not None else validation_curve
   key = 'test/accuracy' if test_curve is not None else 'validation/accuracy'
@@ -177,6 +179,7 @@ def test_collect_reads_finished_runs_back_into_the_side_by_side_report(tmp_path)
   assert row['paper'] == {'avg': 78.02, 'gma': 78.82, 'gap': pytest.approx(0.80)}
   report = gma_fmnist.write_results(study, records)
   assert '78.02 -> 78.82 (+0.80)' in report and 'GMA ahead' in report
+  assert '| 0.500 | 0.100 | 0.050 | 23% |' in report  # Where a round's time goes: (0.1 + 0.05) / 0.65.
   saved = json.loads((tmp_path / 'results.json').read_text())
   assert saved['comparisons'][0]['best']['verdict'] == 'GMA ahead' and len(saved['records']) == 2
 

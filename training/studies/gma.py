@@ -455,7 +455,7 @@ def verdicts(records: list[dict[str, Any]]) -> list[str]:
     out.append('- "More so with more clients" (label skew, FedAvg): gain ' +
                ', '.join(f'{n} clients {m:+.2f} [{lo:+.2f}, {hi:+.2f}]' for n, (m, lo, hi) in scale) +
                f'; {"holds" if rising else "not shown on digits"} (it holds when the gain rises by more than '
-               f'{TIE_POINTS:g} points at each step and is a win at the end; the intervals overlap).')
+               f'{TIE_POINTS:g} points at each step and is a win at the end).')
   adaptive = {k: v for k, v in intervals.items() if k[1] in ('fedadam', 'fedyogi')}
   if adaptive:
     out.append(f'- "GMA helps adaptive servers too" (Algorithm 2): GMA ahead in '

@@ -335,6 +335,25 @@ def comparisons(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return out
 
 
+def cost_table(study: Study) -> str:
+  """Where a round's time goes, per setting: medians over the finished runs of seconds per round (training,
+  evaluation, release and checkpoint, from each run's summary.json `seconds_by_part`)."""
+  lines = ['| setting | runs | train s/round | evaluate s/round | release + checkpoint s/round | not training |',
+           '|---|---|---|---|---|---|']
+  for setting in study.settings:
+    parts = []
+    for run in study.runnable('all')[0]:
+      summary = study.summary(run) if run.setting == setting else None
+      if summary is not None and 'seconds_by_part' in summary:
+        p = summary['seconds_by_part']
+        parts.append([p['train'] / p['rounds'], p['evaluate'] / p['rounds'], p['release_and_checkpoint'] / p['rounds']])
+    if parts:
+      train, evaluate, release = np.median(np.asarray(parts), axis=0)
+      lines.append(f'| {setting} | {len(parts)} | {train:.3f} | {evaluate:.3f} | {release:.3f} | '
+                   f'{(evaluate + release) / (train + evaluate + release):.0%} |')
+  return '\n'.join(lines)
+
+
 def _pm(values: Sequence[float]) -> str:
   return f'{100 * np.mean(values):.2f} +- {100 * np.std(values):.2f}'
 
@@ -381,6 +400,7 @@ def write_results(study: Study, records: list[dict[str, Any]]) -> str:
       rounds = next(r['rounds'] for r in records if r['setting'] == setting)
       text += [f'**{setting}: {SETTINGS[setting].label}, {rounds} rounds**', '',
                side_by_side(rows, setting), '', table(records, setting), '']
+  text += ['**Where a round\'s time goes** (medians over the finished runs)', '', cost_table(study), '']
   report = '\n'.join(text) + '\n'
   os.makedirs(study.output_dir, exist_ok=True)
   with open(os.path.join(study.output_dir, 'results.md'), 'w') as f:
