@@ -48,7 +48,8 @@ def test_round_pipeline_takes_the_batches_tf_data_shuffle_takes(global_seed):
   assert all(sorted(e) == list(range(25)) for e in epochs) and not np.array_equal(epochs[0], epochs[1])
 
 
-@pytest.mark.parametrize('algorithm,aggregator', [('fedavg', 'mean'), ('fedadam', 'gma'), ('fedavg', 'rfa')])
+@pytest.mark.parametrize('algorithm,aggregator', [('fedavg', 'mean'), ('fedavg', 'gma'), ('fedavg', 'rfa'),
+                                                  ('fedprox', 'mean'), ('fedadam', 'mean'), ('fedadam', 'gma')])
 def test_worker_datasets_train_exactly_as_sent_datasets(tmp_path, algorithm, aggregator):
   results = {}
   for placement in worker_datasets.PLACEMENTS:
@@ -152,3 +153,27 @@ def test_a_sparse_eval_every_can_still_evaluate_each_of_the_last_rounds(tmp_path
   assert [int(r['round']) for r in rows if 'test/accuracy' in r] == [4, 7, 8, 9]
   with pytest.raises(experiment.ConfigError, match='eval_last_rounds'):
     experiment.validate(dataclasses.replace(config, eval_last_rounds=-1))
+
+
+def test_a_round_too_large_for_memory_is_refused_in_one_line():
+  x = np.zeros((10, 1000), np.float32)  # 40,000 bytes a client.
+  data = client_data.from_partition(x, np.zeros(10, np.int32), [np.arange(0, 5), np.arange(5, 10)])
+  worker_datasets.check_memory(data, 2, available=10**6)
+  with pytest.raises(ValueError, match='clients_per_round=2: a round .* more than the 0 MiB'):
+    worker_datasets.check_memory(data, 2, available=2 * 3 * 20_000 - 1)
+  assert worker_datasets._available_bytes() > 0  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('model,dataset', [('cnn', 'digits'), ('lenet', 'fashion_mnist')])
+def test_cnn_and_lenet_train_exactly_as_with_sent_datasets(tmp_path, model, dataset):
+  if dataset == 'fashion_mnist' and not os.path.exists('/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz'):
+    pytest.skip('Fashion-MNIST is not installed (scripts/setup.sh --data=fashion_mnist)')
+  results = {}
+  for placement in worker_datasets.PLACEMENTS:
+    config = dataclasses.replace(_TOY, model=model, dataset=dataset, algorithm='fedadam', aggregator='gma',
+                                 server_lr=0.01, rounds=2, local_epochs=1, batch_size=16,
+                                 num_clients=500 if dataset == 'fashion_mnist' else 4,
+                                 dataset_placement=placement, output_dir=str(tmp_path / placement))
+    results[placement] = experiment.run(config, show_progress=False)
+  for a, b in zip(_weights(results['worker']), _weights(results['driver'])):
+    np.testing.assert_array_equal(a, b)

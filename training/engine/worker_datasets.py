@@ -63,6 +63,33 @@ def applies(*, algorithm: str, aggregator: str, corruption: str, client_executio
   return None
 
 
+# Copies of a client's examples the worker holds while it trains the client: the file's bytes, the parsed tensor,
+# the shuffle buffer. Measured: 10 clients of 6,000 Fashion-MNIST examples (18.8 MB each) peaked the worker at
+# 481 MiB (2,093 MiB with the datasets sent), so 3 is an upper bound.
+COPIES_PER_CLIENT = 3
+
+
+def _available_bytes() -> int:
+  with open('/proc/meminfo') as f:
+    for line in f:
+      if line.startswith('MemAvailable:'):
+        return int(line.split()[1]) * 1024
+  raise OSError('no MemAvailable in /proc/meminfo')
+
+
+def check_memory(train, clients_per_round: int, available: Optional[int] = None) -> None:
+  """Raises ValueError (one line) when a round of the largest clients would not fit in this machine's memory, rather
+  than let the worker swap or be killed."""
+  largest = max(sum(a.nbytes for a in train.client_arrays(c)) for c in train.client_ids)
+  need = largest * COPIES_PER_CLIENT * clients_per_round
+  available = _available_bytes() if available is None else available
+  if need > available:
+    raise ValueError(f'clients_per_round={clients_per_round}: a round of clients of up to {largest / 2**20:.0f} MiB '
+                     f'of examples needs about {need / 2**20:.0f} MiB in the TFF worker, more than the '
+                     f'{available / 2**20:.0f} MiB this machine has available; use fewer clients per round or more '
+                     f'clients (smaller ones)')
+
+
 @dataclasses.dataclass(frozen=True)
 class ClientSources:
   """What a client computation needs to build a round's dataset from a source (file prefix, seed pair) in its own

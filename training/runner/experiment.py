@@ -454,6 +454,10 @@ def _client_sources(config: config_lib.ExperimentConfig, train) -> Optional[work
   if reason is not None:
     logging.info('dataset_placement=worker does not apply (%s): each round sends its datasets', reason)
     return None
+  try:
+    worker_datasets.check_memory(train, config.clients_per_round)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   return worker_datasets.ClientSources(train.element_type_structure, config.local_epochs, config.batch_size)
 
 
