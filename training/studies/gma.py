@@ -146,20 +146,25 @@ HEADLINE_SETTINGS = ('label10', 'label100', 'feature10')
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
+def define_study_flags(settings: Sequence[str], output_dir: str) -> None:
+  """The flags every GMA study takes (stages, settings, methods, rounds, output, shard, client execution)."""
   flags.DEFINE_enum('stage', 'all', ['all', 'tune', 'final', 'collect'],
                     'Which stages to run (all: tuning, then final; collect: none, only the results of finished runs).')
-  flags.DEFINE_list('settings', list(SETTINGS), f'Settings (of {list(SETTINGS)}).')
+  flags.DEFINE_list('settings', list(settings), f'Settings (of {list(settings)}).')
   flags.DEFINE_list('methods', [], 'Restrict to these ALGORITHM/AGGREGATOR methods (default: each setting\'s).')
-  flags.DEFINE_list('client_lrs', [str(x) for x in CLIENT_LRS], 'Tuning grid: client learning rates.')
-  flags.DEFINE_list('taus', [str(x) for x in TAUS], 'Tuning grid, stage 2: GMA thresholds besides 0.4.')
-  flags.DEFINE_list('seeds', [str(s) for s in FINAL_SEEDS], 'Seeds of the final runs.')
   flags.DEFINE_integer('rounds', 0, 'Rounds of every run (0: each setting\'s own; a small value for a smoke test).')
-  flags.DEFINE_string('output_dir', 'outputs/gma_study', 'Where runs and results go.')
+  flags.DEFINE_string('output_dir', output_dir, 'Where runs and results go.')
   flags.DEFINE_string('shard', '0/1', 'i/n: run only the cells whose name hashes to i mod n, so that n processes '
                       'share the study; a last call without --shard collects.')
   flags.DEFINE_enum('client_execution', client_execution.WORKER, list(client_execution.MODES),
                     "Where clients train (the runner's --client_execution).")
+
+
+def define_flags() -> None:
+  define_study_flags(SETTINGS, 'outputs/gma_study')
+  flags.DEFINE_list('client_lrs', [str(x) for x in CLIENT_LRS], 'Tuning grid: client learning rates.')
+  flags.DEFINE_list('taus', [str(x) for x in TAUS], 'Tuning grid, stage 2: GMA thresholds besides 0.4.')
+  flags.DEFINE_list('seeds', [str(s) for s in FINAL_SEEDS], 'Seeds of the final runs.')
 
 
 class Run(NamedTuple):

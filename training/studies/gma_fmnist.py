@@ -415,18 +415,9 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  flags.DEFINE_enum('stage', 'all', ['all', 'tune', 'final', 'collect'],
-                    'Which stages to run (all: tuning, then final; collect: none, only the results of finished runs).')
-  flags.DEFINE_list('settings', list(SETTINGS), f'Settings (of {list(SETTINGS)}).')
-  flags.DEFINE_list('methods', [], 'Restrict to these ALGORITHM/AGGREGATOR methods (default: each setting\'s).')
+  gma_study.define_study_flags(SETTINGS, 'outputs/gma_fmnist_study')
   flags.DEFINE_list('tune_seeds', [str(s) for s in TUNE_SEEDS], 'Tuning partitions (seeds).')
   flags.DEFINE_list('seeds', [str(s) for s in FINAL_SEEDS], 'Seeds of the final runs.')
-  flags.DEFINE_integer('rounds', 0, 'Rounds of every run (0: each setting\'s own; a small value for a smoke test).')
-  flags.DEFINE_string('output_dir', 'outputs/gma_fmnist_study', 'Where runs and results go.')
-  flags.DEFINE_string('shard', '0/1', 'i/n: run only the runs whose name hashes to i mod n, so that n processes '
-                      'share the study; a last call without --shard collects.')
-  flags.DEFINE_enum('client_execution', client_execution.WORKER, list(client_execution.MODES),
-                    "Where clients train (the runner's --client_execution).")
 
 
 def main(argv):
