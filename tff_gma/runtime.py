@@ -17,7 +17,10 @@ worker it owns:
 * an `atexit` hook stops it at normal exit and after an uncaught exception, and SIGTERM is turned into a
   normal exit (running that hook) when no other SIGTERM handler is installed.
 
-Usage: `tff_gma.runtime.set_simulation_context()` once, before running computations.
+Usage: `tff_gma.runtime.set_simulation_context()` once, before running computations from Python;
+`set_async_simulation_context()` for TFF programs (`tff.program`, `tff.learning.programs.train_model`), on the same
+worker; `set_multi_worker_context(targets)` to split rounds over several workers. Which to use when, and TFF's own
+contexts: docs/runtime.md#contexts.
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ from tensorflow_federated.python.core.backends.native import compiler as native_
 from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
 from tensorflow_federated.python.core.backends.test import compiler as test_compiler
 from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
 from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 
@@ -617,7 +619,8 @@ class WorkerProcess:
 _live_workers: set[WorkerProcess] = set()
 _lock = threading.Lock()
 _current_worker: Optional[WorkerProcess] = None
-_current_context = None
+_current_context = None  # The synchronous simulation context on `_current_worker`.
+_current_program_context = None  # The `tff.program` context on `_current_worker`.
 
 
 def stop_all_workers() -> None:
@@ -628,18 +631,8 @@ def stop_all_workers() -> None:
 
 
 atexit.register(stop_all_workers)
-
-
-def _drop_import_time_context() -> None:
-  # `import tensorflow_federated` installs a default context whose executor factory's __del__ runs at interpreter
-  # shutdown, when `subprocess` is already gone, and prints a spurious traceback. Replacing and collecting it at
-  # exit (atexit runs before module teardown) keeps processes that never ran a computation quiet too.
-  if _current_worker is None:
-    tff.framework.get_context_stack().set_default_context(runtime_error_context.RuntimeErrorContext())
-    gc.collect()
-
-
-atexit.register(_drop_import_time_context)
+# TFF's import-time default context, whose `__del__` would print a traceback at interpreter shutdown, is released
+# at exit by the hook `tff_gma/__init__.py` registers (`tff_gma/_default_context.py`).
 
 
 def _sigterm_to_exit(signum, frame):
@@ -710,14 +703,48 @@ def create_simulation_context(
   )
 
 
+def create_async_simulation_context(
+    worker: WorkerProcess, default_num_clients: int = 0) -> tff.framework.AsyncExecutionContext:
+  """The asynchronous form of `create_simulation_context` (same worker, compiler and executors): its `invoke` is
+  a coroutine. Wrapped in `tff.program.NativeFederatedContext` it runs TFF programs (`set_async_simulation_context`)."""
+  return tff.framework.AsyncExecutionContext(
+      executor_fn=_executor_factory(worker, default_num_clients),
+      compiler_fn=_compile_for_simulation,
+      transform_args=tensorflow_computation.transform_args,
+      transform_result=tensorflow_computation.transform_result,
+  )
+
+
+def _owned_worker(log_path: Optional[str]) -> WorkerProcess:
+  """The worker of the simulation contexts, started (with fresh contexts) if there is none or it died. Called
+  with `_lock` held."""
+  global _current_worker, _current_context, _current_program_context
+  if _current_worker is None or not _current_worker.running():
+    default_log = log_path is None and os.environ.get('TFF_GMA_WORKER_LOG') is None
+    _current_worker = WorkerProcess(log_path=log_path or _default_log_path(),
+                                    remove_log_on_stop=default_log).start()
+    _install_sigterm_handler()
+    _current_context = _current_program_context = None
+  return _current_worker
+
+
+def _install_default(context) -> None:
+  # (Re)install it: another context (e.g. the multi-worker one) may have replaced it since.
+  tff.framework.get_context_stack().set_default_context(context)
+  # Collect a replaced context now: TFF's own contexts stop their worker only from a `__del__` (at exit that is
+  # left to tff_gma/_default_context.py).
+  gc.collect()
+
+
 def set_simulation_context(
     *, log_path: Optional[str] = None, default_num_clients: int = 0) -> WorkerProcess:
   """Installs the simulation context as TFF's default context; returns the worker it runs on.
 
-  Idempotent: a second call keeps the running worker. The worker is started here, eagerly, from the calling
-  thread (`PR_SET_PDEATHSIG` is tied to the thread that forks), and stopped at exit. It is confined to a private
-  network namespace (reached through a Unix socket) where the kernel allows it; see `WorkerProcess` and
-  `$TFF_GMA_WORKER_CONFINEMENT` for what happens where it does not.
+  The context for computations called from Python (`process.next(state, data)`). Idempotent: a second call keeps
+  the running worker. The worker is started here, eagerly, from the calling thread (`PR_SET_PDEATHSIG` is tied to
+  the thread that forks), and stopped at exit. It is confined to a private network namespace (reached through a
+  Unix socket) where the kernel allows it; see `WorkerProcess` and `$TFF_GMA_WORKER_CONFINEMENT` for what happens
+  where it does not. `set_async_simulation_context` installs the context TFF programs need, on the same worker.
 
   Args:
     log_path: file that receives the worker's log (a symbolic link there is refused). Default:
@@ -727,20 +754,34 @@ def set_simulation_context(
       process of this user that starts a worker removes it.
     default_num_clients: the CLIENTS cardinality for computations whose arguments do not fix it.
   """
-  global _current_worker, _current_context
+  global _current_context
   with _lock:
-    if _current_worker is None or not _current_worker.running():
-      default_log = log_path is None and os.environ.get('TFF_GMA_WORKER_LOG') is None
-      _current_worker = WorkerProcess(log_path=log_path or _default_log_path(),
-                                      remove_log_on_stop=default_log).start()
-      _install_sigterm_handler()
-      _current_context = create_simulation_context(_current_worker, default_num_clients)
-    # (Re)install it: another context (e.g. the multi-worker one) may have replaced it since.
-    tff.framework.get_context_stack().set_default_context(_current_context)
-    # Collect a replaced context now: the executor factory of TFF's import-time context has a __del__ that
-    # otherwise runs at interpreter shutdown, when `subprocess` is already gone, and prints a traceback.
-    gc.collect()
-    return _current_worker
+    worker = _owned_worker(log_path)
+    if _current_context is None:
+      _current_context = create_simulation_context(worker, default_num_clients)
+    _install_default(_current_context)
+    return worker
+
+
+def set_async_simulation_context(
+    *, log_path: Optional[str] = None, default_num_clients: int = 0) -> WorkerProcess:
+  """Installs the context TFF programs need as TFF's default context; returns the worker it runs on.
+
+  `tff.program` logic, `tff.learning.programs.train_model` included, runs only in a `tff.program.FederatedContext`
+  (TFF checks it first) and awaits its computations: this installs `tff.program.NativeFederatedContext` over
+  `create_async_simulation_context`, on the worker of `set_simulation_context` (started here if none runs), so
+  it is confined, logged, stopped at exit and runs the secure intrinsics exactly as that one. Computations called
+  in it return value references to materialize or await, inside an event loop (`asyncio.run(program(...))`);
+  call `set_simulation_context()` to go back to plain calls. Arguments as `set_simulation_context`'s.
+  """
+  global _current_program_context
+  with _lock:
+    worker = _owned_worker(log_path)
+    if _current_program_context is None:
+      _current_program_context = tff.program.NativeFederatedContext(
+          create_async_simulation_context(worker, default_num_clients))
+    _install_default(_current_program_context)
+    return worker
 
 
 class _MergeableContext(tff.framework.MergeableCompExecutionContext):
@@ -788,6 +829,18 @@ def _connect_probe(target: str, timeout: float) -> None:
         f'no TFF worker answers at {target}: {reason} (start one there with `python -m tff_gma.worker`)') from e
 
 
+def _compile_for_workers(comp):
+  """The multi-worker context's compiler (TFF caches its result per computation)."""
+  # A computation that aggregates in several sequential stages (multi-pass RFA) cannot take TFF's mergeable form:
+  # refused here, where it is invoked, with the reason and the way out, not with TFF's "Detected one aggregate
+  # dependent on another" and a dump of building blocks.
+  check_single_aggregation_stage(comp)
+  # Lower the secure intrinsics before splitting into mergeable form (as the per-worker compiler does): TFF's
+  # mergeable compiler only recognises the plain aggregation intrinsics.
+  return mergeable_comp_compiler.compile_to_mergeable_comp_form(
+      test_compiler.replace_secure_intrinsics_with_bodies(comp))
+
+
 def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int = 0,
                              connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
   """Distributes each computation's clients over the TFF workers at `targets` ('host:port', ...).
@@ -796,7 +849,8 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
   which compiles a computation to `MergeableCompForm` (the work before the aggregation runs on every worker
   on its share of the clients, the partial aggregates are merged, the rest runs once). Limit of that form: one
   aggregation stage per computation, so multi-pass aggregates (RFA with more than one pass) cannot run on it
-  (`check_single_aggregation_stage` says so before training). The workers are not owned here: start them with
+  (`check_single_aggregation_stage` says so before training, and the context itself when such a computation is
+  invoked: a ValueError naming the number of stages). The workers are not owned here: start them with
   `start_local_workers` on this host (their `target`s are private Unix sockets, 'unix:/path'), or
   `python -m tff_gma.worker --port=P` (target 'host:P') or `--unix=PATH` (target 'unix:PATH'): on this host only
   their owner can connect to those; other hosts that reach a TCP one can, unauthenticated, by design: see its
@@ -827,12 +881,7 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
           transform_result=tensorflow_computation.transform_result,
       ) for target in targets
   ]
-  # Lower the secure intrinsics before splitting into mergeable form (as the per-worker compiler does): TFF's
-  # mergeable compiler only recognises the plain aggregation intrinsics.
-  context = _MergeableContext(
-      async_contexts=contexts,
-      compiler_fn=lambda comp: mergeable_comp_compiler.compile_to_mergeable_comp_form(
-          test_compiler.replace_secure_intrinsics_with_bodies(comp)))
+  context = _MergeableContext(async_contexts=contexts, compiler_fn=_compile_for_workers)
   tff.framework.get_context_stack().set_default_context(context)
   gc.collect()
 
@@ -855,7 +904,8 @@ def start_local_workers(count: int, *, log_dir: Optional[str] = None) -> list[Wo
 
 
 def check_single_aggregation_stage(process) -> int:
-  """Raises ValueError if `process.next` aggregates client data in more than one sequential stage.
+  """Raises ValueError if `process.next` (or `process`, a computation) aggregates client data in more than one
+  sequential stage.
 
   TFF's mergeable-computation context (several workers) supports a single stage; the count comes from the
   static audit of the computation (`tff_gma.audit.static`). Returns the number of stages.
@@ -863,17 +913,20 @@ def check_single_aggregation_stage(process) -> int:
   from tff_gma.audit import static  # pylint: disable=g-import-not-at-top
   passes = static.audit_computation(process, policy=static.AuditPolicy(allow_plain_sum=True)).aggregation_passes
   if passes > 1:
+    subject = 'computation' if isinstance(process, tff.Computation) else 'process'
     raise ValueError(
-        f'this process aggregates in {passes} sequential client-to-server stages; TFF\'s multi-worker '
+        f'this {subject} aggregates in {passes} sequential client-to-server stages; TFF\'s multi-worker '
         f'(mergeable-computation) runtime runs one stage per computation: use one worker, or a one-stage '
         f'aggregator (mean, gma, rfa_one_step)')
   return passes
 
 
 def shutdown() -> None:
-  """Stops the worker started by `set_simulation_context` (the next call starts a fresh one)."""
-  global _current_worker
+  """Stops the worker started by `set_simulation_context` or `set_async_simulation_context` (the next call starts
+  a fresh one)."""
+  global _current_worker, _current_context, _current_program_context
   with _lock:
     if _current_worker is not None:
       _current_worker.stop()
       _current_worker = None
+    _current_context = _current_program_context = None

@@ -147,8 +147,20 @@ def build_gma_server_processes(
 # Builder.
 
 
+def _functional_model_weights_fn(model: tff.learning.models.FunctionalModel) -> tff.Computation:
+  """The initial `ModelWeights` of a functional model, as TFF's `build_weighted_fed_avg` builds them."""
+
+  @tff.tensorflow.computation()
+  def initial_weights_fn():
+    trainable, non_trainable = model.initial_weights
+    return tff.learning.models.ModelWeights(tuple(tf.convert_to_tensor(w) for w in trainable),
+                                            tuple(tf.convert_to_tensor(w) for w in non_trainable))
+
+  return initial_weights_fn
+
+
 def build_gma_fed_avg(
-    model_fn: Callable[[], tff.learning.models.VariableModel],
+    model_fn: Callable[[], tff.learning.models.VariableModel] | tff.learning.models.FunctionalModel,
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     *,
@@ -169,7 +181,9 @@ def build_gma_fed_avg(
   optimizer it equals `build_weighted_fed_avg(..., model_aggregator=GradientMaskedFactory(tau, mask))`.
 
   Args:
-    model_fn: no-arg callable returning a `tff.learning.models.VariableModel` (functional models: not supported).
+    model_fn: a no-arg callable returning a `tff.learning.models.VariableModel`, or a
+      `tff.learning.models.FunctionalModel` (then trained by TFF's functional model-delta client work), as TFF's
+      `build_weighted_fed_avg` accepts.
     client_optimizer_fn: the client's `tff.learning.optimizers.Optimizer`.
     server_optimizer_fn: the server's `tff.learning.optimizers.Optimizer`, fed the unmasked mean (e.g.
       `build_adam`, `build_yogi`); default SGD with learning rate 1, as TFF's FedAvg.
@@ -201,11 +215,26 @@ def build_gma_fed_avg(
     raise ValueError(f'client_weighting must be a tff.learning.ClientWeighting, got {client_weighting!r}')
   if not isinstance(loop_implementation, tff.learning.LoopImplementation):
     raise ValueError(f'loop_implementation must be a tff.learning.LoopImplementation, got {loop_implementation!r}')
+  if metrics_aggregator is not None and not callable(metrics_aggregator):
+    raise ValueError(f'metrics_aggregator must be callable (e.g. tff.learning.metrics.secure_sum_then_finalize), '
+                     f'got {metrics_aggregator!r}')
   masking = gradient_masked.GradientMaskedFactory(tau=tau, mask=mask, mean_factory=model_aggregator)
-  types = client_lib.model_types(model_fn, metrics_aggregator)
-  client_work = tff.learning.templates.build_model_delta_client_work(
-      model_fn, client_optimizer_fn, client_weighting, metrics_aggregator,
-      loop_implementation=loop_implementation)
-  aggregator, finalizer = build_gma_server_processes(masking, server_optimizer_fn, types.weights_type)
+  if isinstance(model_fn, tff.learning.models.FunctionalModel):
+    initial_weights_fn = _functional_model_weights_fn(model_fn)
+    client_work = tff.learning.templates.build_functional_model_delta_client_work(
+        model=model_fn, optimizer=client_optimizer_fn, client_weighting=client_weighting,
+        metrics_aggregator=metrics_aggregator,
+        loop_implementation=loop_implementation)
+  else:
+    if not callable(model_fn):
+      raise ValueError(f'model_fn must be a no-argument callable returning a tff.learning.models.VariableModel, or a '
+                       f'tff.learning.models.FunctionalModel, got {model_fn!r}')
+    initial_weights_fn = client_lib.model_types(model_fn, metrics_aggregator).initial_weights_fn
+    client_work = tff.learning.templates.build_model_delta_client_work(
+        model_fn, client_optimizer_fn, client_weighting, metrics_aggregator,
+        loop_implementation=loop_implementation)
+  weights_type = initial_weights_fn.type_signature.result
+  aggregator, finalizer = build_gma_server_processes(masking, server_optimizer_fn, weights_type)
   return tff.learning.templates.compose_learning_process(
-      types.initial_weights_fn, client_lib.broadcast_process(types), client_work, aggregator, finalizer)
+      initial_weights_fn, tff.learning.templates.build_broadcast_process(weights_type), client_work, aggregator,
+      finalizer)

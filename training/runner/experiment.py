@@ -10,7 +10,7 @@ writes into `config.output_dir`:
 * `summary.json`: final accuracy (mean over the last 10 evaluated rounds), best accuracy, rounds completed, where
   the clients trained (`client_execution`, and `client_devices`: this process's TensorFlow devices in `local`
   mode, the TFF worker's CPU in `worker` mode), the full resolved configuration;
-* `accuracy.png`: test accuracy against rounds.
+* `accuracy.png`: accuracy and loss against rounds, of the round's clients (training) and of the test split.
 
 Rerunning with the same output directory resumes after the last saved round (a larger `rounds` continues).
 Every random choice is a function of (seed, round), so an interrupted and resumed run ends with exactly the
@@ -49,7 +49,7 @@ drops them from its data right after loading, and refuses `membership_inference`
 split) and `algorithm='personalized'` (which holds out its own examples). summary.json then has
 `final_validation_accuracy` (mean over the last 10 evaluated rounds) and `best_validation_accuracy`, and its
 `final_accuracy` and `best_accuracy` are null (present, so readers of either mode find the keys);
-`accuracy.png` plots the validation accuracy.
+`accuracy.png` plots the validation accuracy and loss.
 """
 
 from __future__ import annotations
@@ -404,25 +404,40 @@ def all_clients_dropped(row: dict[str, float], num_clients: int) -> Optional[str
   return None
 
 
-def _plot(rows: list[dict[str, float]], path: str, title: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for key in ('test/accuracy', 'ood_test/accuracy', 'validation/accuracy'):
-    points = [(r['round'], r[key]) for r in rows if key in r]
-    if points:
-      ax.plot(*zip(*points), label=key.split('/')[0])
-  ax.set_xlabel('round')
-  ax.set_ylabel('accuracy')
-  ax.set_title(title)
-  ax.grid(alpha=0.3)
-  ax.legend()
+# The plot's series: (metrics.csv column prefix, legend label). Training metrics are the round's clients' own
+# (TFF's `client_work/train`, every round); the others come from the evaluated rounds only.
+_PLOT_SERIES = (('client_work/train', 'train (round\'s clients)'), ('test', 'test'), ('ood_test', 'OOD test'),
+                ('validation', 'validation'))
+
+
+def _plot_figure(rows: list[dict[str, float]], title: str):
+  """Accuracy and loss against rounds (two panels), train and held-out alike; rounds on integer ticks."""
+  from matplotlib import figure  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  fig = figure.Figure(figsize=(10, 4))
+  axes = fig.subplots(1, 2)
+  for ax, metric in zip(axes, ('accuracy', 'loss')):
+    for prefix, label in _PLOT_SERIES:
+      key = f'{prefix}/{metric}'
+      points = [(r['round'], r[key]) for r in rows if key in r and 'round' in r and math.isfinite(r[key])]
+      if points:
+        ax.plot(*zip(*points), label=label, marker='.' if len(points) < 30 else None)
+    ax.set_xlabel('round')
+    ax.set_ylabel(metric)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.get_lines():
+      ax.legend()
+  fig.suptitle(title)
   fig.tight_layout()
+  return fig
+
+
+def _plot(rows: list[dict[str, float]], path: str, title: str) -> None:
+  """Writes `_plot_figure` of the run's metrics rows (every round's) as a PNG at `path`."""
   image = io.BytesIO()
-  fig.savefig(image, format='png', dpi=100)
+  _plot_figure(rows, title).savefig(image, format='png', dpi=100)
   safe_files.write_atomic(path, image.getvalue())
-  plt.close(fig)
 
 
 def _read_rows(csv_path: str) -> list[dict[str, float]]:
@@ -694,7 +709,7 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     summary['stopped'] = str(stopped)
   safe_files.write_atomic(os.path.join(config.output_dir, 'summary.json'), json.dumps(summary, indent=2))
   if evaluated:
-    _plot(evaluated, os.path.join(config.output_dir, 'accuracy.png'),
+    _plot(rows, os.path.join(config.output_dir, 'accuracy.png'),
           f'{config.dataset}/{config.partition}: {config.algorithm} + {config.aggregator}')
   if stopped is not None:
     raise stopped

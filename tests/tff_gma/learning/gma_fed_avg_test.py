@@ -38,13 +38,22 @@ CLIENT_DATA = [(rng.normal(size=(n, DIM)).astype(F32), rng.normal(size=(n, 1)).a
 INPUT_SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None, 1], tf.float32))
 
 
-def linear_model_fn():
-  keras_model = tf.keras.Sequential([
+def linear_keras_model():
+  return tf.keras.Sequential([
       tf.keras.layers.InputLayer(input_shape=(DIM,)),
       tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.Constant(INITIAL_KERNEL),
                             bias_initializer=tf.keras.initializers.Constant(INITIAL_BIAS))])
-  return tff.learning.models.from_keras_model(keras_model, loss=tf.keras.losses.MeanSquaredError(),
+
+
+def linear_model_fn():
+  return tff.learning.models.from_keras_model(linear_keras_model(), loss=tf.keras.losses.MeanSquaredError(),
                                               input_spec=INPUT_SPEC)
+
+
+def functional_linear_model():
+  """The same model as a `tff.learning.models.FunctionalModel` (TFF's builders take either kind)."""
+  return tff.learning.models.functional_model_from_keras(
+      linear_keras_model, loss_fn=tf.keras.losses.MeanSquaredError(), input_spec=INPUT_SPEC)
 
 
 def datasets(client_data=CLIENT_DATA):
@@ -169,6 +178,20 @@ def test_one_and_two_rounds_match_the_numpy_reference(optimizer, mask):
     np.testing.assert_allclose(aggregator['masked_fraction'], np.mean(flat_mask < 1), rtol=1e-6)
     assert (aggregator['participating_clients'], aggregator['dropped_clients']) == (len(CLIENT_SIZES), 0)
     assert output.metrics['finalizer']['update_non_finite'] == 0
+
+
+def test_a_functional_model_trains_as_tffs_builder_accepts_it_and_matches_the_reference():
+  model = functional_linear_model()
+  tff.learning.algorithms.build_weighted_fed_avg(model, sgd(), adam())  # TFF's builder takes a functional model,
+  process = build_gma_fed_avg(model, sgd(), adam(), tau=TAU, mask='soft')  # and so does this one.
+  state = process.initialize()
+  for weights, optimizer_state, m in reference_rounds('adam', 'soft', rounds=2):
+    output = process.next(state, datasets())
+    state = output.state
+    assert_weights_close(process.get_model_weights(state).trainable, weights)
+    assert_weights_close(state.finalizer['accumulator'], optimizer_state['a'])
+    flat_mask = np.concatenate([x.ravel() for x in m])
+    np.testing.assert_allclose(output.metrics['aggregator']['masked_fraction'], np.mean(flat_mask < 1), rtol=1e-6)
 
 
 def test_masking_before_adam_is_measurably_not_algorithm_2():
@@ -354,6 +377,7 @@ def test_only_means_and_secure_sums_move_client_data():
     (dict(client_weighting='examples'), 'client_weighting'),
     (dict(loop_implementation='reduce'), 'loop_implementation'),
     (dict(model_fn=3), 'model_fn'),
+    (dict(metrics_aggregator='secure'), 'metrics_aggregator'),
 ])
 def test_invalid_arguments_raise_value_error_naming_them(kwargs, name):
   arguments = dict(model_fn=linear_model_fn, client_optimizer_fn=sgd(), server_optimizer_fn=adam())
