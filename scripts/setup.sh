@@ -76,22 +76,24 @@ run() {
   fi
 }
 
-# TFF 0.87.0 supports Python 3.9-3.11: take the newest such interpreter on PATH or under pyenv.
+# Python 3.11 only (setup.py's python_requires, README "Install"): TFF 0.87.0 allows 3.9-3.11, but the pins in
+# requirements.txt need 3.11. Take one on PATH or under pyenv.
+is_py311='import sys; sys.exit(sys.version_info[:2] != (3, 11))'
 find_python() {
   local c
-  for c in python3.11 python3.10 python3.9 python3; do
-    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(not ((3, 9) <= sys.version_info[:2] <= (3, 11)))'; then
+  for c in python3.11 python3; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c "$is_py311"; then
       command -v "$c"; return 0
     fi
   done
-  for c in "$HOME"/.pyenv/versions/3.11.*/bin/python3 "$HOME"/.pyenv/versions/3.10.*/bin/python3 "$HOME"/.pyenv/versions/3.9.*/bin/python3; do
+  for c in "$HOME"/.pyenv/versions/3.11.*/bin/python3; do
     [[ -x "$c" ]] && { echo "$c"; return 0; }
   done
   return 1
 }
 
-if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import sys; sys.exit(not ((3, 9) <= sys.version_info[:2] <= (3, 11)))'; then
-  py="$(find_python)" || { echo "setup.sh: no Python 3.9-3.11 found (TensorFlow Federated 0.87.0 needs one)" >&2; exit 1; }
+if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "$is_py311"; then
+  py="$(find_python)" || { echo "setup.sh: no Python 3.11 found (the pinned set in requirements.txt needs it)" >&2; exit 1; }
   echo "setup.sh: creating .venv with $py" >&2
   run rm -rf "$venv"
   run "$py" -m venv "$venv"

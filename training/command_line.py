@@ -9,11 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 from absl import app
+from absl import flags
 
 from training import safe_files
 
 
 STUDY_RESUMES = 'the study resumes from its finished runs when the same command runs again'
+
+
+class CommandError(Exception):
+  """A user error found while the command starts (a refused worker setting...): `error: ` and its message, exit 1."""
 
 
 def one_line_usage_errors(main: Callable[[list[str]], Any], resume_hint: str = '') -> Callable[[list[str]], Any]:
@@ -23,7 +28,9 @@ def one_line_usage_errors(main: Callable[[list[str]], Any], resume_hint: str = '
   error, which then scrolls out of sight; the message already names the flag and the value.
 
   An `OSError` (an output path that is a file, a read-only or full disk) ends in one `error:` line naming the path
-  (and `resume_hint`, for a command that resumes), exit 1.
+  (and `resume_hint`, for a command that resumes), exit 1; a `CommandError`, or a run's refusal that the runner
+  too reports in one line (`is_run_refusal`: settings a run's data or its directory refuse, a directory another
+  run holds, damaged checkpoints, a run stopped for non-finite updates), in its `error:` line, exit 1.
   """
 
   @functools.wraps(main)
@@ -33,6 +40,16 @@ def one_line_usage_errors(main: Callable[[list[str]], Any], resume_hint: str = '
     except app.UsageError as e:
       print(str(e), file=sys.stderr, flush=True)
       sys.exit(e.exitcode)
+    except CommandError as e:
+      print(f'error: {e}', file=sys.stderr, flush=True)
+      sys.exit(1)
+    except (ValueError, RuntimeError) as e:
+      if not is_run_refusal(e):
+        raise
+      settings = isinstance(e, ValueError)  # A setting or the data: the same command would be refused again.
+      print(f'error: {e}' + (f' ({resume_hint})' if resume_hint and not settings else ''), file=sys.stderr,
+            flush=True)
+      sys.exit(1)
     except OSError as e:
       where = f': {e.filename}' if e.filename else ''
       print(f'error: {e.strerror or e}{where}' + (f' ({resume_hint})' if resume_hint else ''), file=sys.stderr,
@@ -55,3 +72,43 @@ def check_output_file(path: str, flag: str = 'output') -> None:
   problem = safe_files.output_file_problem(path, flag)
   if problem is not None:
     raise app.UsageError(f'invalid flags: {problem}')
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing (`app.run`'s `flags_parser`), a value it cannot parse or an unknown flag said in one line
+  (`invalid flags: ...`, exit 1) instead of absl's 'FATAL Flags parsing error' and a second line."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = ' '.join(str(e).split())
+    print(f'invalid flags: {message} (--helpshort lists the flags)', file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def run(main: Callable[[list[str]], Any], resume_hint: str = '') -> None:
+  """`app.run(main)` for a harness command: its flag, usage and file-system errors in one line (`parse_flags`,
+  `one_line_usage_errors`)."""
+  app.run(one_line_usage_errors(main, resume_hint), flags_parser=parse_flags)
+
+
+def is_run_refusal(error: BaseException) -> bool:
+  """Whether `error` is one of the runner's own refusals (`training.runner.experiment`'s `ConfigError`,
+  `DirectoryLockedError`, `CheckpointError`, `UnsafeOutputError`, `TrainingStopped`; the data's `IdxError`): a
+  message for the user, not a bug. Read from the loaded modules: an error of a module never imported is none."""
+  experiment = sys.modules.get('training.runner.experiment')
+  idx = sys.modules.get('tff_gma.data.idx')
+  kinds = () if experiment is None else (experiment.ConfigError, experiment.DirectoryLockedError,
+                                         experiment.CheckpointError, experiment.UnsafeOutputError,
+                                         experiment.TrainingStopped)
+  kinds += () if idx is None else (idx.IdxError,)
+  return isinstance(error, kinds)
+
+
+def start_simulation():
+  """`tff_gma.runtime.set_simulation_context()`, its refusals (the worker's log a link or a FIFO, an unknown or
+  unmet `$TFF_GMA_WORKER_CONFINEMENT`) raised as one-line `CommandError`s; returns the worker."""
+  from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+  try:
+    return runtime.set_simulation_context()
+  except (RuntimeError, ValueError) as e:
+    raise CommandError(' '.join(str(e).split())) from e

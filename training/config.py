@@ -40,6 +40,9 @@ ADAPTIVE_ALGORITHMS = ('fedadam', 'fedyogi')
 ADAPTIVE_BETA_1 = 0.9
 ADAPTIVE_BETA_2 = 0.99
 
+# `python -m training.run --seeds=0,1,2 --output_dir=D` runs seed s into D/seed_<s>; `training.compare D` reads them.
+SEED_DIR = 'seed_{}'
+
 
 def _help(text: str, default: Any) -> Any:
   return dataclasses.field(default=default, metadata={'help': text})

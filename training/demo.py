@@ -41,7 +41,6 @@ import tensorflow_federated as tff
 
 from tff_gma import audit
 from tff_gma import models
-from tff_gma import runtime
 from tff_gma.data import digits
 from training import command_line
 from training import config as config_lib
@@ -178,8 +177,11 @@ def main(argv):
   if left_out:
     print(f'--client_execution={mode}: leaving out {", ".join(left_out)} (their client work runs only in the TFF '
           f'worker)')
-  runtime.set_simulation_context()
-  data = digits.federated_data(FLAGS.partition, FLAGS.num_clients, FLAGS.seed)
+  command_line.start_simulation()
+  try:
+    data = digits.federated_data(FLAGS.partition, FLAGS.num_clients, FLAGS.seed)
+  except ValueError as e:  # What only the data can tell: more clients than examples.
+    raise app.UsageError(f'invalid flags: {e}') from None
   train_data = data.train
   build_keras = models.keras_builder(FLAGS.model, data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
@@ -253,4 +255,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(command_line.one_line_usage_errors(main))
+  command_line.run(main)

@@ -8,6 +8,11 @@ inconsistent settings fail before any training, naming the flag (`invalid flags:
 An --output_dir that another run holds, or whose checkpoints are all damaged, fails in one line (`error: ...`,
 exit 1). Ctrl-C ends with one line saying after which round the run stopped and the command that resumes it
 (exit 130); SIGTERM the same (exit 143).
+
+`--seeds=0,1,2` (instead of --seed) runs the same settings once per seed, one after another, seed s into
+`<output_dir>/seed_<s>`: every seed's settings and directory are checked before any training, and rerunning the
+command resumes each seed's run as a single run resumes (finished ones just rewrite their summary). Compare them
+with `python -m training.compare <output_dir>`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import shlex
 import signal
 import sys
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -67,6 +73,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 define_flags()
+flags.DEFINE_list('seeds', None, 'Instead of --seed: run these seeds (e.g. 0,1,2) one after another with the same '
+                  'settings, seed s into <output_dir>/seed_<s>; rerunning resumes each. Compare them with: python -m '
+                  'training.compare <output_dir>.')
 
 FLAGS = flags.FLAGS
 
@@ -76,8 +85,11 @@ def config_from_flags() -> config_lib.ExperimentConfig:
                                         for f in dataclasses.fields(config_lib.ExperimentConfig)})
 
 
-def interrupted_message(config: config_lib.ExperimentConfig, args: list[str]) -> str:
-  """`interrupted after round N of R; resume with: python -m training.run <args>` (N: the last checkpoint)."""
+def interrupted_message(config: config_lib.ExperimentConfig, args: list[str], seeds: int = 1) -> str:
+  """`interrupted after round N of R; resume with: python -m training.run <args>` (N: the last checkpoint).
+
+  `seeds` > 1: the run is one seed's of a --seeds run, and the message names the seed (`interrupted seed S (one of
+  3 seeds) after round N of R; ...`); the same command resumes it and runs the seeds after it."""
   saved = checkpoints.saved_rounds(config.output_dir)
   done = max(saved, default=0)
   if done >= config.rounds:
@@ -86,7 +98,40 @@ def interrupted_message(config: config_lib.ExperimentConfig, args: list[str]) ->
     where = f'after round {done} of {config.rounds}'
   else:
     where = f'before round 1 of {config.rounds} completed'
+  if seeds > 1:
+    where = f'seed {config.seed} (one of {seeds} seeds) {where}'
   return f'interrupted {where}; resume with: {resume_command(args)}'
+
+
+def seed_configs(config: config_lib.ExperimentConfig, seeds: Optional[list[str]], seed_given: bool
+                 ) -> list[config_lib.ExperimentConfig]:
+  """The runs of one command: `config` alone, or with --seeds one per seed, seed s into <output_dir>/seed_<s>.
+
+  Raises `app.UsageError` (`invalid flags: seeds...`) on a value that is not a seed, a repeated seed, an empty
+  list, --seeds with --seed, or an output directory that holds a single run."""
+  if seeds is None:
+    return [config]
+  if seed_given:
+    raise app.UsageError('invalid flags: seeds: give --seeds or --seed, not both (--seeds runs each seed into '
+                         f'{os.path.join(config.output_dir, config_lib.SEED_DIR.format("<s>"))})')
+  values = []
+  for text in seeds:
+    try:
+      seed = int(text)
+    except ValueError:
+      raise app.UsageError(f'invalid flags: seeds: {text!r} is not an integer (e.g. --seeds=0,1,2)') from None
+    if not 0 <= seed <= experiment.MAX_SEED:
+      raise app.UsageError(f'invalid flags: seeds: {seed} is not in [0, {experiment.MAX_SEED}]')
+    if seed in values:
+      raise app.UsageError(f'invalid flags: seeds: {seed} is given twice')
+    values.append(seed)
+  if not values:
+    raise app.UsageError('invalid flags: seeds is empty (e.g. --seeds=0,1,2)')
+  if os.path.isfile(os.path.join(config.output_dir, experiment.CONFIG_FILE)):
+    raise app.UsageError(f'invalid flags: seeds: {config.output_dir} holds a single run ({experiment.CONFIG_FILE}); '
+                         'give another --output_dir for the seeds\' runs')
+  return [dataclasses.replace(config, seed=s, output_dir=os.path.join(config.output_dir, config_lib.SEED_DIR.format(s)))
+          for s in values]
 
 
 def resume_command(args: list[str]) -> str:
@@ -124,7 +169,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
-  config = config_from_flags()
+  configs = seed_configs(config_from_flags(), FLAGS.seeds, FLAGS['seed'].present)
+  config = configs[0]
   # Before the runtime's own SIGTERM handler (a plain exit): a terminated run says how to resume, as Ctrl-C does.
   signal.signal(signal.SIGTERM, _raise_terminated)
   try:
@@ -134,7 +180,12 @@ def main(argv):
       except (RuntimeError, ValueError) as e:  # The worker's log or confinement setting refused it.
         print(f'error: {e}', file=sys.stderr, flush=True)
         sys.exit(1)
-    summary = experiment.run(config).summary  # Checks every setting first, before anything is written.
+    for config in configs:  # Every seed's settings and directory, before any training.
+      experiment.prepare(config)
+    for config in configs:
+      summary = experiment.run(config).summary  # Checks every setting first, before anything is written.
+      print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
+      print(f'Outputs: {os.path.abspath(config.output_dir)}', flush=True)
   except experiment.ConfigError as e:
     raise app.UsageError(f'invalid flags: {e}') from e
   except (experiment.DirectoryLockedError, experiment.CheckpointError, experiment.TrainingStopped,
@@ -142,15 +193,18 @@ def main(argv):
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
   except OSError as e:  # The output directory failed under the run (disk full, removed, made read-only).
-    where = interrupted_message(config, sys.argv[1:]).partition(';')[0].replace('interrupted', 'stopped', 1)
+    where = interrupted_message(config, sys.argv[1:], len(configs)).partition(';')[0].replace(
+        'interrupted', 'stopped', 1)
     print(f'error: {e.strerror or e}: {e.filename or config.output_dir} ({where}); fix it, then resume with: '
           f'{resume_command(sys.argv[1:])}', file=sys.stderr, flush=True)
     sys.exit(1)
   except KeyboardInterrupt as e:
-    _stop_quietly(interrupted_message(config, sys.argv[1:]), 143 if isinstance(e, _Terminated) else 130)
-  print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))
-  print(f'Outputs: {os.path.abspath(config.output_dir)}')
+    _stop_quietly(interrupted_message(config, sys.argv[1:], len(configs)),
+                  143 if isinstance(e, _Terminated) else 130)
+  if len(configs) > 1:
+    print(f'Seeds {",".join(str(c.seed) for c in configs)} done; compare them with: python -m training.compare '
+          f'{shlex.quote(FLAGS.output_dir)}')
 
 
 if __name__ == '__main__':
-  app.run(command_line.one_line_usage_errors(main))
+  command_line.run(main)

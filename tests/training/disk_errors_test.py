@@ -1,12 +1,13 @@
-"""A read-only or full disk under every command, for real (a tmpfs in a private mount namespace: root ignores
-permission bits): one line naming the path, no traceback; a disk that fills under a run says how to resume, and
-the same command then resumes it (issue 24 item 7).
+"""A read-only or full disk under every command (the audit's too), for real (a tmpfs in a private mount
+namespace: root ignores permission bits): one line naming the path, no traceback; a disk that fills under a run
+says how to resume, and the same command then resumes it (issue 24 item 7).
 
 Also the other output paths of the commands that are not the runner: a file, a path under a file, one line each.
 """
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -14,9 +15,14 @@ import sys
 import pytest
 
 import tests
+from tests.training import command_line_test
 from tests.training import mounts
 
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', TFF_GMA_WORKER_LOG='none')
+
+
+# TensorFlow's C++ start-up log lines, which the audit (TF_CPP_MIN_LOG_LEVEL=2 of its own) may print on import.
+_TF_LOG_LINE = re.compile(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+\] ')
 
 
 def _lines(stderr: str) -> list[str]:
@@ -31,18 +37,8 @@ def _python(module: str, *flags: str) -> str:
 # The tiniest flags that reach each command's first write into --output_dir (or --output).
 _COMMANDS = {
     'training.run': ['--rounds=1', '--model=logistic', '--num_clients=3', '--output_dir={out}'],
-    'training.demo': ['--rounds=1', '--num_clients=3', '--model=logistic', '--aggregators=mean',
-                      '--omniscient_rounds=0', '--output_dir={out}'],
-    'training.studies.gma': ['--settings=label10', '--methods=fedavg/mean', '--rounds=1', '--client_lrs=0.05',
-                             '--taus=', '--seeds=0', '--output_dir={out}'],
-    'training.studies.gma_fmnist': ['--settings=fmnist_iid100', '--methods=fedavg/mean', '--rounds=1',
-                                    '--tune_seeds=0', '--seeds=0', '--output_dir={out}'],
-    'training.studies.rfa': ['--seeds=0', '--rounds=1', '--local_epochs=1', '--models=logistic',
-                             '--corruptions=omniscient', '--fractions=0', '--aggregators=mean', '--output_dir={out}'],
-    'training.studies.membership': ['--seeds=0', '--rounds=1', '--model=logistic', '--num_clients=3',
-                                    '--output_dir={out}'],
-    'training.studies.rfa_spread': ['--rounds=1', '--output={out}/measure'],
-    'training.bench': ['--smoke', '--sections=rounds', '--output={out}/bench.json'],
+    **command_line_test.TINY_FLAGS,
+    'tff_gma.audit': ['tests.tff_gma.audit.targets:weighted_mean', '--output={mnt}/audit.md'],
 }
 # Where each says the path fails: (the flag it names, the path it names).
 _NAMED = {
@@ -54,7 +50,9 @@ _NAMED = {
     'training.studies.membership': 'invalid study settings: output_dir {out}/',
     'training.studies.rfa_spread': 'invalid flags: output {out}/measure: {mnt} is on a read-only file system',
     'training.bench': 'invalid flags: output {out}/bench.json: {mnt} is on a read-only file system',
+    'tff_gma.audit': 'error: --output {mnt}/audit.md: directory {mnt} is on a read-only file system',
 }
+_EXIT = {'tff_gma.audit': 2}  # The audit's 1 is a verdict (FAIL); every other command's user error is 1.
 
 
 @pytest.mark.slow
@@ -63,11 +61,11 @@ def test_a_read_only_output_dir_is_one_line_before_any_work(tmp_path, module):
   mounts.require()
   mnt = tmp_path / 'ro'
   out = mnt / 'run'
-  flags = [f.format(out=out) for f in _COMMANDS[module]]
+  flags = [f.format(out=out, mnt=mnt) for f in _COMMANDS[module]]
   process = mounts.run_on_tmpfs(mnt, _python(module, *flags), read_only=True, env=_ENV, cwd=tests.ROOT)
-  assert process.returncode == 1, process.stderr[-3000:]
+  assert process.returncode == _EXIT.get(module, 1), process.stderr[-3000:]
   assert 'Traceback' not in process.stderr + process.stdout, process.stderr[-3000:]
-  lines = _lines(process.stderr)
+  lines = [l for l in _lines(process.stderr) if not _TF_LOG_LINE.match(l)]
   assert len(lines) == 1, process.stderr[-3000:]
   assert lines[0].startswith(_NAMED[module].format(out=out, mnt=mnt)), lines[0]
   assert 'read-only file system' in lines[0], lines[0]
@@ -89,7 +87,7 @@ def test_a_disk_that_fills_under_a_run_says_how_to_resume_and_the_same_command_r
             f'mount -o remount,size=16m "$MNT" || exit 98\n'  # Space freed: the same command again.
             f'{_python("training.run", *flags)}\n'
             f'echo "second exit $?"\n'
-            f'ls -A "$MNT/run"\n'
+            f'ls -A "$MNT/run" "$MNT/run/checkpoints"\n'
             f'cat "$MNT/run/summary.json"')
   process = mounts.run_on_tmpfs(mnt, script, size='96k', env=_ENV, cwd=tests.ROOT, timeout=600)
   first = first_err.read_text()
@@ -142,8 +140,14 @@ def test_the_bench_output_path_is_checked_before_the_benchmark(tmp_path, output,
      'invalid flags: output {file}/measure: {file} is a file, not a directory'),
     ('training.studies.rfa_spread', ['--rounds=0'], 'invalid flags: rounds'),
     ('training.demo', ['--output_dir={file}/sub'], 'invalid flags: output_dir {file}/sub: {file} is a file'),
-], ids=['membership_file', 'membership_seeds', 'rfa_spread_under_file', 'rfa_spread_rounds', 'demo_under_file'])
+    ('training.demo', ['--num_clients=5000', '--aggregators=mean', '--output_dir={file}.d'],
+     'invalid flags: num_clients=5000 exceeds the number of examples'),
+    ('training.studies.membership', ['--seeds=0', '--num_clients=5000', '--output_dir={file}.d'],
+     'error: num_clients=5000 exceeds the number of examples'),
+], ids=['membership_file', 'membership_seeds', 'rfa_spread_under_file', 'rfa_spread_rounds', 'demo_under_file',
+        'demo_too_many_clients', 'membership_too_many_clients'])
 def test_the_other_commands_refuse_a_bad_path_or_setting_in_one_line(tmp_path, module, flags, message):
+  """Paths and settings of the commands besides the runner (whose own: tests/training/run_test.py)."""
   afile = tmp_path / 'afile'
   afile.write_text('')
   process = subprocess.run([sys.executable, '-m', module, *[f.format(file=afile) for f in flags]], cwd=tests.ROOT,

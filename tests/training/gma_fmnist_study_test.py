@@ -189,3 +189,16 @@ def test_invalid_settings_fail_with_one_line(tmp_path):
                          f'--output_dir={tmp_path / "x"}'], cwd=_ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0 and 'unknown setting' in proc.stderr and 'Traceback' not in proc.stderr
   assert not (tmp_path / 'x').exists()
+
+
+def test_a_run_the_runner_stopped_is_finished_and_scores_what_it_reached(tmp_path):
+  # A diverged tuning run (stopped after 5 non-finite rounds, before any evaluation) must not block the grid.
+  study = gma_fmnist.Study(['fmnist_label500'], ['fedavg/mean'], (0,), (2, 3), str(tmp_path), rounds=30)
+  point = gma_fmnist.Point(0.1, 2.0, 0.4)
+  (run,) = study.tuning_runs('fmnist_label500', ('fedavg', 'mean'), point)
+  config = study.config(run)
+  os.makedirs(config.output_dir)
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump({'best_validation_accuracy': None, 'rounds_completed': 4, 'stopped': 'stopped after round 5 of 30',
+               'config': dataclasses.asdict(config)}, f)
+  assert study.summary(run) is not None and study.score('fmnist_label500', ('fedavg', 'mean'), point) == 0.0

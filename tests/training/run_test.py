@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import tests
@@ -144,12 +145,17 @@ def test_sigterm_says_how_to_resume_and_exits_143(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize('env, message', [
     ({'TFF_GMA_WORKER_LOG': 'FIFO'}, 'is not a regular file'),
+    ({'TFF_GMA_WORKER_LOG': 'LINK'}, 'is a symbolic link; refusing to follow it'),
     ({'TFF_GMA_WORKER_CONFINEMENT': 'sometimes'}, "TFF_GMA_WORKER_CONFINEMENT='sometimes': expected one of"),
 ])
 def test_a_refused_worker_setting_is_one_line_and_does_not_hang(tmp_path, env, message):
   if env.get('TFF_GMA_WORKER_LOG') == 'FIFO':
     os.mkfifo(tmp_path / 'log.fifo')  # Opening it for writing would wait for a reader forever.
     env = {'TFF_GMA_WORKER_LOG': str(tmp_path / 'log.fifo')}
+  if env.get('TFF_GMA_WORKER_LOG') == 'LINK':
+    (tmp_path / 'victim').write_text('precious')
+    os.symlink(tmp_path / 'victim', tmp_path / 'worker.log')  # A link planted where the log goes.
+    env = {'TFF_GMA_WORKER_LOG': str(tmp_path / 'worker.log')}
   process = subprocess.run(
       [sys.executable, '-m', 'training.run', f'--output_dir={tmp_path / "out"}', '--rounds=1', '--model=logistic'],
       cwd=tests.ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
@@ -158,6 +164,8 @@ def test_a_refused_worker_setting_is_one_line_and_does_not_hang(tmp_path, env, m
   lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
   assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], process.stderr[-3000:]
   assert not (tmp_path / 'out').exists()
+  if (tmp_path / 'victim').exists():
+    assert (tmp_path / 'victim').read_text() == 'precious'
 
 
 @pytest.mark.slow
@@ -184,3 +192,80 @@ def test_user_errors_are_one_line(tmp_path, flags, message):
   lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
   assert len(lines) == 1 and lines[0].startswith(message.format(file=afile)), process.stderr[-3000:]
   assert not (tmp_path / 'out').exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --seeds: one run per seed into <output_dir>/seed_<s>, resumable, and training.compare groups them.
+
+def test_seeds_make_one_config_per_seed_and_refuse_bad_values(tmp_path):
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from training import run  # pylint: disable=g-import-not-at-top
+  base = config_lib.ExperimentConfig(output_dir=str(tmp_path / 'out'), rounds=3)
+  assert run.seed_configs(base, None, False) == [base]
+  configs = run.seed_configs(base, ['2', '0', '7'], False)
+  assert [(c.seed, c.output_dir) for c in configs] == [(s, str(tmp_path / 'out' / f'seed_{s}')) for s in (2, 0, 7)]
+  assert all(c.rounds == 3 for c in configs)
+  (tmp_path / 'single').mkdir()
+  (tmp_path / 'single' / 'config.json').write_text('{}')
+  for seeds, seed_given, output_dir, message in [
+      (['0', 'x'], False, 'out', "invalid flags: seeds: 'x' is not an integer (e.g. --seeds=0,1,2)"),
+      (['-1'], False, 'out', 'invalid flags: seeds: -1 is not in [0, 4294967295]'),
+      (['1', '1'], False, 'out', 'invalid flags: seeds: 1 is given twice'),
+      ([], False, 'out', 'invalid flags: seeds is empty (e.g. --seeds=0,1,2)'),
+      (['0', '1'], True, 'out', 'invalid flags: seeds: give --seeds or --seed, not both'),
+      (['0', '1'], False, 'single', f'invalid flags: seeds: {tmp_path}/single holds a single run (config.json)'),
+  ]:
+    config = config_lib.ExperimentConfig(output_dir=str(tmp_path / output_dir))
+    with pytest.raises(app.UsageError) as raised:
+      run.seed_configs(config, seeds, seed_given)
+    assert str(raised.value).startswith(message), (seeds, str(raised.value))
+  # Interrupted during one seed's run: the line names the seed.
+  assert run.interrupted_message(configs[1], ['--seeds=2,0,7'], 3) == (
+      'interrupted seed 0 (one of 3 seeds) before round 1 of 3 completed; resume with: python -m training.run '
+      '--seeds=2,0,7')
+
+
+@pytest.mark.slow
+def test_an_invalid_seeds_value_is_one_line_and_writes_nothing(tmp_path):
+  process = _run(tmp_path, '--model=logistic', '--seeds=0,one')
+  assert process.returncode == 1, process.stderr[-3000:]
+  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  assert lines == ["invalid flags: seeds: 'one' is not an integer (e.g. --seeds=0,1,2)"], process.stderr[-3000:]
+  assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.slow
+def test_seeds_run_into_sibling_directories_resume_and_compare_groups_them(tmp_path):
+  from training import compare  # pylint: disable=g-import-not-at-top
+  out = tmp_path / 'out'
+  flags = [f'--output_dir={out}', '--seeds=0,1', '--dataset=digits', '--model=logistic', '--num_clients=4',
+           '--clients_per_round=2']
+  first = subprocess.run([sys.executable, '-m', 'training.run', *flags, '--rounds=1'], cwd=tests.ROOT,
+                         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=_ENV)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert sorted(os.listdir(out)) == ['seed_0', 'seed_1']
+  assert f'compare them with: python -m training.compare {out}' in first.stdout
+  # The same command with more rounds continues each seed's run from its checkpoint.
+  second = subprocess.run([sys.executable, '-m', 'training.run', *flags, '--rounds=2'], cwd=tests.ROOT,
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=_ENV)
+  assert second.returncode == 0, second.stderr[-3000:]
+  summaries = {}
+  for seed in (0, 1):
+    summary = json.loads((out / f'seed_{seed}' / 'summary.json').read_text())
+    assert summary['rounds_completed'] == 2 and summary['config']['seed'] == seed
+    assert summary['config']['output_dir'] == str(out / f'seed_{seed}')
+    with open(out / f'seed_{seed}' / 'metrics.csv') as f:
+      assert [row.split(',')[0] for row in f.read().splitlines()[1:]] == ['1', '2']
+    summaries[seed] = summary
+  assert summaries[0]['final_accuracy'] != summaries[1]['final_accuracy']  # Two seeds, two runs.
+  # compare reads the --seeds directory as one group of two runs.
+  (group,) = compare.group_runs(compare.read_runs([str(out)]))
+  assert group.seeds == [0, 1] and group.label == str(out)
+  finals = [summaries[s]['final_accuracy'] for s in (0, 1)]
+  process = subprocess.run([sys.executable, '-m', 'training.compare', str(out)], cwd=tests.ROOT,
+                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, env=_ENV)
+  assert process.returncode == 0, process.stderr[-3000:]
+  assert (f'| {out} | 2 | 0,1 | {100 * np.mean(finals):.2f} ± {100 * np.std(finals, ddof=1):.2f} |'
+          in process.stdout), process.stdout
+  assert (out / 'compare.png').is_file()

@@ -12,7 +12,8 @@ Exit status: 0 when the policy is met (PASS), 1 when there are violations (FAIL)
 report is printed (and written to `--output`). 2 for everything else, with no verdict and no report: bad arguments,
 a target module that cannot be imported (import error, syntax error, an exception or `sys.exit` at import), a
 missing attribute, a builder that raises, a target the audit cannot read, an `--output` that cannot be written
-(a directory, a missing directory), or an exception inside the audit. Each prints one `error: ...` line on stderr
+(a directory, a missing directory, a path under a file, a read-only file system or a directory this user may not
+write: checked before the audit), or an exception inside the audit. Each prints one `error: ...` line on stderr
 (`--traceback` adds the Python traceback). A PASS establishes what the report's Scope paragraph says, no more
 (`tff_gma.audit.static.AUDIT_SCOPE`). The audit is static: the command installs no execution context and starts
 no TFF worker. The target is imported and audited in a child process, and a verdict counts only once its report
@@ -139,11 +140,27 @@ def _check_output(path: Optional[str]) -> None:
     raise CommandError(f'--output {path}: is a directory')
   directory = os.path.dirname(path) or '.'
   if not os.path.isdir(directory):
-    raise CommandError(f'--output {path}: directory {directory} does not exist')
+    problem = 'is a file, not a directory' if os.path.exists(directory) else 'does not exist'
+    raise CommandError(f'--output {path}: directory {directory} {problem}')
+  try:
+    read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)  # Which even root cannot write.
+  except OSError:
+    read_only = False
+  if read_only:
+    raise CommandError(f'--output {path}: directory {directory} is on a read-only file system')
+  if not os.access(directory, os.W_OK | os.X_OK):
+    raise CommandError(f'--output {path}: directory {directory} is not writable by this user')
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse, with a bad argument said in one `error: ...` line (exit 2) rather than the usage block first."""
+
+  def error(self, message: str):
+    self.exit(EXIT_ERROR, f'error: {message} (python -m tff_gma.audit -h lists the options)\n')
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = _Parser(
       prog='python -m tff_gma.audit',
       description='Static audit of which intrinsics carry client data to the server in a TFF computation, and in '
       'how many sequential passes. A PASS does not mean that an aggregate reveals little about one client: see the '
@@ -265,8 +282,9 @@ def run_program() -> int:
   # at import (which would start one lazily) is released now rather than during interpreter shutdown.
   set_default_context.set_no_default_context()
   if _CHILD_ENV not in os.environ:
-    if any(a in ('-h', '--help') for a in sys.argv[1:]):
-      return main()  # argparse prints the help and exits.
+    # Here, not in the child: -h prints the help, and a bad argument is its one line (exit 2), not an audit
+    # that "ended before printing its report".
+    _parser().parse_args(sys.argv[1:])
     return _supervise(sys.argv[1:])
   verdict_fd = int(os.environ.pop(_CHILD_ENV))
   try:

@@ -70,7 +70,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import models
-from tff_gma import runtime
 from training import command_line
 from training.bench import sections
 
@@ -304,7 +303,7 @@ def settings_from_flags(flag_values: flags.FlagValues = FLAGS) -> sections.Setti
 
 
 def run(settings: sections.Settings, mode: str, profile: Sequence[str] = (), command: str = '') -> dict[str, Any]:
-  worker = runtime.set_simulation_context()
+  worker = command_line.start_simulation()
   started = time.monotonic()
   result: dict[str, Any] = collections.OrderedDict(
       environment=collections.OrderedDict(
@@ -372,4 +371,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(command_line.one_line_usage_errors(main))
+  command_line.run(main)

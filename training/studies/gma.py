@@ -79,7 +79,6 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from tff_gma import runtime
 from training import command_line
 from training import config as config_lib
 from training.engine import client_execution
@@ -257,7 +256,9 @@ class Study:
 
   def score(self, run: Run) -> Optional[float]:
     summary = self.summary(run)
-    return None if summary is None else summary['best_validation_accuracy']
+    if summary is None:
+      return None
+    return summary.get('best_validation_accuracy') or 0.0  # A run stopped before any evaluation scores 0.
 
   def winner(self, runs: list[Run]) -> Optional[Run]:
     """The run with the best validation score; None until all of them finished. Ties: the first listed."""
@@ -317,7 +318,11 @@ def run_all(study: Study, stages: str, shard: int, num_shards: int, poll_seconds
       time.sleep(poll_seconds)  # Waiting for the other shards' runs of an earlier stage.
       continue
     for run in todo:
-      summary = experiment.run(study.config(run), show_progress=False, checkpoint_every=CHECKPOINT_EVERY).summary
+      try:
+        summary = experiment.run(study.config(run), show_progress=False, checkpoint_every=CHECKPOINT_EVERY).summary
+      except experiment.TrainingStopped as e:  # A diverged run: finished, scored on the rounds it ran.
+        print(f'{run.name}: {e}', flush=True)
+        summary = study.summary(run)
       done += 1
       score = summary.get('best_validation_accuracy') if run.tuning else summary.get('best_accuracy')
       print(f'[{done}, {time.monotonic() - started:.0f}s] {run.name}: best '
@@ -564,7 +569,7 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(f'invalid study settings: {e}') from e
   if FLAGS.stage != 'collect':
-    runtime.set_simulation_context()
+    command_line.start_simulation()
     run_all(study, FLAGS.stage, shard, num_shards)
   print(write_results(study, collect(study)))
   print(f'Results: {os.path.abspath(study.output_dir)}/results.md')
@@ -572,4 +577,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(command_line.one_line_usage_errors(main, command_line.STUDY_RESUMES))
+  command_line.run(main, command_line.STUDY_RESUMES)

@@ -57,7 +57,6 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from tff_gma import runtime
 from training import command_line
 from training import config as config_lib
 from training.engine import client_execution
@@ -221,7 +220,8 @@ class Study:
     summaries = [self.summary(r) for r in self.tuning_runs(setting, method, point)]
     if any(s is None for s in summaries):
       return None
-    return float(np.mean([s['best_validation_accuracy'] for s in summaries]))
+    # A run stopped before any evaluation (its update non-finite round after round) scores 0.
+    return float(np.mean([s.get('best_validation_accuracy') or 0.0 for s in summaries]))
 
   def _best(self, setting: str, method: tuple[str, str], points: Sequence[Point]) -> Optional[Point]:
     scores = [self.score(setting, method, p) for p in points]
@@ -439,7 +439,7 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(f'invalid study settings: {e}') from e
   if FLAGS.stage != 'collect':
-    runtime.set_simulation_context()
+    command_line.start_simulation()
     gma_study.run_all(study, FLAGS.stage, shard, num_shards)
   print(write_results(study, collect(study)))
   print(f'Results: {os.path.abspath(study.output_dir)}/results.md')
@@ -447,4 +447,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(command_line.one_line_usage_errors(main, command_line.STUDY_RESUMES))
+  command_line.run(main, command_line.STUDY_RESUMES)

@@ -29,7 +29,6 @@ from absl import logging
 import numpy as np
 
 from tff_gma import models
-from tff_gma import runtime
 from tff_gma.data import loaders
 from training import command_line
 from training import config as config_lib
@@ -112,7 +111,7 @@ def main(argv):
       experiment.validate(run_config(aggregator, seed))
   except ValueError as e:
     raise app.UsageError(f'invalid study settings: {e}') from e
-  runtime.set_simulation_context()
+  command_line.start_simulation()
   results = []
   for i, (aggregator, seed) in enumerate(cells, 1):
     print(f'[{i}/{len(cells)}] {aggregator} seed {seed}', flush=True)
@@ -139,4 +138,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(command_line.one_line_usage_errors(main, command_line.STUDY_RESUMES))
+  command_line.run(main, command_line.STUDY_RESUMES)

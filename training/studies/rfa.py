@@ -39,7 +39,6 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from tff_gma import runtime
 from training import command_line
 from training import config as config_lib
 from training.engine import registry
@@ -190,7 +189,8 @@ def finished_summary(config: config_lib.ExperimentConfig) -> Optional[dict[str, 
   saved = json.loads(json.dumps(experiment.completed_config(summary.get('config', {}))))
   wanted = json.loads(json.dumps(dataclasses.asdict(config)))
   same_config = all(saved.get(k) == v for k, v in wanted.items() if k not in where)
-  if same_config and summary.get('rounds_completed') == config.rounds:
+  # A run the runner stopped (its update non-finite round after round) is finished too: it cannot go on.
+  if same_config and (summary.get('rounds_completed') == config.rounds or 'stopped' in summary):
     return summary
   return None
 
@@ -425,7 +425,7 @@ def main(argv):
       experiment.validate(configure(cell))
     except ValueError as e:
       raise app.UsageError(f'invalid study settings: {e}') from e
-  runtime.set_simulation_context()
+  command_line.start_simulation()
   text = header(configure(grid[0]), FLAGS.rounds, seeds, FLAGS.last_evals, FLAGS.eval_every)
   results = []
   started = time.monotonic()
@@ -451,4 +451,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(command_line.one_line_usage_errors(main, command_line.STUDY_RESUMES))
+  command_line.run(main, command_line.STUDY_RESUMES)

@@ -55,7 +55,6 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from tff_gma import runtime
 from training import command_line
 from training import config as config_lib
 from training.engine import corruption as corruption_lib
@@ -188,7 +187,7 @@ def main(argv):
     experiment.validate(config)
   except ValueError as e:
     raise app.UsageError(f'invalid flags: {e}') from e
-  runtime.set_simulation_context()
+  command_line.start_simulation()
   setup = experiment.build_setup(config)
   process = setup.process
   client_ids = list(setup.data.train.client_ids)
@@ -261,4 +260,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(command_line.one_line_usage_errors(main))
+  command_line.run(main)

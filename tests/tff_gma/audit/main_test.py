@@ -252,3 +252,31 @@ def test_a_target_that_ends_the_process_is_no_verdict(tmp_path, source, how):
   assert _messages(process.stderr) == [
       f'error: the audit of ending_target:computation ended ({how}) before printing its report: the audited code '
       'ended the process; no verdict']
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['tests.tff_gma.audit.targets:weighted_mean', '--format=xml'],
+     "error: argument --format: invalid choice: 'xml'"),
+    ([], 'error: the following arguments are required: target'),
+    (['tests.tff_gma.audit.targets:weighted_mean', '--nope'], 'error: unrecognized arguments: --nope'),
+], ids=['bad_choice', 'no_target', 'unknown_flag'])
+def test_a_bad_argument_is_one_line_not_the_usage_and_no_audit(tmp_path, argv, message):
+  process = _run_cli(tmp_path, *argv)
+  assert process.returncode == cli.EXIT_ERROR and process.stdout == ''
+  (line,) = _messages(process.stderr)  # Not argparse's usage block, nor "the audit ... ended" after it.
+  assert line.startswith(message) and line.endswith('(python -m tff_gma.audit -h lists the options)'), line
+
+
+def test_an_output_under_a_file_is_refused_before_the_audit(capsys, tmp_path):
+  afile = tmp_path / 'afile'
+  afile.write_text('')
+  assert cli.main(['tests.tff_gma.audit.targets:weighted_mean', '--output', f'{afile}/audit.md']) == cli.EXIT_ERROR
+  captured = capsys.readouterr()
+  assert captured.out == ''
+  assert captured.err == f'error: --output {afile}/audit.md: directory {afile} is a file, not a directory\n'
+
+
+def test_help_is_printed_by_the_parent_and_exits_zero(tmp_path):
+  process = _run_cli(tmp_path, '-h')
+  assert process.returncode == 0 and process.stdout.startswith('usage: python -m tff_gma.audit')
+  assert _messages(process.stderr) == []

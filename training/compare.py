@@ -1,0 +1,294 @@
+"""Compares finished runs: a table of the settings that differ and their accuracy, and one plot of their curves.
+
+    python -m training.compare DIR [DIR ...] [--plot=PATH]
+
+Each DIR is a run's --output_dir, or a directory whose `seed_<s>` subdirectories are runs (what
+`python -m training.run --seeds=0,1,2 --output_dir=DIR` writes). Runs whose settings differ only by `seed` and
+`output_dir` form one group (settings a run lacks are read at the value that run used:
+`experiment.completed_config`). The command prints a Markdown table with one row per group: the settings that
+differ across the groups, the seeds, and the final and best accuracy from each run's summary.json (final: the mean
+over the last 10 evaluated rounds; best: the highest evaluation), as mean +- standard deviation over the group's
+runs (the sample standard deviation, n - 1; a single run shows its value alone), in percent. A tuning run
+(`--validation_fraction` > 0) has no test accuracy: its row shows the validation accuracy, and a `split` column
+says which.
+
+One PNG (`--plot`; by default `compare.png` in the deepest directory holding every run, e.g. DIR for one
+`--seeds` directory; `--plot=` draws none) shows each group's mean accuracy curve over its runs against the round,
+from metrics.csv, with a band of +- one standard deviation where the group has several runs.
+
+Errors (no such directory, a directory that holds no run, a run that has not finished, a damaged summary.json, an
+unwritable --plot) end in one line, `error: ...`, exit 1, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import re
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from training import command_line
+from training import config as config_lib
+from training import safe_files
+from training.runner import experiment
+
+SEED_DIR = config_lib.SEED_DIR  # What `training.run --seeds` names each seed's run directory inside --output_dir.
+_SEED_DIR = re.compile('^' + re.escape(SEED_DIR).replace(re.escape('{}'), r'(\d+)') + '$')
+PLOT_NAME = 'compare.png'
+# The settings in which the runs of one group may differ: the seed, and where a run's files and datasets were
+# (they change nothing it computes: data_dir, workers, dataset_placement).
+_PER_RUN = ('seed', 'output_dir', 'data_dir', 'workers', 'dataset_placement')
+
+
+class CompareError(ValueError):
+  """A directory given is not a finished run (the message names it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One finished run, read back from its directory."""
+  path: str  # As given (or found under a --seeds directory).
+  config: dict[str, Any]  # The completed settings.
+  summary: dict[str, Any]
+  rows: list[dict[str, float]]  # metrics.csv.
+
+  @property
+  def tuning(self) -> bool:
+    return float(self.config.get('validation_fraction') or 0) > 0
+
+  @property
+  def accuracy_key(self) -> str:
+    """metrics.csv's column of the accuracy this run reports."""
+    return 'validation/accuracy' if self.tuning else 'test/accuracy'
+
+  def accuracy(self, which: str) -> Optional[float]:
+    """`final` or `best` accuracy from summary.json (the validation one for a tuning run); None if absent."""
+    key = f'{which}_validation_accuracy' if self.tuning else f'{which}_accuracy'
+    value = self.summary.get(key)
+    return None if value is None else float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """Runs whose settings differ only by seed and output directory."""
+  runs: tuple[Run, ...]
+
+  @property
+  def config(self) -> dict[str, Any]:
+    return self.runs[0].config
+
+  @property
+  def seeds(self) -> list[int]:
+    return [r.config['seed'] for r in self.runs]
+
+  @property
+  def label(self) -> str:
+    """The --seeds directory when every run is one of its `seed_<s>` subdirectories, else the runs' paths."""
+    parents = {os.path.dirname(os.path.normpath(r.path)) for r in self.runs}
+    if len(parents) == 1 and all(_SEED_DIR.match(os.path.basename(os.path.normpath(r.path))) for r in self.runs):
+      return parents.pop() or '.'
+    return ', '.join(os.path.normpath(r.path) for r in self.runs)
+
+  def accuracies(self, which: str) -> list[float]:
+    return [a for a in (r.accuracy(which) for r in self.runs) if a is not None]
+
+  def curve(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rounds, mean, std) of the accuracy over the group's runs, at the rounds every run evaluated."""
+    series = [{r['round']: r[run.accuracy_key] for r in run.rows if run.accuracy_key in r and 'round' in r}
+              for run in self.runs]
+    rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    values = np.array([[s[x] for x in rounds] for s in series], dtype=float).reshape(len(series), len(rounds))
+    std = values.std(axis=0, ddof=1) if len(series) > 1 else np.zeros(len(rounds))
+    return np.array(rounds, dtype=float), values.mean(axis=0), std
+
+
+def read_run(path: str) -> Run:
+  """The finished run in `path`; `CompareError` naming the path when it is not one."""
+  summary_path = os.path.join(path, 'summary.json')
+  if not os.path.isfile(summary_path):
+    if os.path.isfile(os.path.join(path, experiment.CONFIG_FILE)):
+      raise CompareError(f'{path}: the run has not finished (no summary.json); rerun its command to finish it, or '
+                         f'leave it out')
+    raise CompareError(f'{path} is not a run directory (no summary.json or {experiment.CONFIG_FILE})')
+  try:
+    with open(summary_path) as f:
+      summary = json.load(f)
+    if not isinstance(summary, dict):
+      raise ValueError('not a JSON object')
+  except (ValueError, UnicodeDecodeError) as e:
+    raise CompareError(f'{summary_path} is damaged ({e})') from None
+  saved = summary.get('config')
+  config_path = os.path.join(path, experiment.CONFIG_FILE)
+  if not isinstance(saved, dict) and os.path.isfile(config_path):
+    try:
+      with open(config_path) as f:
+        saved = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+      raise CompareError(f'{config_path} is damaged ({e})') from None
+  if not isinstance(saved, dict):
+    raise CompareError(f'{path}: neither summary.json nor {experiment.CONFIG_FILE} holds the run\'s settings')
+  rows = experiment._read_rows(os.path.join(path, 'metrics.csv'))  # pylint: disable=protected-access
+  return Run(path, experiment.completed_config(saved), summary, rows)
+
+
+def run_directories(path: str) -> list[str]:
+  """`path` if it is a run directory, else its `seed_<s>` run subdirectories in seed order; `CompareError` if
+  neither."""
+  if not os.path.exists(path):
+    raise CompareError(f'{path}: no such directory')
+  if not os.path.isdir(path):
+    raise CompareError(f'{path} is not a directory')
+  if any(os.path.isfile(os.path.join(path, n)) for n in ('summary.json', experiment.CONFIG_FILE)):
+    return [path]
+  seeds = sorted((int(m.group(1)), name) for name in os.listdir(path)
+                 if (m := _SEED_DIR.match(name)) and os.path.isdir(os.path.join(path, name)))
+  if not seeds:
+    raise CompareError(f'{path} is not a run directory (no summary.json or {experiment.CONFIG_FILE}, and no '
+                       f'{SEED_DIR.format("<s>")} runs in it)')
+  return [os.path.join(path, name) for _, name in seeds]
+
+
+def read_runs(paths: Sequence[str]) -> list[Run]:
+  """Every run the paths name (each once, in the order given)."""
+  runs, seen = [], set()
+  for path in paths:
+    for directory in run_directories(path):
+      real = os.path.realpath(directory)
+      if real not in seen:
+        seen.add(real)
+        runs.append(read_run(directory))
+  return runs
+
+
+def _group_key(config: dict[str, Any]) -> str:
+  return json.dumps({k: v for k, v in config.items() if k not in _PER_RUN}, sort_keys=True, default=str)
+
+
+def group_runs(runs: Sequence[Run]) -> list[Group]:
+  """Runs that differ only by seed and output directory, grouped, in the order of their first run."""
+  groups: dict[str, list[Run]] = {}
+  for run in runs:
+    groups.setdefault(_group_key(run.config), []).append(run)
+  return [Group(tuple(members)) for members in groups.values()]
+
+
+def differing_settings(groups: Sequence[Group]) -> list[str]:
+  """The settings whose values differ across the groups, in the runner's flag order (then any others)."""
+  order = [f.name for f in dataclasses.fields(config_lib.ExperimentConfig)]
+  names = set().union(*(g.config for g in groups)) - set(_PER_RUN)
+  differ = [n for n in names if len({json.dumps(g.config.get(n), default=str) for g in groups}) > 1]
+  return sorted(differ, key=lambda n: (order.index(n) if n in order else len(order), n))
+
+
+def _setting(value: Any) -> str:
+  if isinstance(value, float):
+    return f'{value:g}'
+  return str(value)
+
+
+def mean_std(values: Sequence[float]) -> tuple[Optional[float], Optional[float]]:
+  """Mean and sample standard deviation (n - 1; None for one value); (None, None) for none."""
+  if not values:
+    return None, None
+  return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None)
+
+
+def _percent(values: Sequence[float]) -> str:
+  mean, std = mean_std(values)
+  if mean is None:
+    return '-'
+  return f'{100 * mean:.2f}' + ('' if std is None else f' ± {100 * std:.2f}')
+
+
+def _cell(text: str) -> str:
+  return text.replace('|', '\\|')
+
+
+def table(groups: Sequence[Group]) -> str:
+  """The Markdown comparison table: one row per group."""
+  settings = differing_settings(groups)
+  show_split = any(r.tuning for g in groups for r in g.runs)
+  header = ['runs', *settings, *(['split'] if show_split else []), 'n', 'seeds', 'final accuracy (%)',
+            'best accuracy (%)']
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for group in groups:
+    split = sorted({'validation' if r.tuning else 'test' for r in group.runs})
+    row = [group.label, *(_setting(group.config.get(s)) for s in settings), *(['/'.join(split)] if show_split else []),
+           str(len(group.runs)), ','.join(str(s) for s in group.seeds), _percent(group.accuracies('final')),
+           _percent(group.accuracies('best'))]
+    lines.append('| ' + ' | '.join(_cell(c) for c in row) + ' |')
+  return '\n'.join(lines)
+
+
+def default_plot_path(runs: Sequence[Run]) -> str:
+  """`compare.png` in the deepest directory that holds every run (a single run's own directory)."""
+  return os.path.join(os.path.commonpath([os.path.abspath(r.path) for r in runs]), PLOT_NAME)
+
+
+def plot(groups: Sequence[Group], path: str) -> None:
+  """One PNG: each group's mean accuracy curve (+- one standard deviation where it has several runs)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  settings = differing_settings(groups)
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for group in groups:
+    rounds, mean, std = group.curve()
+    if not len(rounds):
+      continue
+    name = ', '.join(f'{s}={_setting(group.config.get(s))}' for s in settings) or group.label
+    line, = ax.plot(rounds, 100 * mean, label=f'{name} (n={len(group.runs)})')
+    if len(group.runs) > 1:
+      ax.fill_between(rounds, 100 * (mean - std), 100 * (mean + std), color=line.get_color(), alpha=0.2)
+  splits = sorted({r.accuracy_key for g in groups for r in g.runs})
+  ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  ax.set_xlabel('round')
+  ax.set_ylabel(f'{" / ".join(s.split("/")[0] for s in splits)} accuracy (%)')
+  ax.set_title('mean over seeds' + (' (band: ± 1 std)' if any(len(g.runs) > 1 for g in groups) else ''))
+  ax.grid(alpha=0.3)
+  if ax.get_lines():
+    ax.legend(fontsize='small')
+  fig.tight_layout()
+  image = io.BytesIO()
+  fig.savefig(image, format='png', dpi=100)
+  plt.close(fig)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  safe_files.write_atomic(path, image.getvalue())
+
+
+flags.DEFINE_string('plot', None, f'Where to write the PNG of the accuracy curves (default: {PLOT_NAME} in the '
+                    'deepest directory holding every run; empty: no plot).')
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> None:
+  paths = argv[1:]
+  if not paths:
+    raise app.UsageError('usage: python -m training.compare DIR [DIR ...] [--plot=PATH] (DIR: a run\'s '
+                         '--output_dir, or one holding seed_<s> runs)')
+  try:
+    runs = read_runs(paths)
+  except CompareError as e:
+    raise app.UsageError(f'error: {e}') from None
+  plot_path = default_plot_path(runs) if FLAGS.plot is None else FLAGS.plot
+  if plot_path:
+    problem = safe_files.output_file_problem(plot_path, '--plot')
+    if problem:
+      raise app.UsageError(f'error: {problem}')
+  groups = group_runs(runs)
+  print(table(groups))
+  if plot_path:
+    plot(groups, plot_path)
+    print(f'\nPlot: {plot_path}')
+
+
+if __name__ == '__main__':
+  command_line.run(main)
