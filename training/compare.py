@@ -118,11 +118,8 @@ def read_run(path: str) -> Run:
                          f'leave it out')
     raise CompareError(f'{path} is not a run directory (no summary.json or {experiment.CONFIG_FILE})')
   try:
-    with open(summary_path) as f:
-      summary = json.load(f)
-    if not isinstance(summary, dict):
-      raise ValueError('not a JSON object')
-  except (ValueError, UnicodeDecodeError) as e:
+    summary = safe_files.read_json_object(summary_path)
+  except ValueError as e:
     raise CompareError(f'{summary_path} is damaged ({e})') from None
   saved = summary.get('config')
   config_path = os.path.join(path, experiment.CONFIG_FILE)

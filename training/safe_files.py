@@ -16,6 +16,7 @@ overwrite it. So:
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import stat
@@ -113,6 +114,19 @@ def os_error_of(error: BaseException) -> Optional[OSError]:
   if not separator or code is None:
     return None
   return OSError(code, reason, context)
+
+
+def read_json_object(path: str) -> dict:
+  """The JSON object in `path`; ValueError saying why when the file is not one (invalid JSON or text, another
+  JSON value). OSError as `open` raises it."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except UnicodeDecodeError as e:
+    raise ValueError(str(e)) from None
+  if not isinstance(value, dict):
+    raise ValueError('not a JSON object')
+  return value
 
 
 def write_atomic(path: str, data: bytes | str) -> None:

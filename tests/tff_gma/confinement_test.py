@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.tff_gma import netutil
+from tests.tff_gma import processes
 
 # Preludes that run first in the child, while it is still single-threaded.
 _UNPRIVILEGED = '''
@@ -96,14 +97,6 @@ def _finish_run(proc, stop):
   return err
 
 
-def _alive(pid: int) -> bool:
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-  except FileNotFoundError:
-    return False
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('prelude', ['', _UNPRIVILEGED], ids=['as_is', 'unprivileged'])
 def test_worker_unreachable_while_a_run_computes(prelude, tmp_path):
@@ -130,7 +123,7 @@ def test_worker_unreachable_while_a_run_computes(prelude, tmp_path):
     assert proc.poll() is None, 'the run ended during the probes'
   finally:
     _finish_run(proc, stop)
-  assert not _alive(pid)
+  assert not processes.alive(pid)
 
 
 @pytest.mark.slow
@@ -269,7 +262,7 @@ def test_restarted_worker_is_confined_again(simulation_context):
   old_pid, old_helper = worker.pid, worker.helper_pid
   os.kill(old_pid, 9)
   deadline = time.monotonic() + 15
-  while (_alive(old_pid) or _alive(old_helper)) and time.monotonic() < deadline:
+  while (processes.alive(old_pid) or processes.alive(old_helper)) and time.monotonic() < deadline:
     time.sleep(0.05)
 
   @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))

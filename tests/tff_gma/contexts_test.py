@@ -20,14 +20,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_federated as tff
 
 import tests
+from tests.tff_gma import processes
 from tff_gma import _default_context
 from tff_gma import aggregators
 from tff_gma import models
@@ -74,23 +73,6 @@ _HELPERS = textwrap.dedent('''
         results[name] = np.asarray(output.result).tolist()
       return results
 ''')
-
-
-def _alive(pid: int) -> bool:
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
-  except FileNotFoundError:
-    return False
-
-
-def _wait_gone(pid: int, timeout: float = 15.0) -> bool:
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if not _alive(pid):
-      return True
-    time.sleep(0.1)
-  return False
 
 
 def _default_signals() -> None:
@@ -209,7 +191,7 @@ def test_a_script_that_forgets_the_context_gets_the_line_and_tffs_worker_does_no
   assert _marked(out, 'SUM') == '6'
   workers = json.loads(_marked(out, 'WORKERS'))
   assert len(workers) == 1
-  assert _wait_gone(workers[0]), f"TFF's worker {workers[0]} outlived the script"
+  assert processes.wait_gone(workers[0]), f"TFF's worker {workers[0]} outlived the script"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -236,7 +218,7 @@ def test_tffs_test_context_runs_the_factories_on_its_own_unconfined_worker():
   # TFF's context started its worker binary itself: a direct child, listening on a TCP port of its own.
   workers = json.loads(_marked(out, 'WORKERS'))
   assert len(workers) == 1
-  assert _wait_gone(workers[0]), f"TFF's worker {workers[0]} outlived the script"
+  assert processes.wait_gone(workers[0]), f"TFF's worker {workers[0]} outlived the script"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -269,7 +251,7 @@ def test_async_context_shares_the_confined_worker_and_it_stops_with_python():
   pid, helper_pid, log = _marked(out, 'WORKER').split()
   for p in (pid, helper_pid):
     if p != 'None':
-      assert _wait_gone(int(p)), f'{p} outlived its Python process'
+      assert processes.wait_gone(int(p)), f'{p} outlived its Python process'
   assert not os.path.exists(log)
 
 

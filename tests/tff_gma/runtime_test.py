@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+
+from tests.tff_gma import processes
 
 _CHILD = textwrap.dedent('''
     import os, sys, time
@@ -38,23 +39,6 @@ _CHILD = textwrap.dedent('''
 ''')
 
 
-def _alive(pid: int) -> bool:
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().split()[2] != 'Z'
-  except FileNotFoundError:
-    return False
-
-
-def _wait_gone(pid: int, timeout: float = 15.0) -> bool:
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if not _alive(pid):
-      return True
-    time.sleep(0.1)
-  return False
-
-
 def _start(mode, tmp_path, log_path=None, quiet=True):
   return subprocess.Popen(
       [sys.executable, '-c', _CHILD.format(mode=mode, log_path=log_path, quiet=quiet)],
@@ -77,7 +61,7 @@ def test_worker_stops_when_python_ends(mode, expected_rc, tmp_path):
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == expected_rc, err
   _, pid, log = next(l for l in out.splitlines() if l.startswith('WORKER')).split()
-  assert _wait_gone(int(pid)), f'worker {pid} outlived its Python process ({mode})'
+  assert processes.wait_gone(int(pid)), f'worker {pid} outlived its Python process ({mode})'
   assert not os.path.exists(log), 'the default per-process worker log was left behind'
 
 
@@ -85,11 +69,11 @@ def test_worker_stops_when_python_ends(mode, expected_rc, tmp_path):
 def test_worker_stops_when_python_is_signalled(sig, tmp_path):
   proc = _start('wait', tmp_path)
   pid = _read_worker_pid(proc)
-  assert _alive(pid)
+  assert processes.alive(pid)
   proc.send_signal(sig)
   proc.communicate(timeout=60)
   assert proc.returncode != 0
-  assert _wait_gone(pid), f'worker {pid} outlived its Python process ({sig.name})'
+  assert processes.wait_gone(pid), f'worker {pid} outlived its Python process ({sig.name})'
 
 
 def test_worker_log_goes_to_file_not_caller(tmp_path):
@@ -116,6 +100,6 @@ def test_context_runs_secure_sums_and_restarts_a_dead_worker(simulation_context)
   worker = runtime.set_simulation_context()
   old_pid = worker.pid
   os.kill(old_pid, signal.SIGKILL)
-  assert _wait_gone(old_pid)
+  assert processes.wait_gone(old_pid)
   assert secure_total([3, 4]) == 7  # The context starts a fresh worker instead of failing.
-  assert worker.pid != old_pid and _alive(worker.pid)
+  assert worker.pid != old_pid and processes.alive(worker.pid)

@@ -14,6 +14,7 @@ from scipy import stats
 
 import tests
 from training.runner import experiment
+from training.studies import gma as gma_study
 from training.studies import gma_fmnist
 
 _ROOT = tests.ROOT
@@ -22,25 +23,25 @@ _ROOT = tests.ROOT
 def test_t_quantiles_are_students_and_conservative_between_table_entries():
   for df in range(1, 40):
     exact = stats.t.ppf(0.975, df)
-    ours = gma_fmnist.t_quantile_975(df)
+    ours = gma_study.t_quantile_975(df)
     assert ours >= exact - 5e-4  # Never narrower than the exact interval (table values are rounded to 3 places).
-    if df in gma_fmnist._T975:  # pylint: disable=protected-access
+    if df in gma_study._T975:  # pylint: disable=protected-access
       assert ours == pytest.approx(exact, abs=5e-4)
     assert ours <= exact * 1.03  # Between entries at most 3% wider.
   with pytest.raises(ValueError, match='df'):
-    gma_fmnist.t_quantile_975(0)
+    gma_study.t_quantile_975(0)
 
 
 def test_paired_interval_matches_scipys_t_interval():
   rng = np.random.default_rng(0)
   for n in (2, 5, 7):
     d = rng.normal(0.4, 1.0, n)
-    mean, low, high = gma_fmnist.paired_interval(d)
+    mean, low, high = gma_study.paired_interval(d)
     ref_low, ref_high = stats.t.interval(0.95, n - 1, loc=d.mean(), scale=stats.sem(d))
     assert mean == pytest.approx(d.mean())
     assert (low, high) == pytest.approx((ref_low, ref_high), abs=2e-3 * (ref_high - ref_low))
   with pytest.raises(ValueError, match='at least 2'):
-    gma_fmnist.paired_interval([1.0])
+    gma_study.paired_interval([1.0])
 
 
 def test_verdict_reads_the_interval():

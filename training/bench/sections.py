@@ -33,11 +33,13 @@ from tff_gma import runtime
 from tff_gma.data import client_data as client_data_lib
 from tff_gma.data import loaders
 from training import config as config_lib
+from training.bench import floor as floor_lib
 from training.bench import timing
 from training.engine import client_execution
 from training.engine import fedavg_family
 from training.engine import methods
 from training.engine import registry
+from training.engine import worker_datasets
 from training.runner import round_loop
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -519,9 +521,7 @@ def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any
   stock iterator FedAvg; each as a ratio to the floor (`round_to_floor`)."""
   if len(settings.floor_examples) != len(settings.floor_models):
     raise ValueError('floor_examples needs one count per floor model')
-  from training.bench import floor as floor_lib  # pylint: disable=g-import-not-at-top
-  from training.engine import worker_datasets  # pylint: disable=g-import-not-at-top
-  config = dataclasses.replace(ALGORITHM_CONFIG)
+  config = ALGORITHM_CONFIG
   out = collections.OrderedDict(round_to_floor={}, worker_datasets_speedup={}, models={})
   for model, examples in zip(settings.floor_models, settings.floor_examples):
     shape, rng = FLOOR_SHAPES[model], np.random.default_rng(settings.seed)

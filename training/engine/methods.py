@@ -173,11 +173,9 @@ def build(
   if key is not None and key in _PROCESS_CACHE:
     process = _PROCESS_CACHE[key]
   else:
-    if client_sources is not None and (registry.algorithm(algorithm).kind != registry.FEDAVG_FAMILY or corrupted
-                                       or client_execution != client_execution_lib.WORKER
-                                       or registry.aggregator(aggregator).kind != registry.MODEL_AGGREGATOR):
-      raise ValueError('client_sources: only the FedAvg family\'s own client work, in the worker and without update '
-                       f'corruption, builds its datasets from sources; got {algorithm}/{aggregator}')
+    refusal = client_sources_refusal(algorithm, aggregator, corrupted, client_execution)
+    if client_sources is not None and refusal is not None:
+      raise ValueError(f'client_sources: {refusal}; got {algorithm}/{aggregator}')
     process = _build_process(model_fn, algorithm, aggregator, config, params, extra, num_clients,
                              metrics_aggregator, corrupted, client_execution, client_sources)
     if key is not None:
@@ -191,6 +189,17 @@ def build(
   if isinstance(process, learning.LearningProcessWithClientState):
     return Method(process, store=client_state.ClientStateStore.for_process(process), held_out=held_out)
   return Method(process, client_sources=client_sources)
+
+
+def client_sources_refusal(algorithm: str, aggregator: str, corrupted: bool, client_execution: str) -> Optional[str]:
+  """None when the method's clients can build their datasets from sources (`build(client_sources=...)`: the FedAvg
+  family's own client work, in the worker, without update corruption), else why not (one line)."""
+  if (registry.algorithm(algorithm).kind != registry.FEDAVG_FAMILY
+      or registry.aggregator(aggregator).kind != registry.MODEL_AGGREGATOR):
+    return 'only the FedAvg family\'s client work reads its examples from files'
+  if client_execution != client_execution_lib.WORKER or corrupted:
+    return 'this round trains its clients itself (local client execution or update corruption)'
+  return None
 
 
 def _build_process(model_fn, algorithm: str, aggregator: str, config: config_lib.AlgorithmConfig,

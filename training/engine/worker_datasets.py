@@ -40,7 +40,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from training.engine import corruption as corruption_lib
-from training.engine import registry
+from training.engine import methods
 from training.runner import round_loop
 
 WORKER = 'worker'
@@ -53,11 +53,10 @@ def applies(*, algorithm: str, aggregator: str, corruption: str, client_executio
   """None when a run's datasets can be built in the worker, else why not (one line for the log)."""
   if workers:
     return 'the clients train on --workers, which do not read this machine\'s files'
-  if registry.algorithm(algorithm).kind != registry.FEDAVG_FAMILY or registry.aggregator(aggregator).kind != (
-      registry.MODEL_AGGREGATOR):
-    return 'only the FedAvg family\'s client work reads its examples from files'
-  if client_execution != 'worker' or corruption in corruption_lib.UPDATE_CORRUPTIONS:
-    return 'this round trains its clients itself (local client execution or update corruption)'
+  refusal = methods.client_sources_refusal(algorithm, aggregator, corruption in corruption_lib.UPDATE_CORRUPTIONS,
+                                           client_execution)
+  if refusal is not None:
+    return refusal
   if not hasattr(train, 'client_arrays'):
     return 'its client data does not hold its examples as arrays'
   return None
@@ -145,7 +144,6 @@ class WorkerDatasets:
       self._prefixes[client_id] = prefix
       spec = spec or train.create_tf_dataset_for_client(client_id).element_spec
     self.client_sources = ClientSources(spec, inputs.local_epochs, inputs.batch_size)
-    self._element_spec = spec
 
   def sources(self, client_ids: Sequence[str], round_num: int) -> list[tf.data.Dataset]:
     """The round's source per client: its file prefix and the shuffle seeds `ClientInputs` shuffles it with."""
@@ -154,5 +152,6 @@ class WorkerDatasets:
         prefix=self._prefixes[c], seed=np.int64(s), seed2=np.int64(s2))) for c, (s, s2) in zip(client_ids, seeds)]
 
   def close(self) -> None:
+    atexit.unregister(self.close)  # A study closes one per run: the exit hooks do not pile up.
     if self._own_directory:
       shutil.rmtree(self.directory, ignore_errors=True)

@@ -254,11 +254,8 @@ def check_resumable(config: config_lib.ExperimentConfig) -> None:
                         f'--output_dir (or restore its {CONFIG_FILE})')
     return
   try:
-    with open(path) as f:
-      saved = json.load(f)
-    if not isinstance(saved, dict):
-      raise ValueError('not a JSON object')
-  except (ValueError, UnicodeDecodeError) as e:
+    saved = safe_files.read_json_object(path)
+  except ValueError as e:
     raise ConfigError(f'{path} is damaged ({e}): it cannot say which settings the run was trained with; use another '
                       f'--output_dir') from None
   saved = completed_config(saved)

@@ -69,6 +69,7 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import json  # pylint: disable=g-import-not-at-top
+import math
 import time
 import zlib
 from collections.abc import Sequence
@@ -157,6 +158,14 @@ def define_study_flags(settings: Sequence[str], output_dir: str) -> None:
                       'share the study; a last call without --shard collects.')
   flags.DEFINE_enum('client_execution', client_execution.WORKER, list(client_execution.MODES),
                     "Where clients train (the runner's --client_execution).")
+
+
+def checked_settings_and_shard(settings: Sequence[str]) -> tuple[int, int]:
+  """`define_study_flags`' --settings checked against `settings`, and --shard parsed; ValueError naming the flag."""
+  for name in FLAGS.settings:
+    if name not in settings:
+      raise ValueError(f'settings: unknown setting {name!r}; expected some of {list(settings)}')
+  return rfa_study.parse_shard(FLAGS.shard)
 
 
 def define_flags() -> None:
@@ -408,6 +417,28 @@ def more_so(gains_in_order: Sequence[float]) -> bool:
   return rising and gains_in_order[-1] > TIE_POINTS
 
 
+# Two-sided 95% quantiles of Student's t, t_{0.975, df}, for the paired intervals (df = seeds - 1).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t_quantile_975(df: int) -> float:
+  """t_{0.975, df}; for a df between the table's entries (or past 30) the next smaller df's: a wider, conservative
+  interval."""
+  if df < 1:
+    raise ValueError(f'df must be >= 1, got {df}')
+  return _T975[max(k for k in _T975 if k <= df)]
+
+
+def paired_interval(differences: Sequence[float]) -> tuple[float, float, float]:
+  """(mean, low, high): the 95% t interval of the mean of paired differences."""
+  d = np.asarray(differences, np.float64)
+  if d.size < 2:
+    raise ValueError(f'a paired interval needs at least 2 differences, got {d.size}')
+  half = t_quantile_975(d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
+  return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
+
+
 # The paper's effect size on the data closest to the digits: the median GMA - AVG gain (points) of its Table 2
 # MNIST non-iid rows (500 / 100 / 10 clients x FedAvg, FedProx, FedAdam, FedYogi).
 PAPER_MNIST_GAINS = (1.12, 0.75, 0.73, 0.17, 0.15, 0.88, 0.06, 0.24, 0.02, 0.17, -0.07, 1.20)
@@ -417,12 +448,11 @@ PAPER_EFFECT_POINTS = float(np.median(PAPER_MNIST_GAINS))  # 0.205
 def paired_best_interval(records: list[dict[str, Any]], setting: str, algorithm: str
                          ) -> Optional[tuple[float, float, float]]:
   """(mean, low, high) of the per-seed GMA (soft) - AVG best accuracy, points, 95% t interval; None if missing."""
-  from training.studies import gma_fmnist  # pylint: disable=g-import-not-at-top
   by = {(r['setting'], r['algorithm'], r['aggregator']): r for r in records}
   avg, gma = by.get((setting, algorithm, 'mean')), by.get((setting, algorithm, 'gma'))
   if avg is None or gma is None:
     return None
-  return gma_fmnist.paired_interval([100 * (g - a) for g, a in zip(gma['best'], avg['best'])])
+  return paired_interval([100 * (g - a) for g, a in zip(gma['best'], avg['best'])])
 
 
 def _claim(intervals: Sequence[tuple[float, float, float]]) -> str:
@@ -556,10 +586,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
   try:
-    for name in FLAGS.settings:
-      if name not in SETTINGS:
-        raise ValueError(f'settings: unknown setting {name!r}; expected some of {list(SETTINGS)}')
-    shard, num_shards = rfa_study.parse_shard(FLAGS.shard)
+    shard, num_shards = checked_settings_and_shard(SETTINGS)
     study = Study(FLAGS.settings, FLAGS.methods, [float(x) for x in FLAGS.client_lrs],
                   [float(x) for x in FLAGS.taus], [int(s) for s in FLAGS.seeds], FLAGS.output_dir,
                   FLAGS.rounds or None, FLAGS.client_execution)

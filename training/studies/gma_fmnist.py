@@ -48,7 +48,6 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import json  # pylint: disable=g-import-not-at-top
-import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Optional
 
@@ -138,28 +137,6 @@ PAPER_TABLE2 = {
     'iid 10': {'fedavg': (89.35, 89.65), 'fedprox': (89.92, 90.12), 'fedadam': (88.66, 88.86),
                'fedyogi': (88.85, 89.85)},
 }
-
-# Two-sided 95% quantiles of Student's t, t_{0.975, df}, for the paired intervals (df = seeds - 1).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def t_quantile_975(df: int) -> float:
-  """t_{0.975, df}; for a df between the table's entries (or past 30) the next smaller df's: a wider, conservative
-  interval."""
-  if df < 1:
-    raise ValueError(f'df must be >= 1, got {df}')
-  return _T975[max(k for k in _T975 if k <= df)]
-
-
-def paired_interval(differences: Sequence[float]) -> tuple[float, float, float]:
-  """(mean, low, high): the 95% t interval of the mean of paired differences."""
-  d = np.asarray(differences, np.float64)
-  if d.size < 2:
-    raise ValueError(f'a paired interval needs at least 2 differences, got {d.size}')
-  half = t_quantile_975(d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
-  return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
-
 
 def verdict(low: float, high: float) -> str:
   if low > 0:
@@ -326,7 +303,7 @@ def comparisons(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     row = {'setting': setting, 'algorithm': algorithm, 'aggregator': aggregator}
     for metric in ('last10', 'best'):
       diff = [100 * (g - a) for g, a in zip(r[metric], avg[metric])]
-      mean, low, high = paired_interval(diff)
+      mean, low, high = gma_study.paired_interval(diff)
       row[metric] = {'avg': 100 * float(np.mean(avg[metric])), 'gma': 100 * float(np.mean(r[metric])),
                      'differences': diff, 'mean': mean, 'low': low, 'high': high, 'verdict': verdict(low, high)}
     paper = PAPER_TABLE2.get(SETTINGS[setting].paper_row or '', {}).get(algorithm)
@@ -425,10 +402,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
   try:
-    for name in FLAGS.settings:
-      if name not in SETTINGS:
-        raise ValueError(f'settings: unknown setting {name!r}; expected some of {list(SETTINGS)}')
-    shard, num_shards = rfa_study.parse_shard(FLAGS.shard)
+    shard, num_shards = gma_study.checked_settings_and_shard(SETTINGS)
     study = Study(FLAGS.settings, FLAGS.methods, [int(s) for s in FLAGS.tune_seeds], [int(s) for s in FLAGS.seeds],
                   FLAGS.output_dir, FLAGS.rounds or None, FLAGS.client_execution)
     for setting in study.settings:  # Every setting is checked before anything runs.
