@@ -75,20 +75,12 @@ _HELPERS = textwrap.dedent('''
 ''')
 
 
-def _default_signals() -> None:
-  # TFF stops its own worker binary with SIGINT. A test suite started as a shell's background job (`cmd &`, nohup)
-  # ignores SIGINT/SIGQUIT/SIGHUP, and a child would pass that on to TFF's worker, which then never stops: the
-  # children here run as a script started from a terminal does.
-  for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
-    signal.signal(signum, signal.SIG_DFL)
-
-
 def _run_child(code: str, timeout: float = 300):
   """Runs `code` (after `_HELPERS`) in a fresh Python; returns (returncode, stdout, stderr). Times out (and fails)
   if anything the child started keeps its pipes open after it ends."""
   child = subprocess.Popen([sys.executable, '-c', _HELPERS + textwrap.dedent(code)], cwd=tests.ROOT, env=_ENV,
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True, preexec_fn=_default_signals)
+                           start_new_session=True, preexec_fn=processes.default_signals)
   try:
     out, err = child.communicate(timeout=timeout)
   finally:

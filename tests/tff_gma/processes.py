@@ -1,5 +1,7 @@
-"""Test helpers: whether a process is alive, and waiting for it to be gone (from /proc)."""
+"""Test helpers: whether a process is alive, waiting for it to be gone (from /proc), and children that take
+signals as a script started from a terminal does."""
 
+import signal
 import time
 
 
@@ -20,3 +22,11 @@ def wait_gone(pid: int, timeout: float = 15.0) -> bool:
       return True
     time.sleep(0.1)
   return False
+
+
+def default_signals() -> None:
+  """`preexec_fn` for a child that must take SIGINT/SIGQUIT/SIGHUP by default. A test suite started as a shell's
+  background job (`cmd &`, nohup) ignores them, and a child would inherit that: Ctrl-C would not interrupt it, and
+  TFF's own worker, which TFF stops with SIGINT, would never stop."""
+  for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+    signal.signal(signum, signal.SIG_DFL)

@@ -43,7 +43,7 @@ def _start(mode, tmp_path, log_path=None, quiet=True):
   return subprocess.Popen(
       [sys.executable, '-c', _CHILD.format(mode=mode, log_path=log_path, quiet=quiet)],
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=tmp_path,
-      text=True)
+      text=True, preexec_fn=processes.default_signals)
 
 
 def _read_worker_pid(proc) -> int:

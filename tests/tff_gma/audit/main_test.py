@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
+from tests.tff_gma import processes
 from tff_gma.audit import __main__ as cli
 
 _REPO = tests.ROOT
@@ -28,7 +29,8 @@ def _run_python(argv, tmp_path, extra_env=None):
   stdout_path, stderr_path = tmp_path / 'stdout', tmp_path / 'stderr'
   with open(stdout_path, 'w') as stdout, open(stderr_path, 'w') as stderr:
     process = subprocess.Popen([sys.executable, *argv], cwd=_REPO, env=env, stdout=stdout, stderr=stderr,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+                               stdin=subprocess.DEVNULL, start_new_session=True,
+                               preexec_fn=processes.default_signals)
     try:
       process.wait(timeout=300)
     finally:
