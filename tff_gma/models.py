@@ -204,16 +204,24 @@ def model_fn(
   With `pad_id` (sequence data, e.g. `FederatedDataset.pad_id`), positions whose target is `pad_id` count in
   neither loss nor accuracy. Targets may have any shape the logits have without their last axis ([batch] or
   [batch, sequence_length]).
+
+  The returned callable carries `functional_model`, a no-argument builder of the same model as a
+  `tff.learning.models.FunctionalModel` (same loss), which the in-graph client loop
+  (`tff_gma.learning.in_graph`) trains.
   """
 
   def fn():
-    if pad_id is None:
-      loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-      accuracy = tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')
-    else:
-      loss = MaskedSparseCategoricalCrossentropy(pad_id)
-      accuracy = MaskedSparseCategoricalAccuracy(pad_id, name='accuracy')
+    accuracy = (tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy') if pad_id is None
+                else MaskedSparseCategoricalAccuracy(pad_id, name='accuracy'))
     return tff.learning.models.from_keras_model(
-        build_keras(), loss=loss, input_spec=input_spec, metrics=[accuracy])
+        build_keras(), loss=_loss(pad_id), input_spec=input_spec, metrics=[accuracy])
 
+  fn.functional_model = lambda: tff.learning.models.functional_model_from_keras(
+      build_keras, _loss(pad_id), input_spec)
   return fn
+
+
+def _loss(pad_id: Optional[int]) -> tf.keras.losses.Loss:
+  if pad_id is None:
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  return MaskedSparseCategoricalCrossentropy(pad_id)

@@ -43,8 +43,8 @@ SEED_DIR = config_lib.SEED_DIR  # What `training.run --seeds` names each seed's 
 _SEED_DIR = re.compile('^' + re.escape(SEED_DIR).replace(re.escape('{}'), r'(\d+)') + '$')
 PLOT_NAME = 'compare.png'
 # The settings in which the runs of one group may differ: the seed, and where a run's files and datasets were
-# (they change nothing it computes: data_dir, workers, dataset_placement).
-_PER_RUN = ('seed', 'output_dir', 'data_dir', 'workers', 'dataset_placement')
+# (they change nothing it computes: data_dir, workers, dataset_placement, client_loop).
+_PER_RUN = ('seed', 'output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop')
 
 
 class CompareError(ValueError):

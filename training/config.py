@@ -40,6 +40,11 @@ ADAPTIVE_ALGORITHMS = ('fedadam', 'fedyogi')
 ADAPTIVE_BETA_1 = 0.9
 ADAPTIVE_BETA_2 = 0.99
 
+# How a FedAvg-family client walks its local epochs: `in_graph` (tff_gma.learning.in_graph: the client's examples
+# read once into tensors, the steps one tf.while_loop over batch slices, the model as TFF's functional model) where
+# the model allows it, else `iterator` (TFF's model-delta client work with DATASET_ITERATOR), with a log line.
+CLIENT_LOOPS = ('in_graph', 'iterator')
+
 # `python -m training.run --seeds=0,1,2 --output_dir=D` runs seed s into D/seed_<s>; `training.compare D` reads them.
 SEED_DIR = 'seed_{}'
 
@@ -57,6 +62,7 @@ class AlgorithmConfig:
   client_momentum: float = 0.9  # GMA paper: client SGD with momentum 0.9.
   proximal_strength: float = 0.01  # FedProx mu.
   adaptive_epsilon: float = 1e-3  # FedAdam/FedYogi tau (Reddi et al.'s adaptivity epsilon).
+  client_loop: str = 'in_graph'  # One of CLIENT_LOOPS.
 
   def __post_init__(self):
     if self.name not in FEDAVG_FAMILY:
@@ -69,6 +75,8 @@ class AlgorithmConfig:
       raise ValueError(f'proximal_strength must be non-negative, got {self.proximal_strength!r}')
     if not self.adaptive_epsilon > 0:
       raise ValueError(f'adaptive_epsilon must be positive, got {self.adaptive_epsilon!r}')
+    if self.client_loop not in CLIENT_LOOPS:
+      raise ValueError(f'client_loop must be one of {CLIENT_LOOPS}, got {self.client_loop!r}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +128,10 @@ class ExperimentConfig:
   client_momentum: float = _help('Client SGD momentum (GMA paper: 0.9).', _ALGORITHM.client_momentum)
   proximal_strength: float = _help('fedprox: proximal term mu.', _ALGORITHM.proximal_strength)
   adaptive_epsilon: float = _help('fedadam/fedyogi: epsilon (adaptivity tau).', _ALGORITHM.adaptive_epsilon)
+  client_loop: str = _help(
+      'How a FedAvg-family client walks its local epochs: in_graph (its examples read once into tensors, the steps '
+      'one in-graph loop over batch slices; where the model allows it, else iterator with a log line) or iterator '
+      '(TFF\'s client work, DATASET_ITERATOR). Equal within float32 rounding.', _ALGORITHM.client_loop)
   aggregator: str = _help('How client updates are aggregated.', 'mean')
   tau: float = _help('gma/gma_binary: agreement threshold in [0, 1] (paper: 0.4).', _AGGREGATOR.tau)
   num_passes: int = _help('rfa: secure averages per round (paper: 3).', _AGGREGATOR.num_passes)
@@ -176,7 +188,7 @@ class ExperimentConfig:
         name=self.algorithm if self.algorithm in FEDAVG_FAMILY else 'fedavg',
         client_lr=self.client_lr, server_lr=self.server_lr,
         client_momentum=self.client_momentum, proximal_strength=self.proximal_strength,
-        adaptive_epsilon=self.adaptive_epsilon)
+        adaptive_epsilon=self.adaptive_epsilon, client_loop=self.client_loop)
 
   def aggregator_params(self) -> AggregatorParams:
     return AggregatorParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AggregatorParams)})

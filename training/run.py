@@ -55,6 +55,7 @@ _ENUMS = {
     'rfa_init': ['mean', 'zero'],
     'client_execution': list(client_execution.MODES),
     'dataset_placement': list(worker_datasets.PLACEMENTS),
+    'client_loop': list(config_lib.CLIENT_LOOPS),
     'corruption': list(corruption.CORRUPTIONS),
 }
 _DEFINE = {'int': flags.DEFINE_integer, 'float': flags.DEFINE_float, 'bool': flags.DEFINE_bool,

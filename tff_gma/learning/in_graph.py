@@ -21,13 +21,16 @@ hyperparameters; FedProx's: none), so a learning process composed from it has TF
 either. It is a TFF computation like TFF's: the audit sees the same intrinsics. `build_in_graph_update` is the
 client update alone (a `tf.function`), for running clients outside TFF's runtime.
 
-Measured (TFF 0.87.0's worker, this 2-core machine, one client work round of 10 clients, medians of interleaved
-calls): the digits CNN (144 examples each, batch 16) 0.134 s against 0.150 s for TFF's iterator loop, with 0.055 s
-for a round that only reads the clients' datasets; LeNet on 10 x 600 Fashion-MNIST-shaped examples 1.25 s against
-1.24 s. So in TFF's worker the walk over the batches is not where a round's time goes, and the harness keeps TFF's
-loop; this one is the exact equivalent (tests/tff_gma/learning/in_graph_test.py) to build further work on.
+The harness's FedAvg family trains with it by default (`--client_loop=in_graph`, `training.engine.fedavg_family`),
+TFF's iterator loop kept behind `--client_loop=iterator`. Measured in TFF 0.87.0's worker (TF 2.14): three rounds
+of FedAvg with the mean, GMA, 3-pass RFA, FedProx, FedAdam and FedAdam with GMA give the same model bit for bit
+with either loop, on the logistic model, the digits CNN and LeNet (tests/training/client_loop_test.py): the
+functional model runs the Keras layers' own ops on the same batches in the same order. Its speed: see
+docs/benchmark.md ("A round against its in-graph floor"); the walk over the batches is a small part of a round in
+TFF's worker.
 
-What it takes: a model without non-trainable weights and without layer losses (regularizers), whose functional
+What it takes: a model without non-trainable weights, without layer losses (regularizers) and without layers that
+draw random numbers in training (Dropout and kin), whose functional
 twin's trainable weights match the variable model's in order and shape (`in_graph_support` says why not when it
 cannot); data elements `(x, y)` or `{'x', 'y'}` with a first (batch) axis.
 """
@@ -73,6 +76,11 @@ def read_batches(dataset: tf.data.Dataset) -> tuple[Any, tf.Tensor]:
   return examples, offsets
 
 
+# Keras layers that draw random numbers in training (Dropout covers SpatialDropout*).
+_RANDOM_LAYERS = (tf.keras.layers.Dropout, tf.keras.layers.GaussianNoise, tf.keras.layers.GaussianDropout,
+                  tf.keras.layers.AlphaDropout)
+
+
 def _split(batch) -> tuple[Any, Any]:
   if isinstance(batch, Mapping):
     return batch['x'], batch['y']
@@ -91,6 +99,11 @@ def in_graph_support(model_fn: VariableModelFn, functional_model: Optional[tff.l
     trainable = [tuple(v.shape) for v in model.trainable_variables]
     if model.non_trainable_variables:
       return 'it has non-trainable weights, which the loop does not carry'
+    keras_model = getattr(model, '_keras_model', None)  # tff.learning.models.from_keras_model's Keras model.
+    random = sorted({type(layer).__name__ for layer in (keras_model.submodules if keras_model is not None else ())
+                     if isinstance(layer, _RANDOM_LAYERS)})
+    if random:  # Its functional twin would draw other random numbers than the variable model's iterator loop.
+      return f'its {", ".join(random)} layers draw random numbers in training, which the loop would draw differently'
   functional_trainable, functional_non_trainable = functional_model.initial_weights
   if functional_non_trainable:
     return 'its functional model has non-trainable weights, which the loop does not carry'

@@ -507,9 +507,13 @@ def bench_scaling(settings: Settings, worker: runtime.WorkerProcess) -> list[dic
 
 FLOOR_SHAPES = {'cnn': (8, 8, 1), 'logistic': (8, 8, 1), 'lenet': (28, 28, 1)}  # The digits' and Fashion-MNIST's.
 FLOOR_TARGET = 1.5  # Issue 26: a round within 1.5x its in-graph floor.
-LOOP_SPEEDUP_TARGET = 2.0  # and twice the throughput of the loop before (datasets sent every round).
-FLOOR_ENTRIES = ('floor', 'project_worker_datasets', 'project_sent_datasets', 'stock_fedavg_iterator',
-                 'project_one_batch')
+LOOP_SPEEDUP_TARGET = 2.0  # and twice the throughput of the loop before (datasets sent every round, TFF's loop).
+FLOOR_ENTRIES = ('floor', 'floor_in_worker', 'project_worker_datasets', 'project_iterator',
+                 'project_sent_datasets_iterator', 'stock_fedavg_iterator', 'project_one_batch')
+# floor_in_worker: the floor's graph as one TFF computation run by the worker (what the worker's way of running TF
+# costs apart from any round). project_worker_datasets: the runner's default (datasets built in the worker, the
+# in-graph client loop); project_iterator: the same with TFF's iterator loop; project_sent_datasets_iterator: the
+# loop before (datasets sent every round, TFF's iterator loop).
 # project_one_batch: the project's round with each client holding one batch of examples: what a round costs beyond
 # its clients' epochs (state to and from the worker, broadcast, aggregation, the server update, metrics, dataset
 # set-up), so that `round - one batch` is the part that grows with the examples, comparable to the floor.
@@ -517,12 +521,13 @@ FLOOR_ENTRIES = ('floor', 'project_worker_datasets', 'project_sent_datasets', 's
 
 def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
   """Per model: a FedAvg/mean round of `floor_clients` clients of generated examples, one local epoch, interleaved:
-  the floor, the runner's round with the datasets built in the worker (its default) and with them sent, and TFF's
-  stock iterator FedAvg; each as a ratio to the floor (`round_to_floor`)."""
+  the floor (in this process and in the worker), the runner's round as it runs by default, with the iterator loop,
+  and as it ran before (sent datasets, iterator loop), TFF's stock iterator FedAvg and a one-batch round; each as a
+  ratio to the floor (`round_to_floor`), and the default's speed-up over the loop before (`loop_before_speedup`)."""
   if len(settings.floor_examples) != len(settings.floor_models):
     raise ValueError('floor_examples needs one count per floor model')
   config = ALGORITHM_CONFIG
-  out = collections.OrderedDict(round_to_floor={}, worker_datasets_speedup={}, models={})
+  out = collections.OrderedDict(round_to_floor={}, loop_before_speedup={}, models={})
   for model, examples in zip(settings.floor_models, settings.floor_examples):
     shape, rng = FLOOR_SHAPES[model], np.random.default_rng(settings.seed)
     arrays = collections.OrderedDict(
@@ -545,12 +550,14 @@ def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any
     initial = None
     calls, compile_seconds = {}, {}
     try:
-      for name in FLOOR_ENTRIES[1:]:
+      for name in FLOOR_ENTRIES[2:]:
         if name == 'stock_fedavg_iterator':
           method, round_inputs = methods.Method(_stock_process(name, model_fn)), lambda _: (ids, stock_datasets)
         else:
-          files = {'project_worker_datasets': placement, 'project_one_batch': one_batch_placement}.get(name)
-          method = methods.build(model_fn, 'fedavg', BASELINE, algorithm_config=config,
+          files = {'project_worker_datasets': placement, 'project_iterator': placement,
+                   'project_one_batch': one_batch_placement}.get(name)
+          loop_config = dataclasses.replace(config, client_loop='iterator' if name.endswith('iterator') else 'in_graph')
+          method = methods.build(model_fn, 'fedavg', BASELINE, algorithm_config=loop_config,
                                  client_sources=None if files is None else files.client_sources)
           if files is not None:
             method.place_datasets_in_worker(files)
@@ -562,11 +569,12 @@ def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any
         _log(f'floor {model}: building and compiling {name}')
         _, first = timing.timed_call(loop.step, worker_pids)
         calls[name], compile_seconds[name] = loop.step, first.wall
-      calls['floor'] = floor_lib.build_floor(
-          build_keras, input_spec, list(arrays.values()), batch_size=settings.floor_batch_size,
-          client_lr=config.client_lr, momentum=config.client_momentum, initial_weights=list(initial.trainable))
-      _, first = timing.timed_call(calls['floor'], worker_pids)
-      compile_seconds['floor'] = first.wall
+      for name, build in (('floor', floor_lib.build_floor), ('floor_in_worker', floor_lib.build_floor_in_worker)):
+        calls[name] = build(
+            build_keras, input_spec, list(arrays.values()), batch_size=settings.floor_batch_size,
+            client_lr=config.client_lr, momentum=config.client_momentum, initial_weights=list(initial.trainable))
+        _, first = timing.timed_call(calls[name], worker_pids)
+        compile_seconds[name] = first.wall
       _log(f'floor {model}: {settings.floor_repetitions} interleaved sweeps')
       samples = timing.interleaved_times({n: calls[n] for n in FLOOR_ENTRIES}, settings.floor_repetitions,
                                          worker_pids=worker_pids)
@@ -579,8 +587,8 @@ def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any
     # The part of the project's round that grows with the examples, over the floor's.
     out['round_to_floor'][model]['project_beyond_one_batch'] = (
         timings['project_worker_datasets']['seconds'] - timings['project_one_batch']['seconds']) / floor_seconds
-    out['worker_datasets_speedup'][model] = (timings['project_sent_datasets']['seconds']
-                                             / timings['project_worker_datasets']['seconds'])
+    out['loop_before_speedup'][model] = (timings['project_sent_datasets_iterator']['seconds']
+                                         / timings['project_worker_datasets']['seconds'])
     out['models'][model] = collections.OrderedDict(
         setup=dict(data=f'generated {list(shape)}, 10 classes', clients=len(ids), examples_per_client=examples,
                    batch_size=settings.floor_batch_size, local_epochs=1, aggregator=BASELINE,

@@ -44,8 +44,6 @@ from typing import Any, Optional
 from absl import logging
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning.templates import model_delta_client_work
-from tensorflow_federated.python.learning.templates import proximal_client_work
 
 from training import config as config_lib
 from training.engine import fedavg_family
@@ -139,16 +137,9 @@ class _DeviceTrainer:
       models.append(model)
       return model
 
+    loop = fedavg_family.client_loop(model_fn, config, local=True)
     with tf.device(device):
-      if self._proximal:
-        self._update = proximal_client_work.build_model_delta_update_with_tff_optimizer(
-            capturing_model_fn, weighting=fedavg_family.CLIENT_WEIGHTING,
-            delta_l2_regularizer=float(config.proximal_strength),
-            loop_implementation=fedavg_family.LOOP_IMPLEMENTATION)
-      else:
-        self._update = model_delta_client_work.build_model_delta_update_with_tff_optimizer(
-            capturing_model_fn, weighting=fedavg_family.CLIENT_WEIGHTING,
-            loop_implementation=fedavg_family.LOOP_IMPLEMENTATION)
+      self._update = fedavg_family.build_client_update(capturing_model_fn, config, loop)
     (self._model,) = models
 
   def train(self, weights, dataset: tf.data.Dataset, hparams):
@@ -157,11 +148,9 @@ class _DeviceTrainer:
       # TFF's worker builds a fresh model per client; this one is reused, so its metrics start from zero here.
       self._model.reset_metrics()
       initial = tf.nest.map_structure(tf.convert_to_tensor, weights)
-      if self._proximal:  # FedProx's client work has no state; its optimizer keeps its own hyperparameters.
-        result, metrics = self._update(self._optimizer, initial, dataset)
-      else:  # The client work's state is the client optimizer's hyperparameters, as in the worker.
-        result, metrics = self._update(self._optimizer, initial, dataset,
-                                       tf.nest.map_structure(tf.convert_to_tensor, hparams))
+      # The client work's state is the client optimizer's hyperparameters, as in the worker (FedProx: none).
+      hparams = None if self._proximal else tf.nest.map_structure(tf.convert_to_tensor, hparams)
+      result, metrics = self._update(self._optimizer, hparams, initial, dataset)
     placed_on = tf.nest.flatten(result.update)[0].device
     to_numpy = lambda t: t.numpy()
     return (tff.learning.templates.ClientResult(

@@ -11,8 +11,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
+from absl import logging
 import numpy as np
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning.templates import model_delta_client_work as tff_model_delta
@@ -21,6 +22,7 @@ from tensorflow_federated.python.learning.templates import proximal_client_work 
 from tff_gma import learning
 from tff_gma.learning import client_lib
 from tff_gma.learning import gma_fed_avg
+from tff_gma.learning import in_graph
 from training import config as config_lib
 
 def server_optimizer(config: config_lib.AlgorithmConfig) -> tff.learning.optimizers.Optimizer:
@@ -61,11 +63,74 @@ def build_server_processes(
   return aggregator, tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer(config), weights_type)
 
 
-# The client training loop of every FedAvg-family client work, in the worker and in the driver
-# (`training.engine.client_execution`): the library's default (DATASET_ITERATOR; TFF's DATASET_REDUCE costs about
-# twice the worker CPU per round for identical weights, measured by the benchmark's loop comparison).
+# TFF's loop where the iterator loop trains (`--client_loop=iterator`, or a model the in-graph loop cannot take),
+# in the worker and in the driver (`training.engine.client_execution`): the library's default (DATASET_ITERATOR;
+# TFF's DATASET_REDUCE costs about twice the worker CPU per round for identical weights, measured by the
+# benchmark's loop comparison).
 LOOP_IMPLEMENTATION = learning.DEFAULT_LOOP_IMPLEMENTATION
 CLIENT_WEIGHTING = tff.learning.ClientWeighting.NUM_EXAMPLES
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientLoop:
+  """How a client walks its local epochs (`config_lib.CLIENT_LOOPS`): `in_graph` with the model's functional twin,
+  or `iterator` (TFF's update)."""
+  name: str
+  functional_model: Optional[tff.learning.models.FunctionalModel] = None
+
+
+_fallbacks_logged: set[str] = set()
+
+
+# Where the in-graph loop cannot run: TFF 0.87's functional Keras model refuses to predict under eager TF (its
+# `predict_on_batch` raises outside a TFF computation or a TF1 graph), and the driver's clients run eagerly.
+LOCAL_EXECUTION_REASON = ('clients trained in this process (--client_execution=local) run under eager TF, where '
+                          'TFF\'s functional Keras model refuses to predict')
+
+
+def client_loop(model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig,
+                *, local: bool = False) -> ClientLoop:
+  """The loop `config.client_loop` asks for where it applies. `in_graph` needs the model's functional twin
+  (`model_fn.functional_model`, as `tff_gma.models.model_fn` gives it), a model `in_graph.in_graph_support`
+  accepts and clients trained in the worker (`local`: in this process, `LOCAL_EXECUTION_REASON`); otherwise the
+  iterator loop trains, with one log line saying why."""
+  if config.client_loop == 'iterator':
+    return ClientLoop('iterator')
+  functional, reason = None, LOCAL_EXECUTION_REASON
+  if not local:
+    build_functional = getattr(model_fn, 'functional_model', None)
+    functional = build_functional() if callable(build_functional) else None
+    reason = in_graph.in_graph_support(model_fn, functional)
+  if reason is not None:
+    if reason not in _fallbacks_logged:
+      _fallbacks_logged.add(reason)
+      logging.info('client_loop=in_graph does not apply (%s): TFF\'s iterator loop trains', reason)
+    return ClientLoop('iterator')
+  return ClientLoop('in_graph', functional)
+
+
+def build_client_update(model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig,
+                        loop: Optional[ClientLoop] = None) -> Callable[..., Any]:
+  """The family's one client update, `(optimizer, hparams, initial_weights, dataset) -> (ClientResult, unfinalized
+  metrics)`: TFF's model-delta update (FedProx's with its proximal term) with `loop` (default
+  `client_loop(model_fn, config)`). FedProx's optimizer keeps its own hyperparameters (`hparams` is ignored), as
+  in TFF's FedProx client work. Builds its model, so call it where the update will run (inside a computation, or
+  under a device)."""
+  loop = loop or client_loop(model_fn, config)
+  proximal = config.name == 'fedprox'
+  if loop.name == 'in_graph':
+    update = in_graph.build_in_graph_update(
+        model_fn, loop.functional_model, weighting=CLIENT_WEIGHTING,
+        proximal_strength=float(config.proximal_strength) if proximal else 0.0)
+    return lambda opt, hparams, weights, data: update(opt, weights, data, None if proximal else hparams)
+  if proximal:
+    update = proximal_client_work.build_model_delta_update_with_tff_optimizer(
+        model_fn=model_fn, weighting=CLIENT_WEIGHTING, delta_l2_regularizer=float(config.proximal_strength),
+        loop_implementation=LOOP_IMPLEMENTATION)
+    return lambda opt, hparams, weights, data: update(opt, weights, data)
+  update = tff_model_delta.build_model_delta_update_with_tff_optimizer(
+      model_fn=model_fn, weighting=CLIENT_WEIGHTING, loop_implementation=LOOP_IMPLEMENTATION)
+  return lambda opt, hparams, weights, data: update(opt, weights, data, hparams)
 
 
 def build_client_work(
@@ -78,53 +143,47 @@ def build_client_work(
 
   TFF's model-delta client work (FedProx's with its proximal term), as `build_weighted_fed_avg` and
   `build_weighted_fed_prox` build it: SGD with momentum at `client_lr`, example-count weights. FedAdam and
-  FedYogi differ only at the server.
+  FedYogi differ only at the server. Its loop is `client_loop(model_fn, config)`'s; with `client_sources`, each
+  client's computation builds its dataset from its source (`client_sources.source_type`, e.g. a file prefix and a
+  seed pair; `client_sources.dataset`) and trains on it in the same TF graph, so no dataset crosses between
+  computations in the worker (`training.engine.worker_datasets`). The state, update, weights and metrics are TFF's
+  in every case (the iterator loop on datasets is TFF's own client work; the others repeat its plumbing).
   """
   if not isinstance(config, config_lib.AlgorithmConfig):
     raise ValueError(f'config must be a config_lib.AlgorithmConfig, got {config!r}')
-  if client_sources is not None:
-    return _client_work_from_sources(model_fn, config, metrics_aggregator, client_sources)
-  kwargs = dict(loop_implementation=LOOP_IMPLEMENTATION, metrics_aggregator=metrics_aggregator)
-  if config.name == 'fedprox':
-    return proximal_client_work.build_model_delta_client_work(
-        model_fn, client_optimizer(config), CLIENT_WEIGHTING, delta_l2_regularizer=config.proximal_strength,
-        **kwargs)
-  return tff.learning.templates.build_model_delta_client_work(
-      model_fn, client_optimizer(config), CLIENT_WEIGHTING, **kwargs)
-
-
-def _client_work_from_sources(model_fn, config: config_lib.AlgorithmConfig, metrics_aggregator, client_sources
-                              ) -> tff.learning.templates.ClientWorkProcess:
-  """`build_client_work`'s client work with a source per client (`client_sources.source_type`, e.g. a file prefix
-  and a seed pair) instead of a dataset: the client's computation builds its dataset (`client_sources.dataset`)
-  and trains on it with TFF's own update in one TF graph, so no dataset crosses between computations in the
-  worker (`training.engine.worker_datasets`). The same state, update, weights and metrics as TFF's client works
-  (`build_model_delta_client_work`, FedProx's), whose federated plumbing this repeats."""
+  loop = client_loop(model_fn, config)
+  if loop.name == 'iterator' and client_sources is None:
+    kwargs = dict(loop_implementation=LOOP_IMPLEMENTATION, metrics_aggregator=metrics_aggregator)
+    if config.name == 'fedprox':
+      return proximal_client_work.build_model_delta_client_work(
+          model_fn, client_optimizer(config), CLIENT_WEIGHTING, delta_l2_regularizer=config.proximal_strength,
+          **kwargs)
+    return tff.learning.templates.build_model_delta_client_work(
+        model_fn, client_optimizer(config), CLIENT_WEIGHTING, **kwargs)
   types = client_lib.model_types(model_fn, metrics_aggregator)
   optimizer = client_optimizer(config)
-  if config.name != 'fedprox':
-    def build_update():
-      update = tff_model_delta.build_model_delta_update_with_tff_optimizer(
-          model_fn=model_fn, weighting=CLIENT_WEIGHTING, loop_implementation=LOOP_IMPLEMENTATION)
-      return lambda opt, hparams, weights, source: update(opt, weights, client_sources.dataset(source), hparams)
+  data_type = tff.SequenceType(types.batch_type) if client_sources is None else client_sources.source_type
+  dataset = (lambda data: data) if client_sources is None else client_sources.dataset
 
-    return client_lib.optimizer_client_work(types, optimizer, build_update, data_type=client_sources.source_type)
+  def build_update():
+    update = build_client_update(model_fn, config, loop)
+    return lambda opt, hparams, weights, data: update(opt, hparams, weights, dataset(data))
+
+  if config.name != 'fedprox':
+    return client_lib.optimizer_client_work(types, optimizer, build_update, data_type=data_type)
 
   @tff.federated_computation()
   def init_fn():  # FedProx's client work has no state.
     return tff.federated_value((), tff.SERVER)
 
-  @tff.tensorflow.computation(types.weights_type, client_sources.source_type)
-  def client_update(initial_weights, source):
-    update = proximal_client_work.build_model_delta_update_with_tff_optimizer(
-        model_fn=model_fn, weighting=CLIENT_WEIGHTING, delta_l2_regularizer=config.proximal_strength,
-        loop_implementation=LOOP_IMPLEMENTATION)
-    return update(optimizer, initial_weights, client_sources.dataset(source))
+  @tff.tensorflow.computation(types.weights_type, data_type)
+  def client_update(initial_weights, data):
+    return build_update()(optimizer, None, initial_weights, data)
 
   @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(types.weights_type, tff.CLIENTS),
-                             tff.FederatedType(client_sources.source_type, tff.CLIENTS))
-  def next_fn(state, weights, sources):
-    result, local_metrics = tff.federated_map(client_update, (weights, sources))
+                             tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, client_data):
+    result, local_metrics = tff.federated_map(client_update, (weights, client_data))
     measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(local_metrics)))
     return tff.templates.MeasuredProcessOutput(state, result, measurements)
 

@@ -75,8 +75,10 @@ from tff_gma.data import idx
 from tff_gma.data import loaders
 from training import config as config_lib
 from training import safe_files
+from training.engine import client_execution as client_execution_lib
 from training.engine import corruption as corruption_lib
 from training.engine import evaluation
+from training.engine import fedavg_family
 from training.engine import membership_attack
 from training.engine import methods
 from training.engine import registry
@@ -218,13 +220,15 @@ def _check_validation(config: config_lib.ExperimentConfig) -> None:
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
 _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last_rounds', 'output_dir', 'audit', 'data_dir', 'workers', 'rfa_weight_bound',
-                      'membership_inference', 'participation_eval', 'dataset_placement')
+                      'membership_inference', 'participation_eval', 'dataset_placement', 'client_loop')
+# dataset_placement and client_loop change how, not what: the runs are bit-identical either way (tested).
 
 
 # Settings whose default changed after runs were written without them: such a run ran with this value.
 # rfa_init: RFA started Weiszfeld from the weighted mean before the setting existed (the default is now 'zero').
 # dataset_placement: every round's datasets were sent from this process before the setting existed.
-_VALUE_BEFORE_SETTING_EXISTED = {'rfa_init': 'mean', 'dataset_placement': 'driver'}
+# client_loop: every client walked its batches with TFF's iterator loop before the setting existed.
+_VALUE_BEFORE_SETTING_EXISTED = {'rfa_init': 'mean', 'dataset_placement': 'driver', 'client_loop': 'iterator'}
 
 
 def completed_config(saved: dict[str, Any]) -> dict[str, Any]:
@@ -455,6 +459,15 @@ def _read_rows(csv_path: str) -> list[dict[str, float]]:
   return rows
 
 
+def client_loop_used(config: config_lib.ExperimentConfig, model_fn) -> Optional[str]:
+  """The loop the run's clients walk their batches with (`--client_loop`, or `iterator` where `in_graph` does not
+  apply); None for the composed algorithms, which walk them with their own loop."""
+  if registry.algorithm(config.algorithm).kind != registry.FEDAVG_FAMILY:
+    return None
+  return fedavg_family.client_loop(model_fn, config.algorithm_config(),
+                                   local=config.client_execution == client_execution_lib.LOCAL).name
+
+
 def _client_sources(config: config_lib.ExperimentConfig, train) -> Optional[worker_datasets.ClientSources]:
   """What the clients build their datasets from when `dataset_placement=worker` applies (else None, with a log
   line saying why)."""
@@ -675,6 +688,7 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       # Where this run's client training ran: TensorFlow devices of this process (local), or the TFF worker's CPU.
       'client_execution': setup.method.client_execution,
       'dataset_placement': worker_datasets.DRIVER if placement is None else worker_datasets.WORKER,
+      'client_loop': client_loop_used(config, setup.model_fn),
       'client_devices': setup.method.client_devices(),
       'config': dataclasses.asdict(config),
   }

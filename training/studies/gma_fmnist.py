@@ -43,6 +43,7 @@ beside ours.
 
 from __future__ import annotations
 
+import collections
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -313,21 +314,25 @@ def comparisons(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def cost_table(study: Study) -> str:
-  """Where a round's time goes, per setting: medians over the finished runs of seconds per round (training,
-  evaluation, release and checkpoint, from each run's summary.json `seconds_by_part`)."""
-  lines = ['| setting | runs | train s/round | evaluate s/round | release + checkpoint s/round | not training |',
-           '|---|---|---|---|---|---|']
+  """Where a round's time goes, per setting and client loop: medians over the finished runs of seconds per round
+  (training, evaluation, release and checkpoint, from each run's summary.json `seconds_by_part`, which counts the
+  rounds of the run's last session; a summary without `client_loop` was written before the setting existed, by
+  TFF's iterator loop)."""
+  lines = ['| setting | client loop | runs | train s/round | evaluate s/round | release + checkpoint s/round | '
+           'not training |', '|---|---|---|---|---|---|---|']
   for setting in study.settings:
-    parts = []
+    parts = collections.defaultdict(list)
     for run in study.runnable('all')[0]:
       summary = study.summary(run) if run.setting == setting else None
-      if summary is not None and 'seconds_by_part' in summary:
+      if summary is not None and 'seconds_by_part' in summary and summary['seconds_by_part']['rounds'] > 0:
         p = summary['seconds_by_part']
-        parts.append([p['train'] / p['rounds'], p['evaluate'] / p['rounds'], p['release_and_checkpoint'] / p['rounds']])
-    if parts:
-      train, evaluate, release = np.median(np.asarray(parts), axis=0)
-      lines.append(f'| {setting} | {len(parts)} | {train:.3f} | {evaluate:.3f} | {release:.3f} | '
-                   f'{(evaluate + release) / (train + evaluate + release):.0%} |')
+        parts[summary.get('client_loop', 'iterator')].append(
+            [p['train'] / p['rounds'], p['evaluate'] / p['rounds'], p['release_and_checkpoint'] / p['rounds']])
+    for loop in config_lib.CLIENT_LOOPS:
+      if parts[loop]:
+        train, evaluate, release = np.median(np.asarray(parts[loop]), axis=0)
+        lines.append(f'| {setting} | {loop} | {len(parts[loop])} | {train:.3f} | {evaluate:.3f} | {release:.3f} | '
+                     f'{(evaluate + release) / (train + evaluate + release):.0%} |')
   return '\n'.join(lines)
 
 
