@@ -179,6 +179,33 @@ def optimizer_client_work(
       init_fn, next_fn, get_hparams_fn=get_hparams_fn, set_hparams_fn=set_hparams_fn)
 
 
+def stateless_client_work(
+    types: ModelTypes, client_optimizer: tff.learning.optimizers.Optimizer,
+    build_client_update: Callable[[], Callable[..., Any]],
+    data_type: Optional[tff.Type] = None,
+) -> tff.learning.templates.ClientWorkProcess:
+  """`optimizer_client_work` without state, as TFF's FedProx client work: the client optimizer keeps its own
+  hyperparameters, and `build_client_update()` is called with `hparams=None`."""
+  data_type = data_type or tff.SequenceType(types.batch_type)
+
+  @tff.federated_computation()
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.tensorflow.computation(types.weights_type, data_type)
+  def client_update_computation(initial_weights, data):
+    return build_client_update()(client_optimizer, None, initial_weights, data)
+
+  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(types.weights_type, tff.CLIENTS),
+                             tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, client_data):
+    client_result, local_metrics = tff.federated_map(client_update_computation, (weights, client_data))
+    measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(local_metrics)))
+    return tff.templates.MeasuredProcessOutput(state, client_result, measurements)
+
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+
+
 def compose_with_aggregator(
     types: ModelTypes, client_work: tff.learning.templates.ClientWorkProcess,
     aggregator_factory: tff.aggregators.WeightedAggregationFactory,

@@ -37,7 +37,6 @@ cannot); data elements `(x, y)` or `{'x', 'y'}` with a first (batch) axis.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -208,21 +207,4 @@ def build_in_graph_client_work(
   types = client_lib.model_types(model_fn, metrics_aggregator)
   if not proximal_strength > 0.0:  # The optimizer's hyperparameters as the state, as TFF's client work has them.
     return client_lib.optimizer_client_work(types, optimizer, build_update)
-  data_type = tff.SequenceType(types.batch_type)
-
-  @tff.federated_computation()
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
-
-  @tff.tensorflow.computation(types.weights_type, data_type)
-  def client_update_computation(initial_weights, dataset):
-    return build_update()(optimizer, None, initial_weights, dataset)
-
-  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(types.weights_type, tff.CLIENTS),
-                             tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, client_data):
-    client_result, model_outputs = tff.federated_map(client_update_computation, (weights, client_data))
-    measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(model_outputs)))
-    return tff.templates.MeasuredProcessOutput(state, client_result, measurements)
-
-  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+  return client_lib.stateless_client_work(types, optimizer, build_update)

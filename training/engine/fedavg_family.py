@@ -8,7 +8,6 @@ and the RFA weight replay (`training.engine.rfa_weights`) are all built. The rou
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Callable
 from typing import Any, Optional
@@ -169,25 +168,9 @@ def build_client_work(
     update = build_client_update(model_fn, config, loop)
     return lambda opt, hparams, weights, data: update(opt, hparams, weights, dataset(data))
 
-  if config.name != 'fedprox':
-    return client_lib.optimizer_client_work(types, optimizer, build_update, data_type=data_type)
-
-  @tff.federated_computation()
-  def init_fn():  # FedProx's client work has no state.
-    return tff.federated_value((), tff.SERVER)
-
-  @tff.tensorflow.computation(types.weights_type, data_type)
-  def client_update(initial_weights, data):
-    return build_update()(optimizer, None, initial_weights, data)
-
-  @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(types.weights_type, tff.CLIENTS),
-                             tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, client_data):
-    result, local_metrics = tff.federated_map(client_update, (weights, client_data))
-    measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(local_metrics)))
-    return tff.templates.MeasuredProcessOutput(state, result, measurements)
-
-  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+  # FedProx's client work has no state (its optimizer keeps its own hyperparameters), as TFF's.
+  work = client_lib.stateless_client_work if config.name == 'fedprox' else client_lib.optimizer_client_work
+  return work(types, optimizer, build_update, data_type=data_type)
 
 
 @dataclasses.dataclass(frozen=True)
