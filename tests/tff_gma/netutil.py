@@ -2,9 +2,12 @@
 
 import errno
 import fcntl
+import json
 import os
 import socket
 import struct
+import subprocess
+import sys
 
 _SIOCGIFADDR = 0x8915
 
@@ -88,69 +91,67 @@ def connect(address: str, port: int, timeout: float = 3.0) -> str:
       return errno.errorcode.get(e.errno, str(e))
 
 
-def unix_connect_as(path: str, uid: int, gid: int) -> str:
-  """Connects to the Unix socket `path` from a forked process running as uid/gid (needs root)."""
-  pid = os.fork()
-  if pid == 0:  # Only system calls here: the parent may have threads.
-    code = 1
-    try:
-      os.setgroups([])
-      os.setgid(gid)
-      os.setuid(uid)
-      with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(path)
-      code = 0
-    except PermissionError:
-      code = 13
-    except BaseException:  # pylint: disable=broad-except
-      code = 2
-    os._exit(code)  # pylint: disable=protected-access
-  _, status = os.waitpid(pid, 0)
-  return {0: 'connected', 13: 'permission denied'}.get(os.waitstatus_to_exitcode(status), 'error')
+# The probes below change user, so they run in a process of their own. They start a fresh interpreter rather than
+# fork this one: a fork of a process with gRPC threads (the TFF runtime) can abort in gRPC's fork handlers (seen in
+# CI: "Mutex::Fer while waiting on Condition"), which read as a failed probe. `subprocess` without `preexec_fn`,
+# `user` or `group` starts the child by vfork/exec, so no fork handler runs in this process's image.
+_PROBE = r"""
+import ctypes, json, os, socket, sys
+kind, address, uid, gid, timeout, keep_root_files = json.loads(sys.argv[1])
+os.setgroups([])
+if keep_root_files:  # Only the effective uid changes: the file-system uid stays 0 (SO_PEERCRED reports uid).
+  libc = ctypes.CDLL(None, use_errno=True)
+  os.setresgid(0, gid, 0)
+  os.setresuid(0, uid, 0)
+  libc.setfsgid(0)
+  libc.setfsuid(0)
+else:
+  os.setgid(gid)
+  os.setuid(uid)
+if isinstance(address, str):
+  family = socket.AF_UNIX
+else:
+  address = tuple(address)
+  family = socket.AF_INET6 if ':' in address[0] else socket.AF_INET
+s = socket.socket(family, socket.SOCK_STREAM)
+s.settimeout(timeout)
+try:
+  s.connect(address)
+except PermissionError:
+  print('permission denied'); sys.exit()
+except OSError:
+  print('connect failed'); sys.exit()
+if kind == 'connect':
+  print('connected'); sys.exit()
+try:
+  print('data' if s.recv(64) else 'eof')
+except ConnectionResetError:
+  print('reset')
+except socket.timeout:
+  print('timeout')
+"""
 
 
-_READ_RESULTS = {0: 'eof', 1: 'data', 2: 'reset', 3: 'timeout', 4: 'connect failed'}
-_libc = None
+def _probe_as(kind: str, address, uid: int, gid: int, timeout: float, keep_root_files: bool = False) -> str:
+  args = json.dumps([kind, address, uid, gid, timeout, keep_root_files])
+  done = subprocess.run([sys.executable, '-I', '-c', _PROBE, args], capture_output=True, text=True,
+                        stdin=subprocess.DEVNULL, timeout=timeout + 60, check=False)
+  if done.returncode != 0 or not done.stdout.strip():
+    raise AssertionError(f'the probe itself failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}')
+  return done.stdout.strip()
+
+
+def unix_connect_as(path: str, uid: int, gid: int, timeout: float = 5.0) -> str:
+  """'connected', 'permission denied' or 'connect failed', for a connection to the Unix socket `path` from a
+  process running as uid/gid (needs root)."""
+  return _probe_as('connect', path, uid, gid, timeout)
 
 
 def first_read_as(address, uid: int, gid: int, timeout: float = 5.0, keep_root_files: bool = False) -> str:
-  """Connects to `address` ((host, port) for TCP, a path for a Unix socket) from a forked process running as
-  uid/gid, and reads once: 'eof' (closed at once), 'data' (the other end spoke), 'reset', 'timeout', or
-  'connect failed'. Needs root. `keep_root_files`: only the effective uid changes (the file-system uid stays 0),
-  so the process can reach a path in root's private directory while `SO_PEERCRED` reports `uid`."""
-  global _libc
-  import ctypes  # pylint: disable=g-import-not-at-top
-  if _libc is None:
-    _libc = ctypes.CDLL(None, use_errno=True)  # Loaded here, not in the child (no dlopen after fork).
-  unix = isinstance(address, str)
-  family = socket.AF_UNIX if unix else (socket.AF_INET6 if ':' in address[0] else socket.AF_INET)
-  pid = os.fork()
-  if pid == 0:  # Only system calls here: the parent may have threads.
-    code = 5
-    try:
-      os.setgroups([])
-      if keep_root_files:
-        os.setresgid(0, gid, 0)
-        os.setresuid(0, uid, 0)
-        _libc.setfsgid(0)
-        _libc.setfsuid(0)
-      else:
-        os.setgid(gid)
-        os.setuid(uid)
-      s = socket.socket(family, socket.SOCK_STREAM)
-      s.settimeout(timeout)
-      try:
-        s.connect(address)  # A numeric (ASCII) address: no codec is imported after the uid change.
-      except OSError:
-        os._exit(4)  # pylint: disable=protected-access
-      try:
-        code = 1 if s.recv(64) else 0
-      except ConnectionResetError:
-        code = 2
-      except socket.timeout:
-        code = 3
-    except BaseException:  # pylint: disable=broad-except
-      code = 5
-    os._exit(code)  # pylint: disable=protected-access
-  _, status = os.waitpid(pid, 0)
-  return _READ_RESULTS.get(os.waitstatus_to_exitcode(status), 'error')
+  """Connects to `address` ((host, port) for TCP, a path for a Unix socket) from a process running as uid/gid,
+  and reads once: 'eof' (closed at once), 'data' (the other end spoke), 'reset', 'timeout', or 'connect failed'
+  (a refused connection, the socket's permissions included). Needs root. `keep_root_files`: only the effective
+  uid changes (the file-system uid stays 0), so the process can reach a path in root's private directory while
+  `SO_PEERCRED` reports `uid`."""
+  result = _probe_as('read', address, uid, gid, timeout, keep_root_files)
+  return 'connect failed' if result == 'permission denied' else result
