@@ -120,19 +120,44 @@ def build_in_graph_update(
 ):
   """The client update as a `tf.function` (optimizer, initial_weights, data, optimizer_hparams=None) ->
   (ClientResult, unfinalized metrics): TFF's model-delta update (FedProx's with `proximal_strength` > 0), its local
-  epochs as one `tf.while_loop` over `read_batches(data)`.
+  epochs as one `tf.while_loop` over `read_batches(data)` (`build_examples_update`'s).
 
   Builds its variable model (the metrics' home) once, at call time of this function, as TFF's update builders do.
   """
-  model = model_fn()
-  metrics = model.get_metrics()
+  on_examples = _update_on_examples(model_fn, functional_model, weighting, proximal_strength)
 
   @tf.function
   def client_update(optimizer, initial_weights, data, optimizer_hparams=None):
+    examples, offsets = read_batches(data)
+    return on_examples(optimizer, initial_weights, examples, offsets, optimizer_hparams)
+
+  return client_update
+
+
+def build_examples_update(
+    model_fn: VariableModelFn,
+    functional_model: tff.learning.models.FunctionalModel,
+    *,
+    weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    proximal_strength: float = 0.0,
+):
+  """`build_in_graph_update`'s update on a client's batches already read (`read_batches`' pair):
+  a `tf.function` (optimizer, initial_weights, examples, offsets, optimizer_hparams=None) -> (ClientResult,
+  unfinalized metrics). For callers that hold the examples as tensors (e.g. fed to a TF1 session: TFF 0.87's
+  functional Keras model predicts only inside a graph, never under eager TF).
+  """
+  return tf.function(_update_on_examples(model_fn, functional_model, weighting, proximal_strength))
+
+
+def _update_on_examples(model_fn, functional_model, weighting, proximal_strength):
+  """The update's Python function (traced by the caller's `tf.function`); builds its variable model now."""
+  model = model_fn()
+  metrics = model.get_metrics()
+
+  def client_update(optimizer, initial_weights, examples, offsets, optimizer_hparams=None):
     model.reset_metrics()  # A fresh client: a caller that reuses this function reuses the metric variables.
     initial = tuple(tf.nest.flatten(initial_weights.trainable))
     non_trainable = tuple(tf.nest.flatten(initial_weights.non_trainable))
-    examples, offsets = read_batches(data)
     x_all, y_all = _split(examples)
     optimizer_state = optimizer.initialize(tuple(tf.TensorSpec(w.shape, w.dtype) for w in initial))
     if optimizer_hparams is not None:

@@ -81,25 +81,17 @@ class ClientLoop:
 _fallbacks_logged: set[str] = set()
 
 
-# Where the in-graph loop cannot run: TFF 0.87's functional Keras model refuses to predict under eager TF (its
-# `predict_on_batch` raises outside a TFF computation or a TF1 graph), and the driver's clients run eagerly.
-LOCAL_EXECUTION_REASON = ('clients trained in this process (--client_execution=local) run under eager TF, where '
-                          'TFF\'s functional Keras model refuses to predict')
-
-
-def client_loop(model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig,
-                *, local: bool = False) -> ClientLoop:
+def client_loop(model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig
+                ) -> ClientLoop:
   """The loop `config.client_loop` asks for where it applies. `in_graph` needs the model's functional twin
-  (`model_fn.functional_model`, as `tff_gma.models.model_fn` gives it), a model `in_graph.in_graph_support`
-  accepts and clients trained in the worker (`local`: in this process, `LOCAL_EXECUTION_REASON`); otherwise the
-  iterator loop trains, with one log line saying why."""
+  (`model_fn.functional_model`, as `tff_gma.models.model_fn` gives it) and a model `in_graph.in_graph_support`
+  accepts; otherwise the iterator loop trains, with one log line saying why. Serves both client execution modes
+  (`training.engine.client_execution` runs the in-graph update in a TF1 session of its own in `local` mode)."""
   if config.client_loop == 'iterator':
     return ClientLoop('iterator')
-  functional, reason = None, LOCAL_EXECUTION_REASON
-  if not local:
-    build_functional = getattr(model_fn, 'functional_model', None)
-    functional = build_functional() if callable(build_functional) else None
-    reason = in_graph.in_graph_support(model_fn, functional)
+  build_functional = getattr(model_fn, 'functional_model', None)
+  functional = build_functional() if callable(build_functional) else None
+  reason = in_graph.in_graph_support(model_fn, functional)
   if reason is not None:
     if reason not in _fallbacks_logged:
       _fallbacks_logged.add(reason)

@@ -63,8 +63,11 @@ def applies(*, algorithm: str, aggregator: str, corruption: str, client_executio
 
 
 # Copies of a client's examples the worker holds while it trains the client: the file's bytes, the parsed tensor,
-# the shuffle buffer. Measured: 10 clients of 6,000 Fashion-MNIST examples (18.8 MB each) peaked the worker at
-# 481 MiB (2,093 MiB with the datasets sent), so 3 is an upper bound.
+# the shuffle buffer, and with the in-graph client loop the batches read into tensors and their concatenation.
+# Measured, 10 clients of 6,000 Fashion-MNIST examples (18.8 MB each, 179 MiB in all), two rounds of LeNet: the
+# worker peaked at 630 MiB with the in-graph loop and 398 MiB with the iterator loop, against 160 MiB with clients
+# of 60 examples: 2.6 and 1.3 copies a client (the iterator loop with datasets sent: 2,093 MiB). 3 is an upper
+# bound for either loop.
 COPIES_PER_CLIENT = 3
 
 

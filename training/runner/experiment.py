@@ -464,8 +464,7 @@ def client_loop_used(config: config_lib.ExperimentConfig, model_fn) -> Optional[
   apply); None for the composed algorithms, which walk them with their own loop."""
   if registry.algorithm(config.algorithm).kind != registry.FEDAVG_FAMILY:
     return None
-  return fedavg_family.client_loop(model_fn, config.algorithm_config(),
-                                   local=config.client_execution == client_execution_lib.LOCAL).name
+  return fedavg_family.client_loop(model_fn, config.algorithm_config()).name
 
 
 def _client_sources(config: config_lib.ExperimentConfig, train) -> Optional[worker_datasets.ClientSources]:
