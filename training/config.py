@@ -24,6 +24,7 @@ import dataclasses
 from typing import Any, Optional
 
 from tff_gma import checks
+from tff_gma import runtime as runtime_defaults
 from tff_gma.aggregators import geometric_median
 from tff_gma.aggregators import gradient_masked
 from tff_gma.data import federated
@@ -174,6 +175,11 @@ class ExperimentConfig:
       'so a round sends a file name and a seed per client; where it applies, else driver with a log line) or '
       'driver (this process builds and sends them every round, examples included). Same results either way.',
       'worker')
+  worker_intra_op_threads: int = _help(
+      'TensorFlow intra-op threads of the TFF worker the runner starts (0: TensorFlow\'s default, one per core; '
+      'not --workers\' workers). Faster at 1 (the worker runs the round\'s clients side by side); results differ '
+      'in the last bits between counts, as between machines with other core counts under the default.',
+      runtime_defaults.DEFAULT_INTRA_OP_THREADS)
   elastic_tau: float = _help('elastic: aggregation threshold tau.', _METHOD.elastic_tau)
   elastic_mu: float = _help('elastic: momentum of the parameter sensitivity.', _METHOD.elastic_mu)
   sensitivity_fraction: float = _help('elastic: share of a client\'s batches that estimate the sensitivity.',

@@ -103,3 +103,52 @@ def test_context_runs_secure_sums_and_restarts_a_dead_worker(simulation_context)
   assert processes.wait_gone(old_pid)
   assert secure_total([3, 4]) == 7  # The context starts a fresh worker instead of failing.
   assert worker.pid != old_pid and processes.alive(worker.pid)
+
+
+def _worker_environment(pid: int) -> dict[str, str]:
+  with open(f'/proc/{pid}/environ', 'rb') as f:
+    pairs = [e.decode().partition('=') for e in f.read().split(b'\0') if e]
+  return {k: v for k, _, v in pairs}
+
+
+def test_the_worker_runs_with_the_intra_op_threads_asked_for(simulation_context, monkeypatch):
+  import numpy as np
+  import tensorflow_federated as tff
+  from tff_gma import runtime
+
+  @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+  def secure_total(x):
+    return tff.federated_secure_sum(x, 7)
+
+  try:
+    # The default: one thread (in the worker's environment, where its TensorFlow reads it), not this process's.
+    worker = runtime.set_simulation_context(intra_op_threads=runtime.DEFAULT_INTRA_OP_THREADS)
+    assert runtime.DEFAULT_INTRA_OP_THREADS == 1 and worker.intra_op_threads == 1
+    assert _worker_environment(worker.pid)['TF_NUM_INTRAOP_THREADS'] == '1'
+    assert os.environ.get('TF_NUM_INTRAOP_THREADS') is None
+    first = worker.pid
+    assert runtime.set_simulation_context().pid == first  # None keeps the running worker.
+    # Another count replaces the worker; 0 leaves TensorFlow's default (no variable set).
+    worker = runtime.set_simulation_context(intra_op_threads=0)
+    assert worker.pid != first and processes.wait_gone(first)
+    assert worker.intra_op_threads == 0 and 'TF_NUM_INTRAOP_THREADS' not in _worker_environment(worker.pid)
+    assert secure_total([1, 2, 7]) == 10
+    worker = runtime.set_simulation_context(intra_op_threads=3)
+    assert _worker_environment(worker.pid)['TF_NUM_INTRAOP_THREADS'] == '3' and secure_total([3, 4]) == 7
+  finally:
+    runtime.set_simulation_context(intra_op_threads=runtime.DEFAULT_INTRA_OP_THREADS)
+
+
+def test_intra_op_threads_reads_the_environment_and_names_a_bad_value(monkeypatch):
+  from tff_gma import runtime
+  monkeypatch.delenv(runtime.INTRA_OP_THREADS_ENV, raising=False)
+  assert runtime.intra_op_threads() == 1 and runtime.intra_op_threads(0) == 0 and runtime.intra_op_threads(4) == 4
+  monkeypatch.setenv(runtime.INTRA_OP_THREADS_ENV, ' 2 ')
+  assert runtime.intra_op_threads() == 2 and runtime.intra_op_threads(1) == 1  # An argument wins.
+  for raw in ('x', '-1', '1.5'):
+    monkeypatch.setenv(runtime.INTRA_OP_THREADS_ENV, raw)
+    with pytest.raises(ValueError, match=r'^\$TFF_GMA_WORKER_INTRA_OP_THREADS must be a non-negative integer '):
+      runtime.intra_op_threads()
+  for value in (-1, 1.0, True, '1'):
+    with pytest.raises(ValueError, match='^intra_op_threads must be a non-negative integer'):
+      runtime.intra_op_threads(value)

@@ -107,6 +107,28 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     experiment.run(dataclasses.replace(config, aggregator='gma'), show_progress=False)
 
 
+def test_the_worker_intra_op_threads_are_a_run_setting(tmp_path, caplog):
+  from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+  with pytest.raises(experiment.ConfigError, match='^worker_intra_op_threads must be a non-negative integer'):
+    experiment.validate(dataclasses.replace(_TOY, worker_intra_op_threads=-1))
+  assert config_lib.ExperimentConfig().worker_intra_op_threads == runtime.DEFAULT_INTRA_OP_THREADS == 1
+  config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'run'), rounds=1, worker_intra_op_threads=0)
+  try:
+    experiment.run(config, show_progress=False)
+    assert runtime.set_simulation_context().intra_op_threads == 0  # The run's worker.
+    # Resumed with another count: it goes on, says once that its rounds differ in the last bits, and records it.
+    caplog.set_level(logging.WARNING)
+    resumed = experiment.run(dataclasses.replace(config, rounds=2, worker_intra_op_threads=1), show_progress=False)
+    notes = [r.getMessage() for r in caplog.records if 'worker_intra_op_threads' in r.getMessage()]
+    assert len(notes) == 1 and 'resumes with worker_intra_op_threads=1 (trained so far with 0)' in notes[0], notes
+    assert resumed.summary['rounds_completed'] == 2 and resumed.summary['config']['worker_intra_op_threads'] == 1
+    assert runtime.set_simulation_context().intra_op_threads == 1
+  finally:
+    runtime.set_simulation_context(intra_op_threads=runtime.DEFAULT_INTRA_OP_THREADS)
+  # A config written before the setting existed ran with TensorFlow's default.
+  assert experiment.completed_config({})['worker_intra_op_threads'] == 0
+
+
 def test_a_new_nested_output_dir_is_created_after_the_checks(tmp_path):
   config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'new' / 'run'), rounds=1)
   experiment.check_resumable(config)  # Reads only: nothing there yet, nothing written.

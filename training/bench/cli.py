@@ -117,9 +117,10 @@ def to_markdown(result: dict[str, Any]) -> str:
   if 'floor' in result['details']:
     lines += ['## A round against its in-graph floor (`training.bench.floor`)', '',
               '| model | clients x examples, batch | floor s | floor in the worker | project (default: worker datasets, '
-              'in-graph loop) | project, iterator loop | the loop before (sent datasets, iterator loop) | '
+              'in-graph loop, 1 intra-op thread) | project, worker with TF\'s default threads | project, iterator '
+              'loop | the loop before (sent datasets, iterator loop, default threads) | '
               'stock FedAvg (iterator) | project, one batch a client | project minus one batch |',
-              '|---|---|---|---|---|---|---|---|---|---|']
+              '|---|---|---|---|---|---|---|---|---|---|---|']
     for model, detail in result['details']['floor']['models'].items():
       setup, ratios = detail['setup'], result['round_to_floor'][model]
       lines.append(f'| {model} | {setup["clients"]} x {setup["examples_per_client"]}, {setup["batch_size"]} | '

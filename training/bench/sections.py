@@ -508,21 +508,34 @@ def bench_scaling(settings: Settings, worker: runtime.WorkerProcess) -> list[dic
 FLOOR_SHAPES = {'cnn': (8, 8, 1), 'logistic': (8, 8, 1), 'lenet': (28, 28, 1)}  # The digits' and Fashion-MNIST's.
 FLOOR_TARGET = 1.5  # Issue 26: a round within 1.5x its in-graph floor.
 LOOP_SPEEDUP_TARGET = 2.0  # and twice the throughput of the loop before (datasets sent every round, TFF's loop).
-FLOOR_ENTRIES = ('floor', 'floor_in_worker', 'project_worker_datasets', 'project_iterator',
-                 'project_sent_datasets_iterator', 'stock_fedavg_iterator', 'project_one_batch')
+FLOOR_ENTRIES = ('floor', 'floor_in_worker', 'project_worker_datasets', 'project_default_threads',
+                 'project_iterator', 'project_sent_datasets_iterator', 'stock_fedavg_iterator', 'project_one_batch')
+# On a second worker with TensorFlow's default intra-op threads (one per core), as every worker ran before
+# 2026-11-24 (runtime.DEFAULT_INTRA_OP_THREADS): project_default_threads (the default round otherwise) and the loop
+# before. The others run on the bench's worker (runtime's default, one thread).
+_DEFAULT_THREADS_ENTRIES = ('project_default_threads', 'project_sent_datasets_iterator')
 # floor_in_worker: the floor's graph as one TFF computation run by the worker (what the worker's way of running TF
 # costs apart from any round). project_worker_datasets: the runner's default (datasets built in the worker, the
 # in-graph client loop); project_iterator: the same with TFF's iterator loop; project_sent_datasets_iterator: the
-# loop before (datasets sent every round, TFF's iterator loop).
+# loop before (datasets sent every round, TFF's iterator loop, the worker's default threads).
 # project_one_batch: the project's round with each client holding one batch of examples: what a round costs beyond
 # its clients' epochs (state to and from the worker, broadcast, aggregation, the server update, metrics, dataset
 # set-up), so that `round - one batch` is the part that grows with the examples, comparable to the floor.
 
 
+def _in_context(context, fn: Callable[[], Any]) -> Callable[[], Any]:
+  """`fn` run with `context` as TFF's context (e.g. on another worker)."""
+  def call():
+    with tff.framework.get_context_stack().install(context):
+      return fn()
+  return call
+
+
 def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
   """Per model: a FedAvg/mean round of `floor_clients` clients of generated examples, one local epoch, interleaved:
-  the floor (in this process and in the worker), the runner's round as it runs by default, with the iterator loop,
-  and as it ran before (sent datasets, iterator loop), TFF's stock iterator FedAvg and a one-batch round; each as a
+  the floor (in this process and in the worker), the runner's round as it runs by default, on a worker with
+  TensorFlow's default threads, with the iterator loop, and as it ran before (sent datasets, iterator loop, default
+  threads), TFF's stock iterator FedAvg and a one-batch round; each as a
   ratio to the floor (`round_to_floor`), and the default's speed-up over the loop before (`loop_before_speedup`)."""
   if len(settings.floor_examples) != len(settings.floor_models):
     raise ValueError('floor_examples needs one count per floor model')
@@ -549,13 +562,16 @@ def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any
     stock_datasets = [train.create_tf_dataset_for_client(c).batch(settings.floor_batch_size) for c in ids]
     initial = None
     calls, compile_seconds = {}, {}
+    default_threads = runtime.WorkerProcess(intra_op_threads=0).start()
+    default_threads_context = runtime.create_simulation_context(default_threads)
+    pids = (*worker_pids, default_threads.pid)
     try:
       for name in FLOOR_ENTRIES[2:]:
         if name == 'stock_fedavg_iterator':
           method, round_inputs = methods.Method(_stock_process(name, model_fn)), lambda _: (ids, stock_datasets)
         else:
-          files = {'project_worker_datasets': placement, 'project_iterator': placement,
-                   'project_one_batch': one_batch_placement}.get(name)
+          files = {'project_worker_datasets': placement, 'project_default_threads': placement,
+                   'project_iterator': placement, 'project_one_batch': one_batch_placement}.get(name)
           loop_config = dataclasses.replace(config, client_loop='iterator' if name.endswith('iterator') else 'in_graph')
           method = methods.build(model_fn, 'fedavg', BASELINE, algorithm_config=loop_config,
                                  client_sources=None if files is None else files.client_sources)
@@ -566,19 +582,21 @@ def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any
         if initial is None:
           initial = method.process.get_model_weights(state)
         loop = round_loop.RoundLoop(method, method.process.set_model_weights(state, initial), round_inputs)
+        step = _in_context(default_threads_context, loop.step) if name in _DEFAULT_THREADS_ENTRIES else loop.step
         _log(f'floor {model}: building and compiling {name}')
-        _, first = timing.timed_call(loop.step, worker_pids)
-        calls[name], compile_seconds[name] = loop.step, first.wall
+        _, first = timing.timed_call(step, pids)
+        calls[name], compile_seconds[name] = step, first.wall
       for name, build in (('floor', floor_lib.build_floor), ('floor_in_worker', floor_lib.build_floor_in_worker)):
         calls[name] = build(
             build_keras, input_spec, list(arrays.values()), batch_size=settings.floor_batch_size,
             client_lr=config.client_lr, momentum=config.client_momentum, initial_weights=list(initial.trainable))
-        _, first = timing.timed_call(calls[name], worker_pids)
+        _, first = timing.timed_call(calls[name], pids)
         compile_seconds[name] = first.wall
       _log(f'floor {model}: {settings.floor_repetitions} interleaved sweeps')
       samples = timing.interleaved_times({n: calls[n] for n in FLOOR_ENTRIES}, settings.floor_repetitions,
-                                         worker_pids=worker_pids)
+                                         worker_pids=pids)
     finally:
+      default_threads.stop()
       placement.close()
       one_batch_placement.close()
     timings = {n: timing.summarize(s) for n, s in samples.items()}

@@ -131,6 +131,10 @@ def _check(config: config_lib.ExperimentConfig) -> None:
   if config.dataset_placement not in worker_datasets.PLACEMENTS:
     raise ConfigError(f'dataset_placement: unknown placement {config.dataset_placement!r}; expected one of '
                       f'{worker_datasets.PLACEMENTS}')
+  if isinstance(config.worker_intra_op_threads, bool) or not isinstance(config.worker_intra_op_threads, int) or (
+      config.worker_intra_op_threads < 0):
+    raise ConfigError(f'worker_intra_op_threads must be a non-negative integer (0: TensorFlow\'s default), got '
+                      f'{config.worker_intra_op_threads!r}')
   if config.workers is not None:
     targets = [t for t in config.workers.split(',') if t]
     host_port = lambda t: t.rpartition(':')[0] and t.rpartition(':')[2].isdigit()
@@ -220,15 +224,21 @@ def _check_validation(config: config_lib.ExperimentConfig) -> None:
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
 _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last_rounds', 'output_dir', 'audit', 'data_dir', 'workers', 'rfa_weight_bound',
-                      'membership_inference', 'participation_eval', 'dataset_placement', 'client_loop')
+                      'membership_inference', 'participation_eval', 'dataset_placement', 'client_loop',
+                      'worker_intra_op_threads')
 # dataset_placement and client_loop change how, not what: the runs are bit-identical either way (tested).
+# worker_intra_op_threads changes the last bits of what some kernels sum, as the machine's core count does under
+# TensorFlow's default: a run may resume with another count (or on another machine), and the run says so in a log
+# line; the summary records the count of its last session.
 
 
 # Settings whose default changed after runs were written without them: such a run ran with this value.
 # rfa_init: RFA started Weiszfeld from the weighted mean before the setting existed (the default is now 'zero').
 # dataset_placement: every round's datasets were sent from this process before the setting existed.
 # client_loop: every client walked its batches with TFF's iterator loop before the setting existed.
-_VALUE_BEFORE_SETTING_EXISTED = {'rfa_init': 'mean', 'dataset_placement': 'driver', 'client_loop': 'iterator'}
+# worker_intra_op_threads: the worker ran with TensorFlow's default (0) before the setting existed.
+_VALUE_BEFORE_SETTING_EXISTED = {'rfa_init': 'mean', 'dataset_placement': 'driver', 'client_loop': 'iterator',
+                                 'worker_intra_op_threads': 0}
 
 
 def completed_config(saved: dict[str, Any]) -> dict[str, Any]:
@@ -269,6 +279,14 @@ def check_resumable(config: config_lib.ExperimentConfig) -> None:
     details = ', '.join(f'{k}: {saved.get(k)!r} -> {current[k]!r}' for k in changed)
     raise ConfigError(f'{config.output_dir} holds a run with other settings ({details}); use another '
                       f'--output_dir or the same flags to resume it')
+  threads = ('worker_intra_op_threads', saved.get('worker_intra_op_threads'), config.worker_intra_op_threads)
+  if trained and threads[1] != threads[2] and (config.output_dir, threads) not in _resume_notes:
+    _resume_notes.add((config.output_dir, threads))
+    logging.warning('%s: resumes with worker_intra_op_threads=%s (trained so far with %s): its rounds from here '
+                    'differ in the last bits from an uninterrupted run\'s', config.output_dir, threads[2], threads[1])
+
+
+_resume_notes: set[tuple[str, tuple]] = set()  # What check_resumable logged (it runs twice per run).
 
 
 def prepare(config: config_lib.ExperimentConfig) -> None:
@@ -556,6 +574,10 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       runtime.set_multi_worker_context([t for t in config.workers.split(',') if t])
     except (RuntimeError, ValueError) as e:  # No worker answers at an address: a flag error, nothing written.
       raise ConfigError(f'workers: {e}') from None
+  else:
+    from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+    # The runner's own worker, with the run's intra-op threads (a running worker with another count is replaced).
+    runtime.set_simulation_context(intra_op_threads=config.worker_intra_op_threads)
   # Every check has passed: only now is anything but the lock written. Atomically (a temporary file renamed over
   # it): an interrupted write leaves the old config.json or the new one, never a half that refuses the resume.
   safe_files.write_atomic(os.path.join(config.output_dir, CONFIG_FILE),

@@ -113,8 +113,11 @@ EVAL_EVERY = 5
 _LENET = dict(dataset='fashion_mnist', model='lenet', local_epochs=1, batch_size=16, eval_every=EVAL_EVERY,
               eval_last_rounds=gma_study.LAST_EVALS, participation_eval=False, clients_per_round=10)
 SETTINGS = {
+    # Pinned to TensorFlow's default thread count in the worker: this cell started before the runner's default
+    # became 1 (2026-11-24), and one cell runs with one setting, so its runs differ only in what the study varies.
     'fmnist_label500': Setting('label skew k=2, 500 clients, 10 per round',
-                               dict(_LENET, partition='label_skew', classes_per_client=2, num_clients=500),
+                               dict(_LENET, partition='label_skew', classes_per_client=2, num_clients=500,
+                                    worker_intra_op_threads=0),
                                METHODS, 150, 'non-iid 500'),
     'fmnist_label100': Setting('label skew k=2, 100 clients, 10 per round',
                                dict(_LENET, partition='label_skew', classes_per_client=2, num_clients=100),

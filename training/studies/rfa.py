@@ -185,7 +185,9 @@ def finished_summary(config: config_lib.ExperimentConfig) -> Optional[dict[str, 
     summary = json.load(f)
   # A setting missing from an older summary is read at the value that run used (as a resumed run's config.json);
   # where the run's files were (a study's archived cells extracted elsewhere) does not change what it computed.
-  where = ('output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop')  # Change nothing a run computes.
+  # Change nothing a run computes, or (the worker's intra-op threads) only its last bits, as the machine's core
+  # count does: an archived run is the same run under any of them.
+  where = ('output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop', 'worker_intra_op_threads')
   saved = json.loads(json.dumps(experiment.completed_config(summary.get('config', {}))))
   wanted = json.loads(json.dumps(dataclasses.asdict(config)))
   same_config = all(saved.get(k) == v for k, v in wanted.items() if k not in where)
