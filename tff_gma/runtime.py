@@ -760,7 +760,11 @@ def _owned_worker(log_path: Optional[str], threads: Optional[int] = None) -> Wor
   threads = None if threads is None else intra_op_threads(threads)
   if (threads is not None and _current_worker is not None and _current_worker.running()
       and _current_worker.intra_op_threads != threads):
+    # Restarted as the same object (callers may hold it), with fresh contexts (its address changes).
     _current_worker.stop()
+    _current_worker.intra_op_threads = threads
+    _current_worker.start()
+    _current_context = _current_program_context = None
   if _current_worker is None or not _current_worker.running():
     default_log = log_path is None and os.environ.get('TFF_GMA_WORKER_LOG') is None
     _current_worker = WorkerProcess(log_path=log_path or _default_log_path(),

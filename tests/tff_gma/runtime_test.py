@@ -129,7 +129,7 @@ def test_the_worker_runs_with_the_intra_op_threads_asked_for(simulation_context,
     first = worker.pid
     assert runtime.set_simulation_context().pid == first  # None keeps the running worker.
     # Another count replaces the worker; 0 leaves TensorFlow's default (no variable set).
-    worker = runtime.set_simulation_context(intra_op_threads=0)
+    assert runtime.set_simulation_context(intra_op_threads=0) is worker  # The same object, restarted.
     assert worker.pid != first and processes.wait_gone(first)
     assert worker.intra_op_threads == 0 and 'TF_NUM_INTRAOP_THREADS' not in _worker_environment(worker.pid)
     assert secure_total([1, 2, 7]) == 10
