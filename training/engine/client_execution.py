@@ -212,6 +212,8 @@ class _SessionUpdate:
       initialize = tf.compat.v1.global_variables_initializer()  # The metrics' variables.
     session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(allow_soft_placement=True))
     session.run(initialize)
+    # The device the graph asked for (a session does not say where the placer put an op; soft placement may move
+    # an op without a kernel there to the CPU).
     placed_on = tf.nest.flatten(outputs[0].update)[0].device or self._device
     return session, (weights_in, hparams_in, examples_in, offsets_in), outputs, placed_on
 
