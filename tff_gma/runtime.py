@@ -370,6 +370,7 @@ INTRA_OP_THREADS_ENV = 'TFF_GMA_WORKER_INTRA_OP_THREADS'
 # against 0.40-0.41 s. Like the core count under the default, the count changes how some kernels split their
 # sums, so results differ in the last bits between settings; with 1, they no longer depend on the machine's cores.
 DEFAULT_INTRA_OP_THREADS = 1
+MAX_INTRA_OP_THREADS = 1024  # A pool the worker creates at start: a larger count is a typo, not a setting.
 
 
 def intra_op_threads(value: Optional[int] = None) -> int:
@@ -384,9 +385,11 @@ def intra_op_threads(value: Optional[int] = None) -> int:
     try:
       value = int(raw)
     except ValueError:
-      raise ValueError(f'{name} must be a non-negative integer (0: TensorFlow\'s default), got {raw!r}') from None
-  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-    raise ValueError(f'{name} must be a non-negative integer (0: TensorFlow\'s default), got {value!r}')
+      raise ValueError(f'{name} must be an integer in [0, {MAX_INTRA_OP_THREADS}] (0: TensorFlow\'s default), got '
+                       f'{raw!r}') from None
+  if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INTRA_OP_THREADS:
+    raise ValueError(f'{name} must be an integer in [0, {MAX_INTRA_OP_THREADS}] (0: TensorFlow\'s default), got '
+                     f'{value!r}')
   return value
 
 
@@ -706,9 +709,12 @@ def _executor_factory(worker: Optional[WorkerProcess], default_num_clients: int,
         worker.port = None
       worker.start()
       stub_holder.clear()
+    if worker is not None and stub_holder.get('target') != worker.target:
+      stub_holder.clear()  # The worker was restarted elsewhere (e.g. with other intra-op threads).
     if 'stub' not in stub_holder:
       stub_holder['stub'] = worker.stub() if worker is not None else tff.framework.RemoteExecutorGrpcStub(
           grpc.insecure_channel(target, _GRPC_OPTIONS))
+      stub_holder['target'] = worker.target if worker is not None else target
     executor = tff.framework.RemoteExecutor(stub_holder['stub'])
     executor.set_cardinalities(cardinalities)
     return executor
@@ -761,10 +767,12 @@ def _owned_worker(log_path: Optional[str], threads: Optional[int] = None) -> Wor
   if (threads is not None and _current_worker is not None and _current_worker.running()
       and _current_worker.intra_op_threads != threads):
     # Restarted as the same object (callers may hold it), with fresh contexts (its address changes).
+    _current_context = _current_program_context = None
     _current_worker.stop()
     _current_worker.intra_op_threads = threads
+    if _current_worker.listen_host is None:
+      _current_worker.port = None
     _current_worker.start()
-    _current_context = _current_program_context = None
   if _current_worker is None or not _current_worker.running():
     default_log = log_path is None and os.environ.get('TFF_GMA_WORKER_LOG') is None
     _current_worker = WorkerProcess(log_path=log_path or _default_log_path(),
@@ -811,6 +819,16 @@ def set_simulation_context(
       _current_context = create_simulation_context(worker, default_num_clients)
     _install_default(_current_context)
     return worker
+
+
+def simulation_context_applies() -> bool:
+  """Whether TFF's default context is this module's simulation context or the import-time default (which cannot
+  run the secure intrinsics): not a context the caller installed instead (several workers, a program context,
+  TFF's own)."""
+  from tff_gma import _default_context  # pylint: disable=g-import-not-at-top
+  current = tff.framework.get_context_stack().current
+  return (_current_context is not None and current is _current_context) or isinstance(
+      current, _default_context.NamedFixContext)
 
 
 def set_async_simulation_context(

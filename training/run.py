@@ -175,14 +175,14 @@ def main(argv):
   # Before the runtime's own SIGTERM handler (a plain exit): a terminated run says how to resume, as Ctrl-C does.
   signal.signal(signal.SIGTERM, _raise_terminated)
   try:
+    for config in configs:  # Every seed's settings and directory, before any training (or a worker).
+      experiment.prepare(config)
     if config.workers is None:
-      try:
-        runtime.set_simulation_context()
+      try:  # With the run's intra-op threads (the seeds share every setting but the seed and directory).
+        runtime.set_simulation_context(intra_op_threads=config.worker_intra_op_threads)
       except (RuntimeError, ValueError) as e:  # The worker's log or confinement setting refused it.
         print(f'error: {e}', file=sys.stderr, flush=True)
         sys.exit(1)
-    for config in configs:  # Every seed's settings and directory, before any training.
-      experiment.prepare(config)
     for config in configs:
       summary = experiment.run(config).summary  # Checks every setting first, before anything is written.
       print(json.dumps({k: v for k, v in summary.items() if k != 'config'}, indent=2))

@@ -145,10 +145,10 @@ def test_intra_op_threads_reads_the_environment_and_names_a_bad_value(monkeypatc
   assert runtime.intra_op_threads() == 1 and runtime.intra_op_threads(0) == 0 and runtime.intra_op_threads(4) == 4
   monkeypatch.setenv(runtime.INTRA_OP_THREADS_ENV, ' 2 ')
   assert runtime.intra_op_threads() == 2 and runtime.intra_op_threads(1) == 1  # An argument wins.
-  for raw in ('x', '-1', '1.5'):
+  for raw in ('x', '-1', '1.5', '1025'):
     monkeypatch.setenv(runtime.INTRA_OP_THREADS_ENV, raw)
-    with pytest.raises(ValueError, match=r'^\$TFF_GMA_WORKER_INTRA_OP_THREADS must be a non-negative integer '):
+    with pytest.raises(ValueError, match=r'^\$TFF_GMA_WORKER_INTRA_OP_THREADS must be an integer in \[0, 1024\] '):
       runtime.intra_op_threads()
-  for value in (-1, 1.0, True, '1'):
-    with pytest.raises(ValueError, match='^intra_op_threads must be a non-negative integer'):
+  for value in (-1, 1.0, True, '1', 1025):
+    with pytest.raises(ValueError, match=r'^intra_op_threads must be an integer in \[0, 1024\]'):
       runtime.intra_op_threads(value)

@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import tensorflow_federated as tff
 
 from tests.training import interrupt
 from training import config as config_lib
@@ -109,8 +110,9 @@ def test_resume_with_other_settings_is_refused(tmp_path):
 
 def test_the_worker_intra_op_threads_are_a_run_setting(tmp_path, caplog):
   from tff_gma import runtime  # pylint: disable=g-import-not-at-top
-  with pytest.raises(experiment.ConfigError, match='^worker_intra_op_threads must be a non-negative integer'):
-    experiment.validate(dataclasses.replace(_TOY, worker_intra_op_threads=-1))
+  for bad in (-1, 1025, 1.5):
+    with pytest.raises(experiment.ConfigError, match=r'^worker_intra_op_threads must be an integer in \[0, 1024\]'):
+      experiment.validate(dataclasses.replace(_TOY, worker_intra_op_threads=bad))
   assert config_lib.ExperimentConfig().worker_intra_op_threads == runtime.DEFAULT_INTRA_OP_THREADS == 1
   config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'run'), rounds=1, worker_intra_op_threads=0)
   try:
@@ -123,6 +125,14 @@ def test_the_worker_intra_op_threads_are_a_run_setting(tmp_path, caplog):
     assert len(notes) == 1 and 'resumes with worker_intra_op_threads=1 (trained so far with 0)' in notes[0], notes
     assert resumed.summary['rounds_completed'] == 2 and resumed.summary['config']['worker_intra_op_threads'] == 1
     assert runtime.set_simulation_context().intra_op_threads == 1
+    # Nothing left to train: no line. Under a context the caller installed instead, the run leaves it alone.
+    caplog.clear()
+    experiment.run(dataclasses.replace(config, rounds=2, worker_intra_op_threads=0), show_progress=False)
+    assert not [r for r in caplog.records if 'worker_intra_op_threads' in r.getMessage()]
+    assert runtime.simulation_context_applies()
+    other = runtime.create_simulation_context(runtime.set_simulation_context())
+    with tff.framework.get_context_stack().install(other):
+      assert not runtime.simulation_context_applies()
   finally:
     runtime.set_simulation_context(intra_op_threads=runtime.DEFAULT_INTRA_OP_THREADS)
   # A config written before the setting existed ran with TensorFlow's default.

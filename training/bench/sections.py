@@ -562,10 +562,10 @@ def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any
     stock_datasets = [train.create_tf_dataset_for_client(c).batch(settings.floor_batch_size) for c in ids]
     initial = None
     calls, compile_seconds = {}, {}
-    default_threads = runtime.WorkerProcess(intra_op_threads=0).start()
-    default_threads_context = runtime.create_simulation_context(default_threads)
-    pids = (*worker_pids, default_threads.pid)
+    default_threads = runtime.WorkerProcess(intra_op_threads=0)
     try:
+      default_threads_context = runtime.create_simulation_context(default_threads.start())
+      pids = (*worker_pids, default_threads.pid)
       for name in FLOOR_ENTRIES[2:]:
         if name == 'stock_fedavg_iterator':
           method, round_inputs = methods.Method(_stock_process(name, model_fn)), lambda _: (ids, stock_datasets)

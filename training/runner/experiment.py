@@ -71,6 +71,7 @@ import tensorflow_federated as tff
 
 from tff_gma import checks
 from tff_gma import models
+from tff_gma import runtime
 from tff_gma.data import idx
 from tff_gma.data import loaders
 from training import config as config_lib
@@ -131,10 +132,10 @@ def _check(config: config_lib.ExperimentConfig) -> None:
   if config.dataset_placement not in worker_datasets.PLACEMENTS:
     raise ConfigError(f'dataset_placement: unknown placement {config.dataset_placement!r}; expected one of '
                       f'{worker_datasets.PLACEMENTS}')
-  if isinstance(config.worker_intra_op_threads, bool) or not isinstance(config.worker_intra_op_threads, int) or (
-      config.worker_intra_op_threads < 0):
-    raise ConfigError(f'worker_intra_op_threads must be a non-negative integer (0: TensorFlow\'s default), got '
-                      f'{config.worker_intra_op_threads!r}')
+  try:
+    runtime.intra_op_threads(config.worker_intra_op_threads)
+  except ValueError as e:
+    raise ConfigError(f'worker_{e}') from None  # runtime names it intra_op_threads.
   if config.workers is not None:
     targets = [t for t in config.workers.split(',') if t]
     host_port = lambda t: t.rpartition(':')[0] and t.rpartition(':')[2].isdigit()
@@ -226,7 +227,8 @@ def _check_validation(config: config_lib.ExperimentConfig) -> None:
 _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last_rounds', 'output_dir', 'audit', 'data_dir', 'workers', 'rfa_weight_bound',
                       'membership_inference', 'participation_eval', 'dataset_placement', 'client_loop',
                       'worker_intra_op_threads')
-# dataset_placement and client_loop change how, not what: the runs are bit-identical either way (tested).
+# dataset_placement and client_loop change how, not what: the runs are bit-identical either way in the TFF worker
+# (tested); with --client_execution=local the two loops agree to float32 rounding (a log line says so on resume).
 # worker_intra_op_threads changes the last bits of what some kernels sum, as the machine's core count does under
 # TensorFlow's default: a run may resume with another count (or on another machine), and the run says so in a log
 # line; the summary records the count of its last session.
@@ -279,11 +281,16 @@ def check_resumable(config: config_lib.ExperimentConfig) -> None:
     details = ', '.join(f'{k}: {saved.get(k)!r} -> {current[k]!r}' for k in changed)
     raise ConfigError(f'{config.output_dir} holds a run with other settings ({details}); use another '
                       f'--output_dir or the same flags to resume it')
-  threads = ('worker_intra_op_threads', saved.get('worker_intra_op_threads'), config.worker_intra_op_threads)
-  if trained and threads[1] != threads[2] and (config.output_dir, threads) not in _resume_notes:
-    _resume_notes.add((config.output_dir, threads))
-    logging.warning('%s: resumes with worker_intra_op_threads=%s (trained so far with %s): its rounds from here '
-                    'differ in the last bits from an uninterrupted run\'s', config.output_dir, threads[2], threads[1])
+  # Settings a run may resume under that change the last bits of its rounds from here: one log line each.
+  last_bits = ['worker_intra_op_threads'] if config.workers is None else []
+  if config.client_execution == client_execution_lib.LOCAL:  # The local loops agree to float32 rounding only.
+    last_bits.append('client_loop')
+  for name in last_bits if 0 < trained < config.rounds else ():
+    note = (config.output_dir, name, saved.get(name), current[name])
+    if note[2] != note[3] and note not in _resume_notes:
+      _resume_notes.add(note)
+      logging.warning('%s: resumes with %s=%s (trained so far with %s): its rounds from here differ in the last '
+                      'bits from an uninterrupted run\'s', config.output_dir, name, note[3], note[2])
 
 
 _resume_notes: set[tuple[str, tuple]] = set()  # What check_resumable logged (it runs twice per run).
@@ -563,7 +570,6 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       raise
     raise ConfigError(str(e)) from None
   if config.workers is not None:
-    from tff_gma import runtime  # pylint: disable=g-import-not-at-top
     try:
       runtime.check_single_aggregation_stage(setup.process)
     except ConfigError:
@@ -574,10 +580,14 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       runtime.set_multi_worker_context([t for t in config.workers.split(',') if t])
     except (RuntimeError, ValueError) as e:  # No worker answers at an address: a flag error, nothing written.
       raise ConfigError(f'workers: {e}') from None
-  else:
-    from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+  elif runtime.simulation_context_applies():
     # The runner's own worker, with the run's intra-op threads (a running worker with another count is replaced).
-    runtime.set_simulation_context(intra_op_threads=config.worker_intra_op_threads)
+    # A context the caller installed instead (e.g. several workers) is left alone.
+    try:
+      runtime.set_simulation_context(intra_op_threads=config.worker_intra_op_threads)
+    except (RuntimeError, ValueError) as e:  # The worker did not start again: one line, nothing written yet.
+      raise ConfigError(f'worker_intra_op_threads: the TFF worker did not start with '
+                        f'{config.worker_intra_op_threads} thread(s): {" ".join(str(e).split())}') from None
   # Every check has passed: only now is anything but the lock written. Atomically (a temporary file renamed over
   # it): an interrupted write leaves the old config.json or the new one, never a half that refuses the resume.
   safe_files.write_atomic(os.path.join(config.output_dir, CONFIG_FILE),
