@@ -123,7 +123,9 @@ def test_an_unreachable_worker_is_a_flag_error_naming_the_address(tmp_path):
 @pytest.mark.slow
 def test_sigterm_says_how_to_resume_and_exits_143(tmp_path):
   out = tmp_path / 'out'
-  flags = [f'--output_dir={out}', '--rounds=8', '--model=logistic', '--num_clients=4', '--clients_per_round=3']
+  # Far more rounds than the signal takes to arrive: 8 logistic rounds could all finish between the poll that sees
+  # round 2's checkpoint and the signal (seen once, on a loaded machine: exit 0).
+  flags = [f'--output_dir={out}', '--rounds=500', '--model=logistic', '--num_clients=4', '--clients_per_round=3']
   process = subprocess.Popen([sys.executable, '-m', 'training.run', *flags], cwd=tests.ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_ENV)
   try:
