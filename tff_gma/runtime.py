@@ -382,11 +382,7 @@ def intra_op_threads(value: Optional[int] = None) -> int:
     if not raw:
       return DEFAULT_INTRA_OP_THREADS
     name = f'${INTRA_OP_THREADS_ENV}'
-    try:
-      value = int(raw)
-    except ValueError:
-      raise ValueError(f'{name} must be an integer in [0, {MAX_INTRA_OP_THREADS}] (0: TensorFlow\'s default), got '
-                       f'{raw!r}') from None
+    value = int(raw) if raw.lstrip('-').isdigit() else raw  # Not a number: refused below, as given.
   if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INTRA_OP_THREADS:
     raise ValueError(f'{name} must be an integer in [0, {MAX_INTRA_OP_THREADS}] (0: TensorFlow\'s default), got '
                      f'{value!r}')

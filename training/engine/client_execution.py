@@ -192,7 +192,7 @@ class _SessionUpdate:
     self._model_fn = model_fn
     self._functional_model = functional_model
     self._optimizer = optimizer
-    self._proximal_strength = float(config.proximal_strength) if config.name == 'fedprox' else 0.0
+    self._proximal_strength = fedavg_family.proximal_strength(config)
     self._graphs: dict[str, tuple] = {}  # Structure key -> (session, placeholders, outputs).
     self._read_batches = tf.function(in_graph.read_batches)  # Its TensorArrays need a graph: traced once per spec.
 

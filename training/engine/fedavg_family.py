@@ -81,6 +81,11 @@ class ClientLoop:
 _fallbacks_logged: set[str] = set()
 
 
+def proximal_strength(config: config_lib.AlgorithmConfig) -> float:
+  """The in-graph update's proximal term mu: FedProx's, else 0 (no term)."""
+  return float(config.proximal_strength) if config.name == 'fedprox' else 0.0
+
+
 def client_loop(model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig
                 ) -> ClientLoop:
   """The loop `config.client_loop` asks for where it applies. `in_graph` needs the model's functional twin
@@ -111,8 +116,7 @@ def build_client_update(model_fn: Callable[[], tff.learning.models.VariableModel
   proximal = config.name == 'fedprox'
   if loop.name == 'in_graph':
     update = in_graph.build_in_graph_update(
-        model_fn, loop.functional_model, weighting=CLIENT_WEIGHTING,
-        proximal_strength=float(config.proximal_strength) if proximal else 0.0)
+        model_fn, loop.functional_model, weighting=CLIENT_WEIGHTING, proximal_strength=proximal_strength(config))
     return lambda opt, hparams, weights, data: update(opt, weights, data, None if proximal else hparams)
   if proximal:
     update = proximal_client_work.build_model_delta_update_with_tff_optimizer(

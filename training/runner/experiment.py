@@ -293,7 +293,7 @@ def check_resumable(config: config_lib.ExperimentConfig) -> None:
                       'bits from an uninterrupted run\'s', config.output_dir, name, note[3], note[2])
 
 
-_resume_notes: set[tuple[str, tuple]] = set()  # What check_resumable logged (it runs twice per run).
+_resume_notes: set[tuple[str, str, Any, Any]] = set()  # What check_resumable logged (it runs twice per run).
 
 
 def prepare(config: config_lib.ExperimentConfig) -> None:
