@@ -178,8 +178,15 @@ def test_collect_reads_finished_runs_back_into_the_side_by_side_report(tmp_path)
   assert row['best']['avg'] == pytest.approx(100 * np.mean([0.75, 0.76, 0.77]))
   assert row['last10']['avg'] == pytest.approx(100 * np.mean([0.705, 0.715, 0.725]))
   assert row['paper'] == {'avg': 78.02, 'gma': 78.82, 'gap': pytest.approx(0.80)}
+  assert [r['rounds'] for r in records] == [12, 12] and [r['evaluations'] for r in records] == [12, 12]
+  assert records[0]['collapsed'] == [False] * 3
   report = gma_fmnist.write_results(study, records)
   assert '78.02 -> 78.82 (+0.80)' in report and 'GMA ahead' in report
+  assert 'fmnist_label500: label skew k=2, 500 clients, 10 per round, 12 rounds' in report
+  assert '"GMA outperforms AVG", fmnist_label500: last-10 (primary): GMA ahead 1, AVG ahead 0, undecided 0 of 1' in report
+  assert 'AVG 0 of 3, GMA (all variants) 0 of 3' in report
+  assert '"More so when non-iid": not tested' in report
+  assert (tmp_path / 'results.png').stat().st_size > 0
   assert '| 0.500 | 0.100 | 0.050 | 23% |' in report  # Where a round's time goes: (0.1 + 0.05) / 0.65.
   saved = json.loads((tmp_path / 'results.json').read_text())
   assert saved['comparisons'][0]['best']['verdict'] == 'GMA ahead' and len(saved['records']) == 2
@@ -203,3 +210,54 @@ def test_a_run_the_runner_stopped_is_finished_and_scores_what_it_reached(tmp_pat
     json.dump({'best_validation_accuracy': None, 'rounds_completed': 4, 'stopped': 'stopped after round 5 of 30',
                'config': dataclasses.asdict(config)}, f)
   assert study.summary(run) is not None and study.score('fmnist_label500', ('fedavg', 'mean'), point) == 0.0
+
+
+def test_a_run_at_chance_is_one_within_a_point_of_a_single_class_predictor():
+  # The balanced test split: a model that predicts one class scores exactly 10%.
+  assert gma_fmnist.collapsed(0.10) and gma_fmnist.collapsed(0.1099) and gma_fmnist.collapsed(0.05)
+  assert not gma_fmnist.collapsed(0.1101) and not gma_fmnist.collapsed(0.75)
+
+
+def test_welch_interval_matches_scipys():
+  a, b = [1.0, 2.5, 0.3, 1.8, 2.2], [0.1, -0.4, 0.9, 0.2, -1.1]
+  mean, low, high = gma_fmnist._welch_interval(a, b)
+  va, vb = np.var(a, ddof=1) / 5, np.var(b, ddof=1) / 5
+  df = (va + vb) ** 2 / (va ** 2 / 4 + vb ** 2 / 4)
+  exact = stats.t.interval(0.95, df, loc=np.mean(a) - np.mean(b), scale=np.sqrt(va + vb))
+  assert mean == pytest.approx(np.mean(a) - np.mean(b))
+  # df rounded down: at least as wide as scipy's interval at the fractional df, and no wider than at floor(df).
+  assert low <= exact[0] and high >= exact[1]
+  floor = stats.t.interval(0.95, int(df), loc=mean, scale=np.sqrt(va + vb))
+  assert (low, high) == pytest.approx(floor, rel=1e-3)
+
+
+def test_equal_learning_rate_pairs_and_the_claims_read_the_tuning_runs(tmp_path):
+  setting = 'fmnist_label500'
+  study = gma_fmnist.Study([setting], ['fedavg/mean', 'fedavg/gma'], (0, 1), (2, 3), str(tmp_path), rounds=3)
+  points = study.tuned(setting, ('fedavg', 'mean'))[0]
+  for k, p in enumerate(points):  # AVG 0.5 everywhere; GMA above at the first 3 points, below at the next 2.
+    _finish_point(study, setting, ('fedavg', 'mean'), p, [0.5, 0.5])
+    if k < 5:
+      _finish_point(study, setting, ('fedavg', 'gma'), p, [0.6, 0.5] if k < 3 else [0.4, 0.4])
+  pairs = gma_fmnist.equal_lr_pairs(study, setting)
+  assert [(a, g, p) for a, g, p, _ in pairs] == [('fedavg', 'gma', p) for p in points[:5]]
+  assert [d for *_, d in pairs] == pytest.approx([5.0, 5.0, 5.0, -10.0, -10.0])
+  lines = gma_fmnist.claims(study, [], [])
+  assert any('GMA above AVG in 3 of 5 pairs, below in 2; median difference +5.00 points' in line for line in lines)
+
+
+def test_more_so_when_non_iid_compares_the_two_cells_gaps(tmp_path):
+  study = gma_fmnist.Study(['fmnist_label100', 'fmnist_iid100'], ['fedavg/mean', 'fedavg/gma'], (0,), (2, 3, 4),
+                           str(tmp_path))
+
+  def record(setting, aggregator, best):
+    return {'setting': setting, 'algorithm': 'fedavg', 'aggregator': aggregator, 'best': best, 'last10': best,
+            'collapsed': [False] * len(best)}
+
+  records = [record('fmnist_label100', 'mean', [0.80, 0.81, 0.82]), record('fmnist_label100', 'gma', [0.83, 0.83, 0.86]),
+             record('fmnist_iid100', 'mean', [0.88, 0.88, 0.88]), record('fmnist_iid100', 'gma', [0.88, 0.89, 0.87])]
+  lines = gma_fmnist.claims(study, records, [])
+  # Gaps (points): non-iid [3, 2, 4], iid [0, 1, -1]: difference of means 3, Welch df 4 (equal variances).
+  half = 2.776 * np.sqrt(1 / 3 + 1 / 3)
+  expected = f'fedavg {3:+.2f} [{3 - half:+.2f}, {3 + half:+.2f}]'
+  assert any('"More so when non-iid"' in line and expected in line for line in lines), lines

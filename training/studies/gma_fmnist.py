@@ -38,7 +38,12 @@ Reported per (setting, algorithm) and per GMA variant: best and last-10 test acc
 paired per-seed difference GMA - AVG with its 95% t interval, and a verdict from the interval: "GMA ahead" (above 0),
 "AVG ahead" (below 0) or "undecided" (contains 0), on last-10 (primary) and on best (the paper's Table 2 metric);
 the convergence rule of the digits study on the tuning winner's validation curve; the paper's AVG, GMA and gap
-beside ours.
+beside ours; how many final runs ended at chance (`collapsed`). Then the paper's claims, each from the cells that
+finished (`claims`; one that needs a cell not run says so), with App. D.6's equal-learning-rate question read from
+the tuning runs (`equal_lr_pairs`).
+
+Writes `results.md`, `results.json` (what the tables read: every number of the report) and `results.png` (test
+curves per setting and algorithm, each seed thin, the mean bold).
 """
 
 from __future__ import annotations
@@ -141,6 +146,19 @@ PAPER_TABLE2 = {
     'iid 10': {'fedavg': (89.35, 89.65), 'fedprox': (89.92, 90.12), 'fedadam': (88.66, 88.86),
                'fedyogi': (88.85, 89.85)},
 }
+
+# A model that predicts one class scores exactly 10% on the balanced test split (1,000 images a class). A final run
+# whose last-10 test accuracy is within COLLAPSE_POINTS of that has collapsed: measured on the first ones, most of
+# its ReLU units output 0 on every test image and it predicts a single class (docs/gma_fmnist_study.md).
+CHANCE_ACCURACY = 0.1
+COLLAPSE_POINTS = 1.0
+# Read by the figure only: kept out of results.json, which holds what the tables read.
+_PLOT_ONLY = ('curves', 'curve_rounds')
+
+
+def collapsed(last10: float) -> bool:
+  return 100 * (last10 - CHANCE_ACCURACY) <= COLLAPSE_POINTS
+
 
 def verdict(low: float, high: float) -> str:
   if low > 0:
@@ -281,14 +299,21 @@ def collect(study: Study) -> list[dict[str, Any]]:
           'tuning_points': len(points), 'tuning_runs': len(points) * len(study.tune_seeds),
           'validation_score': study.score(setting, method, chosen), 'edge': found['edge'],
           'validation_converged': all(gma_study.converged(c) for c in winner_curves),
-          'rounds': len(curves[0]), 'seeds': list(study.seeds),
+          'rounds': study.config(finals[0]).rounds, 'evaluations': len(curves[0]), 'seeds': list(study.seeds),
           'best': [float(np.max(c)) for c in curves],
           'last10': [float(np.mean(c[-LAST_EVALS:])) for c in curves],
+          'collapsed': [collapsed(float(np.mean(c[-LAST_EVALS:]))) for c in curves],
           'masked_fraction': _mean_or_none([gma_study.mean_of(study.config(r).output_dir, 'masked_fraction')
                                             for r in finals]),
           'curves': curves,
+          'curve_rounds': [_evaluated_rounds(study.config(r).output_dir) for r in finals],
       })
   return records
+
+
+def _evaluated_rounds(output_dir: str) -> list[int]:
+  rows = experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
+  return [int(r['round']) for r in rows if 'test/accuracy' in r]
 
 
 def _mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -344,15 +369,16 @@ def _pm(values: Sequence[float]) -> str:
 
 
 def table(records: list[dict[str, Any]], setting: str) -> str:
-  lines = ['| algorithm | aggregator | best test % | last-10 % | client lr | server lr | tau | masked fraction | '
-           'tuning runs | validation converged |', '|---|---|---|---|---|---|---|---|---|---|']
+  lines = ['| algorithm | aggregator | best test % | last-10 % | final runs at chance | client lr | server lr | tau | '
+           'masked fraction | tuning runs | validation converged |', '|---|---|---|---|---|---|---|---|---|---|---|']
   for r in records:
     if r['setting'] == setting:
       tau = '-' if r['tau'] is None else f"{r['tau']:g}"
       masked = '-' if r['masked_fraction'] is None else f"{r['masked_fraction']:.3f}"
       lr = f"{r['client_lr']:g} | {r['server_lr']:g}" + (' (edge)' if r['edge'] else '')
-      lines.append(f"| {r['algorithm']} | {r['aggregator']} | {_pm(r['best'])} | {_pm(r['last10'])} | {lr} | "
-                   f"{tau} | {masked} | {r['tuning_runs']} | {'yes' if r['validation_converged'] else 'NO'} |")
+      lines.append(f"| {r['algorithm']} | {r['aggregator']} | {_pm(r['best'])} | {_pm(r['last10'])} | "
+                   f"{sum(r['collapsed'])} of {len(r['collapsed'])} | {lr} | {tau} | {masked} | {r['tuning_runs']} | "
+                   f"{'yes' if r['validation_converged'] else 'NO'} |")
   return '\n'.join(lines)
 
 
@@ -373,26 +399,143 @@ def side_by_side(rows: list[dict[str, Any]], setting: str) -> str:
   return '\n'.join(lines)
 
 
+def equal_lr_pairs(study: Study, setting: str) -> list[tuple[str, str, Point, float]]:
+  """The paper's App. D.6 / Table 10 question on one cell's tuning runs: at each starting-grid point (tau 0.4) where
+  AVG and a GMA variant both finished, (algorithm, variant, point, GMA - AVG score in points; the score is the mean
+  best validation accuracy over the tuning partitions)."""
+  out = []
+  for algorithm in dict.fromkeys(a for a, _ in study.methods[setting]):
+    if (algorithm, 'mean') not in study.methods[setting]:
+      continue
+    client_lrs, server_lrs = grid(algorithm)
+    for variant in [g for a, g in study.methods[setting] if a == algorithm and gma_study.is_gma(g)]:
+      for point in (Point(c, s, STAGE1_TAU) for c in client_lrs for s in server_lrs):
+        avg, gma = (study.score(setting, (algorithm, g), point) for g in ('mean', variant))
+        if avg is not None and gma is not None:
+          out.append((algorithm, variant, point, 100 * (gma - avg)))
+  return out
+
+
+def _welch_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+  """(mean, low, high): the 95% Welch t interval of mean(a) - mean(b) (df rounded down: conservative)."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+  df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)) if va + vb > 0 else a.size + b.size - 2
+  half = gma_study.t_quantile_975(max(1, int(df))) * float(np.sqrt(va + vb))
+  mean = float(a.mean() - b.mean())
+  return mean, mean - half, mean + half
+
+
+def claims(study: Study, records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
+  """The paper's claims, each read from the intervals of the cells that finished; a claim whose cells did not run
+  says so."""
+  out = []
+  for setting in study.settings:
+    cell = [c for c in rows if c['setting'] == setting]
+    if not cell:
+      continue
+    parts = []
+    for metric, name in (('last10', 'last-10 (primary)'), ('best', 'best (the paper\'s)')):
+      counts = collections.Counter(c[metric]['verdict'] for c in cell)
+      parts.append(f"{name}: GMA ahead {counts['GMA ahead']}, AVG ahead {counts['AVG ahead']}, undecided "
+                   f"{counts['undecided']} of {len(cell)}")
+    with_paper = [c for c in cell if c['paper'] is not None]
+    inside = sum(c['best']['low'] <= c['paper']['gap'] <= c['best']['high'] for c in with_paper)
+    parts.append(f"the paper's gap lies inside our best-accuracy interval in {inside} of {len(with_paper)}")
+    out.append(f'- "GMA outperforms AVG", {setting}: ' + '; '.join(parts) + '.')
+    at_chance = collections.Counter()
+    for r in records:
+      if r['setting'] == setting:
+        kind = 'AVG' if r['aggregator'] == 'mean' else 'GMA'
+        at_chance[kind, 'collapsed'] += sum(r['collapsed'])
+        at_chance[kind, 'runs'] += len(r['collapsed'])
+    out.append(f"- Final runs that ended at chance (last-10 within {COLLAPSE_POINTS:g} point of "
+               f"{100 * CHANCE_ACCURACY:g}%), {setting}: AVG {at_chance['AVG', 'collapsed']} of "
+               f"{at_chance['AVG', 'runs']}, GMA (all variants) {at_chance['GMA', 'collapsed']} of "
+               f"{at_chance['GMA', 'runs']}.")
+  by = {(r['setting'], r['algorithm'], r['aggregator']): r for r in records}
+  non_iid, iid = 'fmnist_label100', 'fmnist_iid100'
+  pairs = []
+  for algorithm in dict.fromkeys(r['algorithm'] for r in records):
+    cells = [(by.get((s, algorithm, 'gma')), by.get((s, algorithm, 'mean'))) for s in (non_iid, iid)]
+    if all(g is not None and a is not None for g, a in cells):
+      gaps = [[100 * (x - y) for x, y in zip(g['best'], a['best'])] for g, a in cells]
+      pairs.append(f'{algorithm} ' + '{:+.2f} [{:+.2f}, {:+.2f}]'.format(*_welch_interval(*gaps)))
+  if pairs:
+    out.append(f'- "More so when non-iid" (GMA - AVG best-accuracy gap, {non_iid} minus {iid}; 95% Welch interval '
+               f'over the seeds of the two cells): ' + ', '.join(pairs) + '.')
+  else:
+    out.append(f'- "More so when non-iid": not tested: it needs {non_iid} and {iid} both complete.')
+  out.append('- "More so with more local epochs" (Table 9): not tested: the local-epoch axis (10 clients, full '
+             'participation) is not among the settings run.')
+  for setting in study.settings:
+    pairs = equal_lr_pairs(study, setting)
+    if pairs:
+      diffs = np.asarray([d for *_, d in pairs])
+      out.append(f'- "Robust to the learning rate" (App. D.6 / Table 10: GMA ahead across the grid), {setting}, the '
+                 f'tuning runs at equal learning rates (tau {STAGE1_TAU:g}, mean best validation accuracy over the '
+                 f'tuning partitions): GMA above AVG in {int(np.sum(diffs > 0))} of {diffs.size} pairs, below in '
+                 f'{int(np.sum(diffs < 0))}; median difference {np.median(diffs):+.2f} points.')
+  return out
+
+
+def plot(records: list[dict[str, Any]], path: str) -> None:
+  """Test accuracy over rounds: a row per setting, a panel per algorithm; each aggregator's mean over seeds (bold)
+  and its seeds (thin), so a collapsed seed shows."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  settings = list(dict.fromkeys(r['setting'] for r in records))
+  algorithms = list(dict.fromkeys(r['algorithm'] for r in records))
+  if not settings:
+    return
+  fig, axes = plt.subplots(len(settings), len(algorithms), figsize=(4 * len(algorithms), 3.2 * len(settings)),
+                           squeeze=False, sharey=True)
+  colors = {'mean': 'tab:blue', 'gma': 'tab:red', 'gma_dropin': 'tab:green'}
+  for row, setting in zip(axes, settings):
+    for ax, algorithm in zip(row, algorithms):
+      for r in records:
+        if (r['setting'], r['algorithm']) != (setting, algorithm):
+          continue
+        color = colors.get(r['aggregator'], 'tab:gray')
+        for rounds, values in zip(r['curve_rounds'], r['curves']):
+          ax.plot(rounds, 100 * np.asarray(values), color=color, linewidth=0.5, alpha=0.35)
+        length = min(len(c) for c in r['curves'])
+        ax.plot(r['curve_rounds'][0][:length], 100 * np.mean([c[:length] for c in r['curves']], axis=0),
+                color=color, linewidth=1.8, label=r['aggregator'])
+      ax.set_title(f'{setting}: {algorithm}', fontsize=9)
+      ax.set_xlabel('round')
+      ax.set_ylabel('test accuracy %')
+      ax.grid(alpha=0.3)
+      ax.legend(fontsize=7, loc='lower right')
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+
+
 def write_results(study: Study, records: list[dict[str, Any]]) -> str:
   rows = comparisons(records)
   text = [f'GMA study on Fashion-MNIST with LeNet (`training.studies.gma_fmnist`). Tuning: mean best validation '
           f'accuracy over partitions {list(study.tune_seeds)} (20% of each client held out); finals: seeds '
           f'{list(study.seeds)} on all training examples. Accuracy % mean +- std over seeds; "best" = best test '
-          f'accuracy over rounds (the paper\'s Table 2 metric), "last-10" = mean of the last 10 rounds. Intervals: '
-          f'paired per-seed GMA - AVG, 95% t.', '']
+          f'accuracy over the evaluated rounds (the paper\'s Table 2 metric), "last-10" = mean of the last 10 rounds. '
+          f'Intervals: paired per-seed GMA - AVG, 95% t.', '']
   for setting in study.settings:
     if any(r['setting'] == setting for r in records):
       rounds = next(r['rounds'] for r in records if r['setting'] == setting)
       text += [f'**{setting}: {SETTINGS[setting].label}, {rounds} rounds**', '',
                side_by_side(rows, setting), '', table(records, setting), '']
+  if records:
+    text += ['**The paper\'s claims here**', ''] + claims(study, records, rows) + ['']
   text += ['**Where a round\'s time goes** (medians over the finished runs)', '', cost_table(study), '']
   report = '\n'.join(text) + '\n'
   os.makedirs(study.output_dir, exist_ok=True)
   with open(os.path.join(study.output_dir, 'results.md'), 'w') as f:
     f.write(report)
   with open(os.path.join(study.output_dir, 'results.json'), 'w') as f:
-    json.dump({'records': [{k: v for k, v in r.items() if k != 'curves'} for r in records], 'comparisons': rows},
-              f, indent=1)
+    json.dump({'records': [{k: v for k, v in r.items() if k not in _PLOT_ONLY} for r in records],
+               'comparisons': rows}, f, indent=1)
+  plot(records, os.path.join(study.output_dir, 'results.png'))
   return report
 
 
