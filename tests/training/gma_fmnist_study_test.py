@@ -242,7 +242,9 @@ def test_equal_learning_rate_pairs_and_the_claims_read_the_tuning_runs(tmp_path)
   pairs = gma_fmnist.equal_lr_pairs(study, setting)
   assert [(a, g, p) for a, g, p, _ in pairs] == [('fedavg', 'gma', p) for p in points[:5]]
   assert [d for *_, d in pairs] == pytest.approx([5.0, 5.0, 5.0, -10.0, -10.0])
-  lines = gma_fmnist.claims(study, [], [])
+  assert not any('pairs' in line for line in gma_fmnist.claims(study, [], []))  # No finished cell: not reported.
+  cell = [{'setting': setting, 'algorithm': 'fedavg', 'aggregator': 'mean', 'collapsed': [False]}]
+  lines = gma_fmnist.claims(study, cell, [])
   assert any('GMA above AVG in 3 of 5 pairs, below in 2; median difference +5.00 points' in line for line in lines)
 
 
@@ -261,3 +263,4 @@ def test_more_so_when_non_iid_compares_the_two_cells_gaps(tmp_path):
   half = 2.776 * np.sqrt(1 / 3 + 1 / 3)
   expected = f'fedavg {3:+.2f} [{3 - half:+.2f}, {3 + half:+.2f}]'
   assert any('"More so when non-iid"' in line and expected in line for line in lines), lines
+
