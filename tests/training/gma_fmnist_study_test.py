@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import numpy as np
 import pytest
@@ -264,3 +265,38 @@ def test_more_so_when_non_iid_compares_the_two_cells_gaps(tmp_path):
   expected = f'fedavg {3:+.2f} [{3 - half:+.2f}, {3 + half:+.2f}]'
   assert any('"More so when non-iid"' in line and expected in line for line in lines), lines
 
+
+# The study's committed results: the archive of its finished runs, the json collected from them, the doc.
+_ARCHIVE = os.path.join(_ROOT, 'archives', 'gma_fmnist_runs.tar.gz')
+_DOC = os.path.join(_ROOT, 'docs', 'gma_fmnist_study.md')
+_DOC_JSON = os.path.join(_ROOT, 'docs', 'gma_fmnist_study.json')
+
+
+def test_the_archived_runs_collect_into_the_committed_json_byte_for_byte(tmp_path):
+  with tarfile.open(_ARCHIVE) as tar:
+    tar.extractall(tmp_path / 'runs', filter='data')
+  proc = subprocess.run([sys.executable, '-m', 'training.studies.gma_fmnist', '--stage=collect',
+                         f'--output_dir={tmp_path}'], cwd=_ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(_DOC_JSON, 'rb') as f:
+    assert (tmp_path / 'results.json').read_bytes() == f.read()
+
+
+def test_the_docs_tables_and_claims_are_the_committed_jsons():
+  with open(_DOC_JSON) as f:
+    saved = json.load(f)
+  with open(_DOC, encoding='utf-8') as f:
+    doc = f.read()
+  settings = list(dict.fromkeys(r['setting'] for r in saved['records']))
+  assert settings, 'the committed json holds no finished cell'
+  for setting in settings:
+    assert gma_fmnist.side_by_side(saved['comparisons'], setting) in doc, f'{setting}: side-by-side table differs'
+    assert gma_fmnist.table(saved['records'], setting) in doc, f'{setting}: per-method table differs'
+  for line in saved['claims']:
+    assert line in doc, f'claim not in the doc as collected: {line}'
+  assert saved['cost_table'] in doc
+  # Every reported cell is complete: all its methods, every seed at least 5.
+  for setting in settings:
+    methods = {(r['algorithm'], r['aggregator']) for r in saved['records'] if r['setting'] == setting}
+    assert methods == set(gma_fmnist.SETTINGS[setting].methods), setting
+    assert all(len(r['best']) >= 5 for r in saved['records'])
