@@ -289,7 +289,9 @@ def collect(study: Study) -> list[dict[str, Any]]:
       finals = study.final_runs(setting, method, chosen)
       if any(study.summary(r) is None for r in finals):
         continue
-      curves = [gma_study.curve(study.config(r).output_dir, 'test/accuracy') for r in finals]
+      tested = [_test_curve(study.config(r).output_dir) for r in finals]
+      curves = [values for _, values in tested]
+      last10 = [float(np.mean(c[-LAST_EVALS:])) for c in curves]
       winner_curves = [gma_study.curve(study.config(r).output_dir, 'validation/accuracy')
                        for r in study.tuning_runs(setting, method, chosen)]
       records.append({
@@ -301,19 +303,21 @@ def collect(study: Study) -> list[dict[str, Any]]:
           'validation_converged': all(gma_study.converged(c) for c in winner_curves),
           'rounds': study.config(finals[0]).rounds, 'evaluations': len(curves[0]), 'seeds': list(study.seeds),
           'best': [float(np.max(c)) for c in curves],
-          'last10': [float(np.mean(c[-LAST_EVALS:])) for c in curves],
-          'collapsed': [collapsed(float(np.mean(c[-LAST_EVALS:]))) for c in curves],
+          'last10': last10,
+          'collapsed': [collapsed(value) for value in last10],
           'masked_fraction': _mean_or_none([gma_study.mean_of(study.config(r).output_dir, 'masked_fraction')
                                             for r in finals]),
           'curves': curves,
-          'curve_rounds': [_evaluated_rounds(study.config(r).output_dir) for r in finals],
+          'curve_rounds': [rounds for rounds, _ in tested],
       })
   return records
 
 
-def _evaluated_rounds(output_dir: str) -> list[int]:
+def _test_curve(output_dir: str) -> tuple[list[int], list[float]]:
+  """(the evaluated rounds, their test accuracies) of a run, from one read of its metrics.csv."""
   rows = experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
-  return [int(r['round']) for r in rows if 'test/accuracy' in r]
+  tested = [r for r in rows if 'test/accuracy' in r]
+  return [int(r['round']) for r in tested], [r['test/accuracy'] for r in tested]
 
 
 def _mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
