@@ -135,7 +135,23 @@ def test_equal_learning_rate_comparison_counts_stage1_pairs(tmp_path):
       json.dump({'best_validation_accuracy': scores[(run.aggregator, run.client_lr)],
                  'rounds_completed': config.rounds, 'config': dataclasses.asdict(config)}, f)
   line = gma_study.equal_lr_comparison(study)
-  assert 'GMA below AVG in 1 of 2 pairs, above in 0, equal in 1; median difference -5.00 points' in line
+  assert 'GMA above AVG in 0 of 2 pairs, below in 1, equal in 1; median difference -5.00 points' in line
+
+
+def test_a_score_at_chance_is_one_within_a_point_of_a_single_class_predictor():
+  # Fashion-MNIST's balanced test split: a model that predicts one class scores exactly 10%.
+  assert gma_study.at_chance(0.10) and gma_study.at_chance(0.1099) and gma_study.at_chance(0.05)
+  assert not gma_study.at_chance(0.1101) and not gma_study.at_chance(0.75)
+
+
+def test_equal_learning_rate_line_compares_where_both_arms_learn_and_counts_the_rest_apart():
+  # (AVG, GMA): two pairs where both learn (GMA +2 and -4 points), then only GMA, only AVG, neither.
+  pairs = [(0.80, 0.82), (0.70, 0.66), (0.102, 0.45), (0.60, 0.1), (0.1028, 0.1028)]
+  line = gma_study.equal_lr_line(pairs, 'here')
+  assert line.startswith('- "Robust to the learning rate" (App. D.6 / Table 10, FedAvg on non-iid Fashion-MNIST')
+  assert line.endswith('here: where both arms learn (above 11%), GMA above AVG in 1 of 2 pairs, below in 1, equal in '
+                       '0; median difference -1.00 points. Only GMA learns in 1, only AVG in 1, neither in 1.')
+  assert 'median' not in gma_study.equal_lr_line([(0.1, 0.1)], 'here')  # No pair where both learn: no median.
 
 
 def test_tiny_study_end_to_end_in_two_shards(tmp_path):

@@ -148,17 +148,8 @@ PAPER_TABLE2 = {
                'fedyogi': (88.85, 89.85)},
 }
 
-# A model that predicts one class scores exactly 10% on the balanced test split (1,000 images a class). A final run
-# whose last-10 test accuracy is within COLLAPSE_POINTS of that has collapsed: measured on the first ones, most of
-# its ReLU units output 0 on every test image and it predicts a single class (docs/gma_fmnist_study.md).
-CHANCE_ACCURACY = 0.1
-COLLAPSE_POINTS = 1.0
 # Read by the figure only: kept out of results.json, which holds what the tables read.
 _PLOT_ONLY = ('curves', 'curve_rounds')
-
-
-def collapsed(last10: float) -> bool:
-  return 100 * (last10 - CHANCE_ACCURACY) <= COLLAPSE_POINTS
 
 
 def verdict(low: float, high: float) -> str:
@@ -305,7 +296,7 @@ def collect(study: Study) -> list[dict[str, Any]]:
           'rounds': study.config(finals[0]).rounds, 'evaluations': len(curves[0]), 'seeds': list(study.seeds),
           'best': [float(np.max(c)) for c in curves],
           'last10': last10,
-          'collapsed': [collapsed(value) for value in last10],
+          'collapsed': [gma_study.at_chance(value) for value in last10],
           'masked_fraction': _mean_or_none([gma_study.mean_of(study.config(r).output_dir, 'masked_fraction')
                                             for r in finals]),
           'curves': curves,
@@ -404,10 +395,10 @@ def side_by_side(rows: list[dict[str, Any]], setting: str) -> str:
   return '\n'.join(lines)
 
 
-def equal_lr_pairs(study: Study, setting: str) -> list[tuple[str, str, Point, float]]:
+def equal_lr_pairs(study: Study, setting: str) -> list[tuple[str, str, Point, tuple[float, float]]]:
   """The paper's App. D.6 / Table 10 question on one cell's tuning runs: at each starting-grid point (tau 0.4) where
-  AVG and a GMA variant both finished, (algorithm, variant, point, GMA - AVG score in points; the score is the mean
-  best validation accuracy over the tuning partitions)."""
+  AVG and a GMA variant both finished, (algorithm, variant, point, (AVG's, GMA's score)); a score is the mean best
+  validation accuracy over the tuning partitions."""
   out = []
   for algorithm in dict.fromkeys(a for a, _ in study.methods[setting]):
     if (algorithm, 'mean') not in study.methods[setting]:
@@ -415,9 +406,9 @@ def equal_lr_pairs(study: Study, setting: str) -> list[tuple[str, str, Point, fl
     client_lrs, server_lrs = grid(algorithm)
     for variant in [g for a, g in study.methods[setting] if a == algorithm and gma_study.is_gma(g)]:
       for point in (Point(c, s, STAGE1_TAU) for c in client_lrs for s in server_lrs):
-        avg, gma = (study.score(setting, (algorithm, g), point) for g in ('mean', variant))
-        if avg is not None and gma is not None:
-          out.append((algorithm, variant, point, 100 * (gma - avg)))
+        scores = tuple(study.score(setting, (algorithm, g), point) for g in ('mean', variant))
+        if None not in scores:
+          out.append((algorithm, variant, point, scores))
   return out
 
 
@@ -454,8 +445,8 @@ def claims(study: Study, records: list[dict[str, Any]], rows: list[dict[str, Any
         kind = 'AVG' if r['aggregator'] == 'mean' else 'GMA'
         at_chance[kind, 'collapsed'] += sum(r['collapsed'])
         at_chance[kind, 'runs'] += len(r['collapsed'])
-    out.append(f"- Final runs that ended at chance (last-10 within {COLLAPSE_POINTS:g} point of "
-               f"{100 * CHANCE_ACCURACY:g}%), {setting}: AVG {at_chance['AVG', 'collapsed']} of "
+    out.append(f"- Final runs that ended at chance (last-10 within {gma_study.CHANCE_POINTS:g} point of "
+               f"{100 * gma_study.CHANCE_ACCURACY:g}%), {setting}: AVG {at_chance['AVG', 'collapsed']} of "
                f"{at_chance['AVG', 'runs']}, GMA (all variants) {at_chance['GMA', 'collapsed']} of "
                f"{at_chance['GMA', 'runs']}.")
   by = {(r['setting'], r['algorithm'], r['aggregator']): r for r in records}
@@ -476,11 +467,9 @@ def claims(study: Study, records: list[dict[str, Any]], rows: list[dict[str, Any
   for setting in study.settings:
     pairs = equal_lr_pairs(study, setting) if any(r['setting'] == setting for r in records) else []
     if pairs:  # Only a cell whose runs all finished: no partial cell is reported.
-      diffs = np.asarray([d for *_, d in pairs])
-      out.append(f'- "Robust to the learning rate" (App. D.6 / Table 10: GMA ahead across the grid), {setting}, the '
-                 f'tuning runs at equal learning rates (tau {STAGE1_TAU:g}, mean best validation accuracy over the '
-                 f'tuning partitions): GMA above AVG in {int(np.sum(diffs > 0))} of {diffs.size} pairs, below in '
-                 f'{int(np.sum(diffs < 0))}; median difference {np.median(diffs):+.2f} points.')
+      out.append(gma_study.equal_lr_line(
+          [scores for *_, scores in pairs], f'{setting}, the tuning runs at equal learning rates (tau '
+          f'{STAGE1_TAU:g}, mean best validation accuracy over the tuning partitions)'))
   return out
 
 
