@@ -36,12 +36,12 @@ Protocol (`Study`):
 4. Finals: the chosen hyperparameters on `FINAL_SEEDS` (5 seeds, none a tuning partition), all training examples,
    the test split evaluated every `EVAL_EVERY`-th round and in each of the last 10.
 Reported per (setting, algorithm) and per GMA variant: best and last-10 test accuracy (mean +- std over seeds), the
-paired per-seed difference GMA - AVG with its 95% t interval, and a verdict from the interval: "GMA ahead" (above 0),
-"AVG ahead" (below 0) or "undecided" (contains 0), on last-10 (primary) and on best (the paper's Table 2 metric);
-the convergence rule of the digits study on the tuning winner's validation curve; the paper's AVG, GMA and gap
-beside ours; how many final runs ended at chance (`collapsed`). Then the paper's claims, each from the cells that
-finished (`claims`; one that needs a cell not run says so), with App. D.6's equal-learning-rate question read from
-the tuning runs (`equal_lr_pairs`).
+paired per-seed difference GMA - AVG with its 95% t interval, and a verdict from the interval: "GMA ahead" (above
+0), "AVG ahead" (below 0) or "undecided" (contains 0), on last-10 (primary) and on best (our reading of Table 2's
+"average best test performance": best over the rounds); the convergence rule of the digits study on the tuning
+winner's validation curve; the paper's AVG, GMA and gap beside ours; how many final runs ended at chance
+(`collapsed`). Then the paper's claims, each from the cells that finished (`claims`; one that needs a cell not run
+says so), with App. D.6's equal-learning-rate question read from the tuning runs (`equal_lr_pairs`).
 
 Writes `results.md`, `results.json` (what the tables read: every number of the report) and `results.png` (test
 curves per setting and algorithm, each seed thin, the mean bold).
@@ -514,7 +514,8 @@ def write_results(study: Study, records: list[dict[str, Any]]) -> str:
   text = [f'GMA study on Fashion-MNIST with LeNet (`training.studies.gma_fmnist`). Tuning: mean best validation '
           f'accuracy over partitions {list(study.tune_seeds)} (20% of each client held out); finals: seeds '
           f'{list(study.seeds)} on all training examples. Accuracy % mean +- std over seeds; "best" = best test '
-          f'accuracy over the evaluated rounds (the paper\'s Table 2 metric), "last-10" = mean of the last 10 rounds. '
+          f'accuracy over the evaluated rounds (our reading of Table 2\'s '
+          f'"average best test performance"), "last-10" = mean of the last 10 rounds. '
           f'Intervals: paired per-seed GMA - AVG, 95% t.', '']
   for setting in study.settings:
     if any(r['setting'] == setting for r in records):
