@@ -439,16 +439,16 @@ def claims(study: Study, records: list[dict[str, Any]], rows: list[dict[str, Any
     inside = sum(c['best']['low'] <= c['paper']['gap'] <= c['best']['high'] for c in with_paper)
     parts.append(f"the paper's gap lies inside our best-accuracy interval in {inside} of {len(with_paper)}")
     out.append(f'- "GMA outperforms AVG", {setting}: ' + '; '.join(parts) + '.')
-    at_chance = collections.Counter()
+    ended = collections.Counter()  # (AVG|GMA, collapsed|runs) -> count
     for r in records:
       if r['setting'] == setting:
         kind = 'AVG' if r['aggregator'] == 'mean' else 'GMA'
-        at_chance[kind, 'collapsed'] += sum(r['collapsed'])
-        at_chance[kind, 'runs'] += len(r['collapsed'])
+        ended[kind, 'collapsed'] += sum(r['collapsed'])
+        ended[kind, 'runs'] += len(r['collapsed'])
     out.append(f"- Final runs that ended at chance (last-10 within {gma_study.CHANCE_POINTS:g} point of "
-               f"{100 * gma_study.CHANCE_ACCURACY:g}%), {setting}: AVG {at_chance['AVG', 'collapsed']} of "
-               f"{at_chance['AVG', 'runs']}, GMA (all variants) {at_chance['GMA', 'collapsed']} of "
-               f"{at_chance['GMA', 'runs']}.")
+               f"{100 * gma_study.CHANCE_ACCURACY:g}%), {setting}: AVG {ended['AVG', 'collapsed']} of "
+               f"{ended['AVG', 'runs']}, GMA (all variants) {ended['GMA', 'collapsed']} of "
+               f"{ended['GMA', 'runs']}.")
   by = {(r['setting'], r['algorithm'], r['aggregator']): r for r in records}
   non_iid, iid = 'fmnist_label100', 'fmnist_iid100'
   pairs = []
