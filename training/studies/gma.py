@@ -526,11 +526,11 @@ def at_chance(accuracy: float) -> bool:
 def equal_lr_line(pairs: Sequence[tuple[float, float]], where: str) -> str:
   """App. D.6's question on (AVG, GMA) accuracies at the same learning rates. As the paper compares them where the
   model learns, pairs where both arms are at chance are left out and pairs where one arm is are counted apart."""
-  both = np.asarray([100 * (g - a) for a, g in pairs if not at_chance(a) and not at_chance(g)])
   chance = [(at_chance(a), at_chance(g)) for a, g in pairs]  # (AVG's, GMA's)
+  both = np.asarray([100 * (g - a) for (a, g), c in zip(pairs, chance) if c == (False, False)])
   line = (f'- "Robust to the learning rate" ({PAPER_EQUAL_LR_CLAIM}), {where}: where both arms learn (above '
-          f'{100 * CHANCE_ACCURACY + CHANCE_POINTS:g}%), GMA above AVG in {int(np.sum(both > 0))} of {both.size} pairs, '
-          f'below in {int(np.sum(both < 0))}, equal in {int(np.sum(both == 0))}')
+          f'{100 * CHANCE_ACCURACY + CHANCE_POINTS:g}%), GMA above AVG in {int(np.sum(both > 0))} of {both.size} '
+          f'pairs, below in {int(np.sum(both < 0))}, equal in {int(np.sum(both == 0))}')
   line += f'; median difference {np.median(both):+.2f} points' if both.size else ''
   return (line + f'. Only GMA learns in {chance.count((True, False))}, only AVG in {chance.count((False, True))}, '
           f'neither in {chance.count((True, True))}.')

@@ -12,7 +12,7 @@ per run, finished runs read back from their `summary.json`).
 Settings (`SETTINGS`, in the issue's priority order; a cell is reported only when all its runs finished):
 * `fmnist_label500`: label skew k = 2, 500 clients (120 examples each), 10 per round (the paper's largest gains);
 * `fmnist_label100`: the same with 100 clients (600 each), 100 rounds (a round trains five times the examples of a
-  500-client round; 150 would put the three cells past the study's ~10-hour budget);
+  500-client round; 150 would add half again to the cell's ~3.8 hours, and the three cells already pass ~10);
 * `fmnist_iid100`: iid, 100 clients, 10 per round (the paper's iid rows: the test of "more so when non-iid").
 Batch size 16 (the paper does not give one; the digits study's), so a 500-client round is 10 x 8 steps.
 
