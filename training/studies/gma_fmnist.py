@@ -12,7 +12,8 @@ per run, finished runs read back from their `summary.json`).
 Settings (`SETTINGS`, in the issue's priority order; a cell is reported only when all its runs finished):
 * `fmnist_label500`: label skew k = 2, 500 clients (120 examples each), 10 per round (the paper's largest gains);
 * `fmnist_label100`: the same with 100 clients (600 each), 100 rounds (a round trains five times the examples of a
-  500-client round; 150 would add half again to the cell's ~3.8 hours, and the three cells already pass ~10);
+  500-client round; 150 would add half again to the cell's measured ~3.7 hours, and the three cells already pass
+  ~10);
 * `fmnist_iid100`: iid, 100 clients, 10 per round (the paper's iid rows: the test of "more so when non-iid").
 Batch size 16 (the paper does not give one; the digits study's), so a 500-client round is 10 x 8 steps.
 
@@ -33,6 +34,8 @@ Protocol (`Study`):
    other coordinate; the best of grid and extension wins. One step: an extension that wins is marked `edge` in the
    table.
 3. tau in `TAUS` (GMA methods) at the learning-rate winner, on the same partitions; the best of {0.2, 0.4, 0.6}.
+   The edge rule is not applied to tau: one step below 0.2 is 0, where the soft mask is all ones and GMA is AVG,
+   the other arm itself.
 4. Finals: the chosen hyperparameters on `FINAL_SEEDS` (5 seeds, none a tuning partition), all training examples,
    the test split evaluated every `EVAL_EVERY`-th round and in each of the last 10.
 Reported per (setting, algorithm) and per GMA variant: best and last-10 test accuracy (mean +- std over seeds), the
