@@ -274,7 +274,9 @@ class Study:
 
 
 def collect(study: Study) -> list[dict[str, Any]]:
-  """One record per (setting, method) whose final runs all finished."""
+  """One record per (setting, method), for the settings whose methods' final runs all finished: a cell is reported
+  whole or not at all, so a report taken while a cell runs (the end of a shard, a look mid-study) shows no part of
+  it."""
   records = []
   for setting in study.settings:
     for method in study.methods[setting]:
@@ -305,7 +307,8 @@ def collect(study: Study) -> list[dict[str, Any]]:
           'curves': curves,
           'curve_rounds': [rounds for rounds, _ in tested],
       })
-  return records
+  finished = collections.Counter(r['setting'] for r in records)
+  return [r for r in records if finished[r['setting']] == len(study.methods[r['setting']])]
 
 
 def _test_curve(output_dir: str) -> tuple[list[int], list[float]]:
