@@ -279,19 +279,20 @@ def collect(study: Study) -> list[dict[str, Any]]:
   it."""
   records = []
   for setting in study.settings:
+    cell = []
     for method in study.methods[setting]:
       points, chosen, found = study.tuned(setting, method)
       if chosen is None:
-        continue
+        break
       finals = study.final_runs(setting, method, chosen)
       if any(study.summary(r) is None for r in finals):
-        continue
+        break
       tested = [_test_curve(study.config(r).output_dir) for r in finals]
       curves = [values for _, values in tested]
       last10 = [float(np.mean(c[-LAST_EVALS:])) for c in curves]
       winner_curves = [gma_study.curve(study.config(r).output_dir, 'validation/accuracy')
                        for r in study.tuning_runs(setting, method, chosen)]
-      records.append({
+      cell.append({
           'setting': setting, 'algorithm': method[0], 'aggregator': method[1],
           'client_lr': chosen.client_lr, 'server_lr': chosen.server_lr,
           'tau': chosen.tau if gma_study.is_gma(method[1]) else None,
@@ -307,8 +308,9 @@ def collect(study: Study) -> list[dict[str, Any]]:
           'curves': curves,
           'curve_rounds': [rounds for rounds, _ in tested],
       })
-  finished = collections.Counter(r['setting'] for r in records)
-  return [r for r in records if finished[r['setting']] == len(study.methods[r['setting']])]
+    else:  # No method stopped short: the cell is whole.
+      records += cell
+  return records
 
 
 def _test_curve(output_dir: str) -> tuple[list[int], list[float]]:
