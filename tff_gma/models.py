@@ -5,7 +5,10 @@ no-argument callable that `tff.learning.algorithms` expect (TFF must build the m
 
 * `logistic`: multinomial logistic regression (the GMA paper's convex study).
 * `cnn`: a small CNN for the 8x8 digits.
-* `lenet`: LeNet-5 (GMA paper, Table 1: MNIST, FMNIST, FEMNIST, FedCMNIST).
+* `lenet`: a LeNet-5-shaped net with 'same' convolutions (the project's studies' model; 107,786 parameters on
+  28x28 inputs, not LeNet-5's 61,706: see its docstring).
+* `lenet5`: the classic LeNet-5 shape (GMA paper, Table 1: MNIST, FMNIST, FEMNIST, FedCMNIST): 5x5x16 maps into
+  the first dense layer, 61,706 parameters on 28x28 inputs.
 * `emnist_cnn`: the EMNIST CNN of Reddi et al. (2021) (TFF baselines' `create_conv_dropout_model`).
 * `resnet18_gn`: ResNet-18 with GroupNorm for CIFAR (GMA paper, Table 1 and App. D.3; Reddi et al.).
 * `char_lstm`: the Shakespeare next-character model of McMahan et al. (2017) / Reddi et al. (2021).
@@ -20,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-MODELS = ('cnn', 'logistic', 'lenet', 'emnist_cnn', 'resnet18_gn', 'char_lstm')
+MODELS = ('cnn', 'logistic', 'lenet', 'lenet5', 'emnist_cnn', 'resnet18_gn', 'char_lstm')
 RESNET_GROUPS = 2  # GroupNorm groups per layer, as Hsieh et al. (2020) and Reddi et al. (2021).
 
 
@@ -47,10 +50,12 @@ def logistic_regression(input_shape=(8, 8, 1), num_classes: int = 10) -> tf.kera
 
 
 def lenet(input_shape=(28, 28, 1), num_classes: int = 10) -> tf.keras.Model:
-  """LeNet-5: conv(6, 5x5) - pool - conv(16, 5x5) - pool - dense 120 - dense 84 - logits.
+  """LeNet-5's layers, conv(6, 5x5) - pool - conv(16, 5x5) - pool - dense 120 - dense 84 - logits, all 'same'.
 
-  Convolutions and pools pad 'same', so the net takes 8x8 digits as well as 28x28 images (LeCun et al.'s
-  32x32 input with 'valid' convolutions gives the same 5x5x16 feature map as 28x28 with the first one 'same').
+  Every convolution and pool pads 'same', so the net takes 8x8 digits as well as 28x28 images. It is not LeNet-5's
+  shape: on 28x28 inputs the second pool leaves a 7x7x16 map (784 inputs to the first dense layer, 107,786
+  parameters), where LeNet-5 has 5x5x16 (400 inputs, 61,706 parameters; `lenet5`). The Fashion-MNIST and digits
+  studies ran this net.
   """
   return tf.keras.Sequential([
       tf.keras.layers.InputLayer(input_shape=input_shape),
@@ -58,6 +63,27 @@ def lenet(input_shape=(28, 28, 1), num_classes: int = 10) -> tf.keras.Model:
       tf.keras.layers.MaxPool2D(2, padding='same'),
       tf.keras.layers.Conv2D(16, 5, padding='same', activation='relu'),
       tf.keras.layers.MaxPool2D(2, padding='same'),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(120, activation='relu'),
+      tf.keras.layers.Dense(84, activation='relu'),
+      tf.keras.layers.Dense(num_classes),
+  ])
+
+
+def lenet5(input_shape=(28, 28, 1), num_classes: int = 10) -> tf.keras.Model:
+  """LeNet-5's shape: conv(6, 5x5, 'same') - pool - conv(16, 5x5, 'valid') - pool - 400 - dense 120 - 84 - logits.
+
+  On 28x28 inputs the first convolution padded 'same' gives what LeCun et al.'s 'valid' one gives on their 32x32
+  (MNIST padded by 2): a 5x5x16 map before the dense layers, 61,706 parameters. ReLU and max pooling, as the
+  federated-learning literature's LeNet-5 (not the original's scaled tanh and trainable subsampling). Needs
+  height and width >= 12 (`keras_builder` refuses smaller inputs, e.g. the 8x8 digits: use `lenet` there).
+  """
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=input_shape),
+      tf.keras.layers.Conv2D(6, 5, padding='same', activation='relu'),
+      tf.keras.layers.MaxPool2D(2),
+      tf.keras.layers.Conv2D(16, 5, padding='valid', activation='relu'),
+      tf.keras.layers.MaxPool2D(2),
       tf.keras.layers.Flatten(),
       tf.keras.layers.Dense(120, activation='relu'),
       tf.keras.layers.Dense(84, activation='relu'),
@@ -140,11 +166,13 @@ _BUILDERS = {
     'cnn': digits_cnn,
     'logistic': logistic_regression,
     'lenet': lenet,
+    'lenet5': lenet5,
     'emnist_cnn': emnist_cnn,
     'resnet18_gn': resnet18_gn,
     'char_lstm': char_lstm,
 }
 _SEQUENCE_MODELS = ('char_lstm',)
+_LENET5_MIN_SIDE = 12  # 12 -> pool 6 -> valid 5x5 conv 2 -> pool 1: the smallest side that leaves a feature map.
 
 
 def keras_builder(name: str, input_shape: Sequence[int], num_classes: int) -> Callable[[], tf.keras.Model]:
@@ -156,6 +184,9 @@ def keras_builder(name: str, input_shape: Sequence[int], num_classes: int) -> Ca
   if len(input_shape) != rank or min(input_shape) < 1:
     kind = '(sequence_length,)' if rank == 1 else '(height, width, channels)'
     raise ValueError(f'input_shape for model {name!r} must be {kind}, got {input_shape}')
+  if name == 'lenet5' and min(input_shape[:2]) < _LENET5_MIN_SIDE:
+    raise ValueError(f'input_shape for model lenet5 must be at least {_LENET5_MIN_SIDE}x{_LENET5_MIN_SIDE} (its '
+                     f'valid 5x5 convolution runs on the pooled map), got {input_shape}; model lenet takes any size')
   if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
     raise ValueError(f'num_classes must be an integer >= 2, got {num_classes!r}')
   num_classes = int(num_classes)

@@ -46,6 +46,11 @@ def _lstm(n_in, units):
     ('lenet', (28, 28, 1), 10, _lenet_params(28, 28, 1, 10)),
     ('lenet', (8, 8, 3), 10, _lenet_params(8, 8, 3, 10)),
     ('lenet', (5, 7, 1), 4, _lenet_params(5, 7, 1, 4)),
+    # LeNet-5 (LeCun et al. 1998's layer sizes with a 10-way ReLU head): 5x5x16 = 400 inputs to the first dense layer.
+    ('lenet5', (28, 28, 1), 10, 61_706),
+    ('lenet5', (32, 32, 3), 10, _conv(5, 3, 6) + _conv(5, 6, 16) + _dense(6 * 6 * 16, 120) + _dense(120, 84)
+     + _dense(84, 10)),
+    ('lenet5', (12, 12, 1), 10, _conv(5, 1, 6) + _conv(5, 6, 16) + _dense(16, 120) + _dense(120, 84) + _dense(84, 10)),
     # Reddi et al.'s EMNIST CNN; TFF's baseline documents 1,199,882 parameters for 10 classes.
     ('emnist_cnn', (28, 28, 1), 10, 1_199_882),
     ('emnist_cnn', (28, 28, 1), 62, _conv(3, 1, 32) + _conv(3, 32, 64) + _dense(12 * 12 * 64, 128) + _dense(128, 62)),
@@ -172,6 +177,8 @@ def test_sequence_model_trains_in_a_tff_learning_process():
     (('cnn', (8, 0, 1), 10), 'input_shape'),
     (('cnn', (8, 8, 1), 1), 'num_classes'),
     (('emnist_cnn', (5, 5, 1), 10), 'input_shape'),
+    (('lenet5', (8, 8, 1), 10), 'lenet5 must be at least 12x12'),  # The digits: `lenet` takes them.
+    (('lenet5', (28, 11, 1), 10), 'lenet5 must be at least 12x12'),
 ])
 def test_keras_builder_rejects_invalid_arguments(args, argument):
   with pytest.raises(ValueError, match=argument):
