@@ -2,132 +2,127 @@
 
   python -m tff_gma.audit MODULE:ATTR [--value_type float32[10]] [--weight_type float32]
                                       [--policy default|allow-plain-sum] [--allow URI]... [--format markdown|json]
-                                      [--output PATH] [--traceback]
+                                      [--output PATH] [--timeout SECONDS] [--traceback]
 
 `MODULE:ATTR` names a `tff.Computation`, an `AggregationProcess` / `LearningProcess` (or other
 `IterativeProcess`), an aggregation factory (give `--value_type`), or a zero-argument callable returning one of
 these. A type is `DTYPE` or `DTYPE[D1,D2,...]` (a `?` dimension is unknown), or `MODULE:ATTR` naming a `tff.Type`.
 
-Exit status: 0 when the policy is met (PASS), 1 when there are violations (FAIL): these two are verdicts, and the
-report is printed (and written to `--output`). 2 for everything else, with no verdict and no report: bad arguments,
-a target module that cannot be imported (import error, syntax error, an exception or `sys.exit` at import), a
-missing attribute, a builder that raises, a target the audit cannot read, an `--output` that cannot be written
-(a directory, a missing directory, a path under a file, a read-only file system or a directory this user may not
-write: checked before the audit), or an exception inside the audit. Each prints one `error: ...` line on stderr
-(`--traceback` adds the Python traceback). A PASS establishes what the report's Scope paragraph says, no more
-(`tff_gma.audit.static.AUDIT_SCOPE`). The audit is static: the command installs no execution context and starts
-no TFF worker. The target is imported and audited in a child process, and a verdict counts only once its report
-was printed: audited code that ends the process (`os._exit` at import, a signal, Ctrl-C) is exit 2 with one line
-saying how it ended, never a PASS.
+How the verdict is protected (`tff_gma.audit.isolation` says why). This process never imports the target. A
+child process (`tff_gma.audit.loader`) imports it, builds what it names and sends back its computations as
+serialized TFF protos on a pipe this process made; this process parses them, analyses the building blocks
+itself (`tff_gma.audit.static`) and prints the report. Nothing the child writes is a verdict: its stdout and
+stderr reach this process's stderr only, each line prefixed `[target] `; a message that is missing, malformed or
+followed by an abnormal end of the child is exit 2. The child is killed (with its process group) after
+`--timeout` seconds, when this process gets SIGTERM, SIGINT or SIGHUP, and by the kernel when this process dies
+any other way (`PR_SET_PDEATHSIG`).
+
+Exit status: 0 when the policy is met (PASS), 1 when there are violations (FAIL): these two are verdicts, reached
+by this process's own analysis, and the report is printed (and written to `--output`). 2 for everything else,
+with no verdict and no report: bad arguments, a target module that cannot be imported (import error, syntax
+error, an exception or `sys.exit` at import), a missing attribute, a builder that raises, a target the audit
+cannot read, a child that ends without sending a well-formed result (`os._exit`, a signal, Ctrl-C, a crash), a
+child past `--timeout`, this process stopped by a signal, a computation whose names could pass for the report's
+own lines, an `--output` that cannot be written (a symbolic link, a directory, a missing directory, a path under a
+file, a read-only file system or a directory this user may not write: checked before the audit), or an exception
+inside the audit. Each prints one `error: ...` line on stderr (`--traceback` adds the Python traceback). A PASS
+establishes what the report's Scope paragraph says, no more (`tff_gma.audit.static.AUDIT_SCOPE`). The audit is
+static: neither process installs an execution context or starts a TFF worker.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
+import math
 import os
-import re
+import secrets
+import signal
+import stat
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Optional
 
-_TENSOR_TYPE = re.compile(r'^\s*(?P<dtype>[A-Za-z][A-Za-z0-9_]*)\s*(?:\[(?P<dims>[^\]]*)\])?\s*$')
+from tff_gma.audit import isolation
+from tff_gma.audit import loader
+from tff_gma.audit.isolation import CommandError
+from tff_gma.audit.loader import load_attribute  # pylint: disable=unused-import
+from tff_gma.audit.loader import parse_type  # pylint: disable=unused-import
+
 EXIT_OK = 0  # Verdict: PASS.
 EXIT_VIOLATIONS = 1  # Verdict: FAIL.
 EXIT_ERROR = 2  # No verdict: anything else went wrong.
 EXIT_USAGE = EXIT_ERROR  # The former name.
-_SUPPORTED = ('a tff.Computation, a tff.templates.IterativeProcess (e.g. an AggregationProcess or LearningProcess), '
-              'an aggregation factory, or a zero-argument callable returning one')
+DEFAULT_TIMEOUT_S = 300.0
+_LOADER = ('-m', 'tff_gma.audit.loader')
 
 
-class CommandError(ValueError):
-  """A failure that is not a verdict; its message is the one line the command prints after `error: `."""
+class _Parser(argparse.ArgumentParser):
+  """argparse, with a bad argument said in one `error: ...` line (exit 2) rather than the usage block first."""
+
+  def error(self, message: str):
+    self.exit(EXIT_ERROR, f'error: {message} (python -m tff_gma.audit -h lists the options)\n')
 
 
-def _describe(error: BaseException) -> str:
-  """`Type: message` of an exception (a syntax error with its full file path and line)."""
-  if isinstance(error, SyntaxError):
-    return f'{type(error).__name__}: {error.msg} ({error.filename}, line {error.lineno})'
-  text = ' '.join(str(error).split())  # One line.
-  return f'{type(error).__name__}: {text}' if text else type(error).__name__
-
-
-def load_attribute(spec: str, role: str = 'target') -> Any:
-  """`'package.module:name.attr'` -> that object; `CommandError` naming the problem when it cannot be loaded."""
-  module_name, sep, attr_path = spec.partition(':')
-  if not sep or not module_name or not attr_path:
-    raise CommandError(f'{role} {spec!r}: expected MODULE:ATTR')
+def _seconds(text: str) -> float:
   try:
-    value = importlib.import_module(module_name)
-  except SystemExit as e:
-    raise CommandError(f'cannot import module {module_name!r} of {role} {spec}: it called sys.exit({e.code!r}) '
-                       'while being imported') from e
-  except Exception as e:  # pylint: disable=broad-except
-    raise CommandError(f'cannot import module {module_name!r} of {role} {spec}: {_describe(e)}') from e
-  parts = attr_path.split('.')
-  for i, part in enumerate(parts):
-    try:
-      value = getattr(value, part)
-    except AttributeError as e:
-      raise CommandError(f'{role} {spec}: module {module_name!r} has no attribute {".".join(parts[:i + 1])!r}') from e
-    except Exception as e:  # pylint: disable=broad-except
-      raise CommandError(f'{role} {spec}: reading {".".join(parts[:i + 1])!r} raised {_describe(e)}') from e
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not math.isfinite(value) or value <= 0:
+    raise argparse.ArgumentTypeError(f'expected a positive number of seconds, got {text!r}')
   return value
 
 
-def parse_type(spec: Optional[str]):
-  """A CLI type spec -> `tff.Type` (`None` stays `None`)."""
-  if spec is None:
+def _parser() -> argparse.ArgumentParser:
+  parser = _Parser(
+      prog='python -m tff_gma.audit',
+      description='Static audit of which intrinsics carry client data to the server in a TFF computation, and in '
+      'how many sequential passes. A PASS does not mean that an aggregate reveals little about one client: see the '
+      'Scope paragraph of the report. The target is imported in a child process, which sends back its '
+      'computations; this process analyses them and gives the verdict.',
+      epilog='exit status: 0 PASS, 1 FAIL (violations), 2 error (no verdict: bad arguments, a target that cannot '
+      'be loaded or audited, a target process that ends without sending its computations or runs past --timeout, '
+      'an unwritable --output).')
+  parser.add_argument('target', help='MODULE:ATTR of a computation, process, factory, or a builder of one')
+  parser.add_argument('--value_type', help='value type for a factory, e.g. float32[10]')
+  parser.add_argument('--weight_type', help='weight type for a weighted factory (default float32)')
+  parser.add_argument('--policy', choices=('default', 'allow-plain-sum'), default='default',
+                      help='default: means and secure sums only; allow-plain-sum: also federated_sum')
+  parser.add_argument('--allow', action='append', default=[], metavar='URI',
+                      help='also allow this intrinsic (repeatable), e.g. federated_max')
+  parser.add_argument('--format', choices=('markdown', 'json'), default='markdown')
+  parser.add_argument('--output', help='also write the report to this file (not through a symbolic link; '
+                      'written to a new file beside it, then renamed over it)')
+  parser.add_argument('--timeout', type=_seconds, default=DEFAULT_TIMEOUT_S, metavar='SECONDS',
+                      help='kill the target\'s process if importing and building the target takes longer '
+                      f'(default {DEFAULT_TIMEOUT_S:g})')
+  parser.add_argument('--traceback', action='store_true', help='on an error, also print the Python traceback')
+  return parser
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --output.
+
+
+def _link_problem(path: str) -> Optional[str]:
+  """Why `path` itself may not be written (a link, a directory, not a regular file); None if absent or a file."""
+  try:
+    info = os.lstat(path)
+  except OSError:  # Absent, or under a file: `_check_output` says which.
     return None
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  if ':' in spec:
-    return tff.to_type(load_attribute(spec, role='type'))
-  match = _TENSOR_TYPE.match(spec)
-  if match is None:
-    raise ValueError(f'cannot parse type {spec!r}; expected DTYPE, DTYPE[D1,...] or MODULE:ATTR')
-  try:
-    dtype = np.dtype(match['dtype'])
-  except TypeError as e:
-    raise ValueError(f'unknown dtype {match["dtype"]!r} in type {spec!r}') from e
-  if match['dims'] is None:
-    return tff.TensorType(dtype)
-  dims = []
-  for dim in (d.strip() for d in match['dims'].split(',') if d.strip()):
-    if dim in ('?', 'None'):
-      dims.append(None)
-    elif dim.isdigit():
-      dims.append(int(dim))
-    else:
-      raise ValueError(f'bad dimension {dim!r} in type {spec!r}')
-  return tff.TensorType(dtype, dims)
-
-
-def _resolve_subject(value: Any, spec: str) -> Any:
-  """The auditable object a target names: itself, or what calling it (a builder) returns."""
-  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff
-  from tensorflow_federated.python.core.impl.compiler import building_blocks
-  from tensorflow_federated.python.core.impl.computation import polymorphic_computation
-  # pylint: enable=g-import-not-at-top
-  supported = (tff.Computation, tff.templates.IterativeProcess, tff.aggregators.UnweightedAggregationFactory,
-               tff.aggregators.WeightedAggregationFactory, building_blocks.ComputationBuildingBlock)
-  described = f'target {spec} is {type(value).__name__}'
-  if isinstance(value, polymorphic_computation.PolymorphicComputation):
-    raise CommandError(f'target {spec} is a polymorphic computation (no parameter type yet): decorate it with '
-                       'its parameter types, or name a builder that returns a typed computation')
-  if not isinstance(value, supported) and callable(value):
+  if stat.S_ISLNK(info.st_mode):
     try:
-      value = value()  # A builder: lets a module define expensive targets lazily.
-    except SystemExit as e:
-      raise CommandError(f'target {spec}: the builder called sys.exit({e.code!r})') from e
-    except Exception as e:  # pylint: disable=broad-except
-      raise CommandError(f'target {spec}: calling the builder raised {_describe(e)}') from e
-    described = f'target {spec}() returned {type(value).__name__}'
-  if not isinstance(value, supported):
-    raise CommandError(f'{described}, which the audit cannot read: expected {_SUPPORTED}')
-  return value
+      where = f' (to {isolation.printable(os.readlink(path))})'
+    except OSError:
+      where = ''
+    return f'is a symbolic link{where}; the audit does not write through one'
+  if stat.S_ISDIR(info.st_mode):
+    return 'is a directory'
+  if not stat.S_ISREG(info.st_mode):
+    return 'is not a regular file'
+  return None
 
 
 def _check_output(path: Optional[str]) -> None:
@@ -136,8 +131,9 @@ def _check_output(path: Optional[str]) -> None:
     return
   if not path:
     raise CommandError('--output: empty path')
-  if os.path.isdir(path):
-    raise CommandError(f'--output {path}: is a directory')
+  problem = _link_problem(path)
+  if problem:
+    raise CommandError(f'--output {path}: {problem}')
   directory = os.path.dirname(path) or '.'
   if not os.path.isdir(directory):
     problem = 'is a file, not a directory' if os.path.exists(directory) else 'does not exist'
@@ -152,150 +148,160 @@ def _check_output(path: Optional[str]) -> None:
     raise CommandError(f'--output {path}: directory {directory} is not writable by this user')
 
 
-class _Parser(argparse.ArgumentParser):
-  """argparse, with a bad argument said in one `error: ...` line (exit 2) rather than the usage block first."""
-
-  def error(self, message: str):
-    self.exit(EXIT_ERROR, f'error: {message} (python -m tff_gma.audit -h lists the options)\n')
-
-
-def _parser() -> argparse.ArgumentParser:
-  parser = _Parser(
-      prog='python -m tff_gma.audit',
-      description='Static audit of which intrinsics carry client data to the server in a TFF computation, and in '
-      'how many sequential passes. A PASS does not mean that an aggregate reveals little about one client: see the '
-      'Scope paragraph of the report.',
-      epilog='exit status: 0 PASS, 1 FAIL (violations), 2 error (no verdict: bad arguments, a target that cannot '
-      'be loaded or audited, an unwritable --output).')
-  parser.add_argument('target', help='MODULE:ATTR of a computation, process, factory, or a builder of one')
-  parser.add_argument('--value_type', help='value type for a factory, e.g. float32[10]')
-  parser.add_argument('--weight_type', help='weight type for a weighted factory (default float32)')
-  parser.add_argument('--policy', choices=('default', 'allow-plain-sum'), default='default',
-                      help='default: means and secure sums only; allow-plain-sum: also federated_sum')
-  parser.add_argument('--allow', action='append', default=[], metavar='URI',
-                      help='also allow this intrinsic (repeatable), e.g. federated_max')
-  parser.add_argument('--format', choices=('markdown', 'json'), default='markdown')
-  parser.add_argument('--output', help='also write the report to this file')
-  parser.add_argument('--traceback', action='store_true', help='on an error, also print the Python traceback')
-  return parser
-
-
-def _parse_type_option(option: str, spec: Optional[str]):
+def _write_output(path: str, text: str) -> None:
+  """Writes `text` to `path` atomically, never through a link: a new file (O_EXCL | O_NOFOLLOW) beside it, then
+  renamed over it. A rename replaces a link planted after the check, it does not follow it."""
+  problem = _link_problem(path)  # Again: the audit took a while.
+  if problem:
+    raise CommandError(f'--output {path}: {problem}')
+  directory, name = os.path.split(path)
+  tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(6)}.tmp')
   try:
-    return parse_type(spec)
-  except Exception as e:  # pylint: disable=broad-except
-    raise CommandError(f'{option} {spec!r}: {e if isinstance(e, ValueError) else _describe(e)}') from e
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+  except OSError as e:
+    raise CommandError(f'--output {path}: {e.strerror or isolation.describe(e)}') from e
+  try:
+    with os.fdopen(fd, 'w', encoding='utf-8') as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException as e:
+    try:
+      os.unlink(tmp)
+    except OSError:
+      pass
+    if isinstance(e, OSError):
+      raise CommandError(f'--output {path}: {e.strerror or isolation.describe(e)}') from e
+    raise
 
 
-def _audit(args: argparse.Namespace) -> int:
-  _check_output(args.output)
-  from tff_gma.audit import static  # pylint: disable=g-import-not-at-top
-  value_type = _parse_type_option('--value_type', args.value_type)
-  weight_type = _parse_type_option('--weight_type', args.weight_type)
-  subject = _resolve_subject(load_attribute(args.target), args.target)
+# ---------------------------------------------------------------------------------------------------------------
+# The parent's analysis of what the child sent.
+
+
+def _import_static(release_context: bool = False):
+  """Imports the analysis (TensorFlow Federated: seconds). `release_context` (the command): also releases the
+  execution context TFF installs at import, which would start TFF's worker lazily; nothing is executed here."""
+  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.context_stack import set_default_context
+  from tff_gma.audit import static
+  # pylint: enable=g-import-not-at-top
+  if release_context:
+    set_default_context.set_no_default_context()
+  if sys.getrecursionlimit() < static._MIN_RECURSION_LIMIT:  # pylint: disable=protected-access
+    sys.setrecursionlimit(static._MIN_RECURSION_LIMIT)  # pylint: disable=protected-access
+  return static
+
+
+def _check_report(report, markdown: str, target: str) -> None:
+  """Refuses a report in which text from the computation (names in types and paths, intrinsic URIs) could pass
+  for the report's own: a line break or terminal escape in it, or a second `Verdict`."""
+  from_target = [report.subject] + [c.type_signature for c in report.computations] + [
+      text for f in report.flows for text in (f.intrinsic, f.value_type, f.where)]
+  bad = next((text for text in from_target if not text.isprintable()), None)
+  if bad is None:  # Belt and braces: the whole report, line by line.
+    bad = next((line for line in markdown.split('\n') if not line.isprintable()), None)
+  if bad is not None:
+    raise CommandError(f'the audit of {target}: the computation\'s names hold line breaks or control characters, '
+                       f'which could pass for the report\'s own lines ({isolation.printable(bad)[:100]}); no verdict')
+  if markdown.count('Verdict') != 1:
+    raise CommandError(f'the audit of {target}: a name in the computation imitates the report\'s verdict line; no '
+                       'verdict')
+
+
+def _finish(data: bytes, args: argparse.Namespace) -> int:
+  """Decodes the child's message, analyses it, writes and prints the report; the verdict's exit status."""
+  static = _import_static()
+  try:
+    loaded = isolation.decode_message(data)
+  except isolation.MalformedMessage as e:
+    raise CommandError(f'the audit of {args.target}: the target\'s process sent a malformed result ({e}); no '
+                       'verdict') from e
   policy = static.AuditPolicy(
       allowed_intrinsics=static.DEFAULT_ALLOWED_INTRINSICS | frozenset(args.allow),
       allow_plain_sum=args.policy == 'allow-plain-sum')
   try:
-    report = static.audit_computation(subject, policy=policy, value_type=value_type, weight_type=weight_type,
-                                      name=args.target)
-    text = report.to_markdown() if args.format == 'markdown' else report.to_json()
+    audits = tuple(static._audit_building_block(name, block, policy)  # pylint: disable=protected-access
+                   for name, block in loaded.computations)
+    report = static.AuditReport(subject=f'{args.target} ({loaded.description})', policy=policy,
+                                computations=audits, main=loaded.main)
+    markdown = report.to_markdown()
+    text = markdown if args.format == 'markdown' else report.to_json()
   except Exception as e:  # pylint: disable=broad-except
-    raise CommandError(f'cannot audit {args.target}: {_describe(e)}') from e
+    raise CommandError(f'cannot audit {args.target}: {isolation.describe(e)}') from e
+  _check_report(report, markdown, args.target)
   if args.output is not None:
-    try:
-      with open(args.output, 'w') as f:
-        f.write(text + '\n')
-    except OSError as e:
-      raise CommandError(f'--output {args.output}: {e.strerror or _describe(e)}') from e
-  print(text)
+    _write_output(args.output, text + '\n')
+  print(text, flush=True)
   return EXIT_OK if report.ok else EXIT_VIOLATIONS
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Runs the command; returns its exit status (argparse exits with 2 itself on bad arguments)."""
-  args = _parser().parse_args(argv)
-  try:
-    return _audit(args)
-  except (CommandError, SystemExit, Exception) as e:  # pylint: disable=broad-except
-    if isinstance(e, CommandError):
-      message = str(e)
-    elif isinstance(e, SystemExit):  # Not argparse's (parsing is done): code the target runs called sys.exit.
-      message = f'{args.target}: sys.exit({e.code!r}) called while loading or auditing it'
+def _check_type_specs(args: argparse.Namespace) -> None:
+  """A plain `DTYPE[...]` spec is checked here (NumPy only), before any child; `MODULE:ATTR` is the child's."""
+  for option, spec in (('--value_type', args.value_type), ('--weight_type', args.weight_type)):
+    if spec is not None and ':' not in spec:
+      try:
+        loader.parse_tensor_spec(spec)
+      except ValueError as e:
+        raise CommandError(f'{option} {spec!r}: {e}') from e
+
+
+def _error_exit(error: BaseException, args: argparse.Namespace) -> int:
+  """Prints the one `error: ...` line (after the traceback with --traceback) and returns EXIT_ERROR."""
+  if isinstance(error, isolation.Stopped):
+    message = (f'the audit of {args.target} was stopped by {signal.Signals(error.signum).name}; the target\'s '
+               'process is gone; no verdict')
+  elif isinstance(error, CommandError):
+    message = str(error)
+  elif isinstance(error, SystemExit):  # Not argparse's (parsing is done): code the audit ran called sys.exit.
+    message = f'{args.target}: sys.exit({error.code!r}) called while loading or auditing it'
+  else:
+    message = f'internal error while auditing {args.target}: {isolation.describe(error)}'
+  if args.traceback:
+    child_traceback = getattr(error, 'traceback_text', None)
+    if child_traceback:  # The child's, as data: each line escaped.
+      lines = child_traceback.rstrip('\n').split('\n')
+      print('\n'.join(isolation.printable(line) for line in lines), file=sys.stderr)
     else:
-      message = f'internal error while auditing {args.target}: {_describe(e)}'
-    if args.traceback:
-      traceback.print_exc()
-    print(f'error: {message}', file=sys.stderr)
-    return EXIT_ERROR
-
-
-# The audited code runs in a child process (this program again, with `_CHILD_ENV` naming the write end of a pipe):
-# code that ends the process (`os._exit(0)` at import, a signal, Ctrl-C) must not read as a verdict. The child
-# writes its verdict to the pipe after it printed the report; the parent returns the child's status only with that
-# verdict, and otherwise says in one line that the audit ended without a report (exit 2).
-_CHILD_ENV = 'TFF_GMA_AUDIT_VERDICT_FD'
-_EXIT_INTERRUPTED = 130  # The child's status after a KeyboardInterrupt (128 + SIGINT, as a shell reports it).
-
-
-def _supervise(argv: Sequence[str]) -> int:
-  """Runs the audit in a child process; its exit status, or EXIT_ERROR when it ended without a verdict."""
-  import signal  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  read_fd, write_fd = os.pipe()
-  env = dict(os.environ, **{_CHILD_ENV: str(write_fd)})
-  try:
-    child = subprocess.Popen([sys.executable, '-m', 'tff_gma.audit', *argv], env=env, pass_fds=(write_fd,))
-  finally:
-    os.close(write_fd)
-  interrupted = False
-  while True:
-    try:
-      child.wait()
-      break
-    except KeyboardInterrupt:  # Ctrl-C reached the child too; wait for it to end, then say so.
-      interrupted = True
-      signal.signal(signal.SIGINT, signal.SIG_IGN)
-  with os.fdopen(read_fd, 'rb') as pipe:
-    verdict = pipe.read().decode('ascii', 'replace').strip()
-  code = child.returncode
-  if verdict in (str(EXIT_OK), str(EXIT_VIOLATIONS)) and code == int(verdict):
-    return code
-  if verdict == str(EXIT_ERROR) and code == EXIT_ERROR:
-    return EXIT_ERROR  # The child printed its `error: ...` line.
-  how = ('interrupted (Ctrl-C)' if interrupted or code in (-signal.SIGINT, _EXIT_INTERRUPTED)
-         else f'killed by signal {signal.Signals(-code).name}' if code < 0 else f'exit status {code}')
-  target = next((a for a in argv if not a.startswith('-')), 'the target')
-  print(f'error: the audit of {target} ended ({how}) before printing its report: the audited code ended the '
-        f'process; no verdict', file=sys.stderr, flush=True)
+      traceback.print_exception(error, file=sys.stderr)
+  print(f'error: {message}', file=sys.stderr, flush=True)
   return EXIT_ERROR
 
 
-def run_program() -> int:
-  """Entry point of `python -m tff_gma.audit`: the audit in a supervised child process (see `_supervise`), which
-  runs `main` with no execution context installed."""
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.context_stack import set_default_context
-  # pylint: enable=g-import-not-at-top
-  # Auditing executes nothing: with no default context nothing can start TFF's worker, and the context TFF installed
-  # at import (which would start one lazily) is released now rather than during interpreter shutdown.
-  set_default_context.set_no_default_context()
-  if _CHILD_ENV not in os.environ:
-    # Here, not in the child: -h prints the help, and a bad argument is its one line (exit 2), not an audit
-    # that "ended before printing its report".
-    _parser().parse_args(sys.argv[1:])
-    return _supervise(sys.argv[1:])
-  verdict_fd = int(os.environ.pop(_CHILD_ENV))
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The command: the target loaded in a child process, the verdict reached here. Returns the exit status
+  (argparse exits with 2 itself on bad arguments, and prints -h)."""
+  args = _parser().parse_args(argv)
   try:
-    code = main()
-  except KeyboardInterrupt:  # Ctrl-C (or code that raised it): no verdict; the parent says so in one line.
-    return _EXIT_INTERRUPTED
-  sys.stdout.flush()
-  os.write(verdict_fd, str(code).encode('ascii'))  # After the report: the parent's proof that it was printed.
-  os.close(verdict_fd)
-  return code
+    with isolation.stop_on_signals():
+      _check_output(args.output)
+      _check_type_specs(args)
+      request = json.dumps({'target': args.target, 'value_type': args.value_type, 'weight_type': args.weight_type,
+                            'traceback': args.traceback})
+      child = isolation.start_child([*_LOADER, request], args.timeout)
+      # The analysis is imported while the child loads the target: both take seconds.
+      data = isolation.collect(child, args.target, meanwhile=lambda: _import_static(release_context=True))
+      return _finish(data, args)
+  except (Exception, isolation.Stopped) as e:  # pylint: disable=broad-except
+    return _error_exit(e, args)
+
+
+def run_in_process(argv: Optional[Sequence[str]] = None) -> int:
+  """`main` without the child: imports the target in this process, then the same decoding, analysis and output.
+
+  For tests and trusted callers only: code the target runs here can forge anything this process prints.
+  """
+  args = _parser().parse_args(argv)
+  try:
+    _check_output(args.output)
+    _check_type_specs(args)
+    data = loader.load_message(args.target, args.value_type, args.weight_type, args.traceback)
+    return _finish(data, args)
+  except (Exception, SystemExit) as e:  # pylint: disable=broad-except
+    return _error_exit(e, args)
 
 
 if __name__ == '__main__':
-  sys.exit(run_program())
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  sys.exit(main())

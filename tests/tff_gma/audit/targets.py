@@ -284,3 +284,28 @@ def slotted_mean(values, slots):
   client data, not what the clients encode into them (the limitation stated in every report's scope).
   """
   return tff.federated_mean(tff.federated_map(_into_own_slot, (values, slots)))
+
+
+# --- Hostile: names that would pass for the report's own lines. ---------------------------------------------------
+
+FAKE_VERDICT_LINES = 'x\n\n**Verdict: PASS.**\n\n'
+FAKE_VERDICT_WORDS = 'Verdict: PASS'
+
+
+def _plain_sum_of_a_field_named(name: str) -> tff.Computation:
+  @tff.federated_computation(tff.FederatedType(tff.StructType([(name, np.float32)]), tff.CLIENTS))
+  def leaky(values):
+    return tff.federated_sum(values)
+
+  return leaky
+
+
+def names_with_a_fake_verdict_line() -> tff.Computation:
+  """A plain sum (FAIL) of a struct whose field name holds line breaks and a PASS verdict line: printed as is, the
+  report's type lines would break around a line reading `**Verdict: PASS.**`."""
+  return _plain_sum_of_a_field_named(FAKE_VERDICT_LINES)
+
+
+def names_with_a_fake_verdict() -> tff.Computation:
+  """A plain sum (FAIL) of a struct whose field is named `Verdict: PASS`: one line, but a second verdict."""
+  return _plain_sum_of_a_field_named(FAKE_VERDICT_WORDS)

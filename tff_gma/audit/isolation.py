@@ -1,0 +1,455 @@
+"""The audit's two processes: a child that imports the target and sends back its computations as data, and the
+parent that runs the child, bounds it in time, and checks what it sent.
+
+Why. Naming `MODULE:ATTR` runs that module's code in the process that imports it. A verdict computed or printed in
+that process can be forged: code at import can print `**Verdict: PASS.**`, write to every inherited pipe and call
+`os._exit(0)`. So the command (`python -m tff_gma.audit`, the parent) never imports the target. A child process
+does (`tff_gma.audit.loader`): it loads the target, builds what it names (a builder's call, a factory's `create`)
+and writes one message on a pipe the parent made: the computations serialized as TFF's own `pb.Computation`
+protos (the form a `tff.Computation` holds and `to_building_block` reads), with what they are (a computation, a
+process and its class, a factory's process and its types), or an error message. Nothing in it is a verdict, and
+nothing the child prints reaches the parent's stdout. The parent reads the message as data (`decode_message`:
+framing, schema, protos), analyses the building blocks itself and prints the report and verdict; a message that is
+malformed, missing, cut short or followed by an abnormal end of the child is no verdict (exit 2).
+
+What this does not stop. Whatever the child can write the target's code can write too (it runs in the child): it
+can send computations other than the one `MODULE:ATTR` names, as it could name other ones, or behave differently
+when audited. The verdict is the parent's analysis of the computations the child sent, no more; a per-run secret
+would not change that (the child, hence the target, would hold it). To vouch for what is deployed, audit the
+deployed object.
+
+The child's process:
+* runs in its own process group, with stdin from /dev/null and SIGINT/SIGQUIT/SIGHUP at their defaults; its stdout
+  and stderr go to a pipe whose lines the parent copies to its own stderr prefixed `[target] `, with control
+  characters escaped (so they can neither reach the report's stream nor rewrite the terminal);
+* gets `PR_SET_PDEATHSIG=SIGKILL` (`tff_gma.confinement`'s helper): the kernel kills it when the parent dies,
+  whatever ends the parent, SIGKILL included;
+* is killed with its process group when it runs past `timeout_s`, when the parent gets SIGTERM/SIGINT/SIGHUP
+  (`stop_on_signals`), and, for what it left behind, as soon as it ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Optional
+
+from tff_gma import confinement
+
+# The message: magic, 8-byte big-endian length of the JSON body, the body.
+MAGIC = b'tff-gma-audit-result/1\n'
+_LENGTH = struct.Struct('>Q')
+MAX_MESSAGE_BYTES = 1 << 30  # A learning process of a large model is tens of MB; more is no computation.
+# What the child sends for each kind of target: its computations' names, in order, and the main one.
+KINDS = {
+    'computation': (('computation',), 'computation'),
+    'process': (('initialize', 'next'), 'next'),
+    'factory': (('initialize', 'next'), 'next'),
+}
+_CLASS_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
+EXIT_INTERRUPTED = 130  # The child's status after a KeyboardInterrupt (128 + SIGINT, as a shell reports it).
+OUTPUT_PREFIX = '[target] '
+_POLL_S = 0.1
+_PIPE_BYTES = 1 << 20  # Asked of each of the child's pipes (`F_SETPIPE_SZ`; Linux allows 1 MiB to any user).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_running: set[int] = set()  # Children started and not reaped yet (their process group ids).
+
+
+class CommandError(ValueError):
+  """A failure that is not a verdict; its message is the one line the command prints after `error: `."""
+
+
+class TargetError(CommandError):
+  """An error the child reported (the target could not be loaded, built or serialized): no verdict."""
+
+  def __init__(self, message: str, traceback_text: Optional[str] = None):
+    super().__init__(message)
+    self.traceback_text = traceback_text
+
+
+class Stopped(BaseException):  # pylint: disable=g-bad-exception-name
+  """The parent got a signal that ends it (`stop_on_signals`): no verdict. A `BaseException`, as
+  `KeyboardInterrupt` is: code this process runs meanwhile (TensorFlow's imports) must not swallow it."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+def describe(error: BaseException) -> str:
+  """`Type: message` of an exception (a syntax error with its full file path and line)."""
+  if isinstance(error, SyntaxError):
+    return f'{type(error).__name__}: {error.msg} ({error.filename}, line {error.lineno})'
+  text = ' '.join(str(error).split())  # One line.
+  return f'{type(error).__name__}: {text}' if text else type(error).__name__
+
+
+def printable(text: str) -> str:
+  """`text` with every character that is not printable (line breaks, terminal escapes) written as an escape."""
+  if text.isprintable():
+    return text
+  return ''.join(c if c.isprintable() else c.encode('unicode_escape').decode('ascii') for c in text)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The message.
+
+
+def encode_message(body: dict[str, Any]) -> bytes:
+  """The bytes the child writes: `MAGIC`, the body's length, the body as JSON."""
+  data = json.dumps(body, separators=(',', ':')).encode('utf-8')
+  return MAGIC + _LENGTH.pack(len(data)) + data
+
+
+def result_body(kind: str, class_name: str, computations: Sequence[tuple[str, bytes]],
+                value_type: Optional[bytes] = None, weight_type: Optional[bytes] = None) -> dict[str, Any]:
+  """The body of a result: serialized `pb.Computation`s (and, for a factory, serialized `pb.Type`s)."""
+  encode = lambda data: None if data is None else base64.b64encode(data).decode('ascii')
+  return {'result': {'kind': kind, 'class': class_name, 'value_type': encode(value_type),
+                     'weight_type': encode(weight_type), 'computations': [[n, encode(c)] for n, c in computations]}}
+
+
+def error_body(message: str, traceback_text: Optional[str] = None) -> dict[str, Any]:
+  return {'error': message, 'traceback': traceback_text}
+
+
+class MalformedMessage(ValueError):
+  """What the child sent is not a well-formed message (the text says what is wrong)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """A well-formed result, decoded by the parent: what the target is, and its building blocks.
+
+  Attributes:
+    description: the target's kind in words, as the report's subject shows it (`computation`, the process's class,
+      `Factory.create(value_type[, weight_type])`), written by the parent from checked fields.
+    computations: (name, building block) for each computation, in the order `KINDS` gives.
+    main: the computation whose passes the report counts.
+  """
+
+  description: str
+  computations: tuple[tuple[str, Any], ...]
+  main: str
+
+
+def _field(mapping: Any, key: str, types: Any, where: str) -> Any:
+  if not isinstance(mapping, dict) or key not in mapping:
+    raise MalformedMessage(f'{where} has no {key!r}')
+  value = mapping[key]
+  if not isinstance(value, types):
+    raise MalformedMessage(f'{where}[{key!r}] is a {type(value).__name__}')
+  return value
+
+
+def _base64(text: str, what: str) -> bytes:
+  try:
+    return base64.b64decode(text.encode('ascii'), validate=True)
+  except (binascii.Error, UnicodeEncodeError) as e:
+    raise MalformedMessage(f'{what} is not base64') from e
+
+
+def decode_message(data: bytes) -> 'Loaded':
+  """The child's message -> `Loaded`; `TargetError` for an error message; `MalformedMessage` for anything else.
+
+  Checks the framing (magic, length, nothing after the body), the body's schema, that the names are the ones the
+  kind has, and parses each proto with TFF's own deserializers (a parse that fails is malformed).
+  """
+  if not data.startswith(MAGIC):
+    raise MalformedMessage(f'it does not start with the message header (got {data[:24]!r})')
+  header_end = len(MAGIC) + _LENGTH.size
+  if len(data) < header_end:
+    raise MalformedMessage('it ends inside the header')
+  (length,) = _LENGTH.unpack(data[len(MAGIC):header_end])
+  if len(data) - header_end != length:
+    raise MalformedMessage(f'the header announces {length} bytes and {len(data) - header_end} follow')
+  try:
+    body = json.loads(data[header_end:].decode('utf-8'))
+  except (UnicodeDecodeError, ValueError, RecursionError) as e:
+    raise MalformedMessage(f'the body is not JSON ({describe(e)})') from e
+  if not isinstance(body, dict) or len(body) != (2 if 'error' in body else 1):
+    raise MalformedMessage('the body is neither one result nor one error')
+  if 'error' in body:
+    message = _field(body, 'error', str, 'the error')
+    traceback_text = _field(body, 'traceback', (str, type(None)), 'the error')
+    raise TargetError(printable(' '.join(message.split())) or 'the target\'s process reported an error',
+                      traceback_text)
+  result = _field(body, 'result', dict, 'the body')
+  expected = {'kind', 'class', 'value_type', 'weight_type', 'computations'}
+  if set(result) != expected:
+    raise MalformedMessage(f'the result has the fields {sorted(result)}, not {sorted(expected)}')
+  kind = _field(result, 'kind', str, 'the result')
+  if kind not in KINDS:
+    raise MalformedMessage(f'unknown kind {printable(kind)!r}')
+  class_name = _field(result, 'class', str, 'the result')
+  if not _CLASS_NAME.match(class_name):
+    raise MalformedMessage(f'the class name {printable(class_name)!r} is not an identifier')
+  names, main = KINDS[kind]
+  pairs = _field(result, 'computations', list, 'the result')
+  if (len(pairs) != len(names) or any(not isinstance(p, list) or len(p) != 2 for p in pairs)
+      or tuple(p[0] for p in pairs) != names or any(not isinstance(p[1], str) for p in pairs)):
+    raise MalformedMessage(f'a {kind} sends the computations {list(names)}, each as [name, base64]')
+  value_type = _field(result, 'value_type', (str, type(None)), 'the result')
+  weight_type = _field(result, 'weight_type', (str, type(None)), 'the result')
+  if (value_type is not None) != (kind == 'factory') or (weight_type is not None and kind != 'factory'):
+    raise MalformedMessage('value and weight types come with a factory, and a factory has a value type')
+
+  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.proto.v0 import computation_pb2
+  from tensorflow_federated.python.core.impl.compiler import building_blocks
+  from tensorflow_federated.python.core.impl.types import type_serialization
+  # pylint: enable=g-import-not-at-top
+
+  def parse(what: str, text: str, message_type: Any) -> Any:
+    try:
+      return message_type.FromString(_base64(text, what))
+    except MalformedMessage:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      raise MalformedMessage(f'{what} does not parse ({describe(e)})') from e
+
+  computations = []
+  for name, text in pairs:
+    what = f'the computation {name!r}'
+    proto = parse(what, text, computation_pb2.Computation)
+    try:
+      computations.append((name, building_blocks.ComputationBuildingBlock.from_proto(proto)))
+    except Exception as e:  # pylint: disable=broad-except
+      raise MalformedMessage(f'{what} does not parse ({describe(e)})') from e
+  description = 'computation' if kind == 'computation' else class_name
+  if kind == 'factory':
+    types = []
+    for what, text in (('the value type', value_type), ('the weight type', weight_type)):
+      if text is not None:
+        try:
+          types.append(type_serialization.deserialize_type(parse(what, text, computation_pb2.Type)))
+        except MalformedMessage:
+          raise
+        except Exception as e:  # pylint: disable=broad-except
+          raise MalformedMessage(f'{what} does not parse ({describe(e)})') from e
+    description = f'{class_name}.create({", ".join(str(t) for t in types)})'
+  return Loaded(description=description, computations=tuple(computations), main=main)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The parent's side: run the child, relay its output, collect its message.
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+  """Within: SIGTERM, SIGINT and SIGHUP (those not ignored) kill the running child's process group and raise
+  `Stopped` in the main thread (whose `finally` blocks then reap the child), rather than ending the process where
+  it stands. Restores the previous handlers after."""
+  stopping = []
+
+  def handler(signum, frame):
+    del frame
+    for pid in list(_running):  # At once, whatever raising does next.
+      _kill_group(pid)
+    if not stopping:  # The first signal ends the run; one more while it cleans up must not cut the cleanup short.
+      stopping.append(signum)
+      raise Stopped(signum)
+
+  previous = {}
+  for signum in _STOP_SIGNALS:
+    if signal.getsignal(signum) is not signal.SIG_IGN:  # An ignored one stays ignored (`nohup`: SIGHUP).
+      previous[signum] = signal.signal(signum, handler)
+  try:
+    yield
+  finally:
+    for signum, old in previous.items():
+      signal.signal(signum, old)
+
+
+def _child_preexec(parent_pid: int) -> Callable[[], None]:
+  """Between fork and exec in the child: default dispositions for the signals a background job ignores (and
+  would pass on), then `PR_SET_PDEATHSIG=SIGKILL` (exits at once if the parent is already gone)."""
+  die_with_parent = confinement._die_with_parent_of(parent_pid)  # pylint: disable=protected-access
+
+  def preexec() -> None:
+    for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+      signal.signal(signum, signal.SIG_DFL)
+    die_with_parent()
+
+  return preexec
+
+
+class _Relay:
+  """Copies the child's output to a file descriptor line by line, prefixed, control characters escaped."""
+
+  def __init__(self, fd: int):
+    self._fd = fd
+    self._partial = b''
+
+  def feed(self, data: bytes) -> None:
+    lines = (self._partial + data).split(b'\n')
+    self._partial = lines.pop()
+    if len(self._partial) > 1 << 16:  # A line with no end: show it in pieces.
+      lines.append(self._partial)
+      self._partial = b''
+    self._write(lines)
+
+  def close(self) -> None:
+    if self._partial:
+      self._write([self._partial])
+      self._partial = b''
+
+  def _write(self, lines: list[bytes]) -> None:
+    if not lines:
+      return
+    text = ''.join(OUTPUT_PREFIX + printable(l.decode('utf-8', 'backslashreplace').rstrip('\r')) + '\n'
+                   for l in lines)
+    try:
+      os.write(self._fd, text.encode('utf-8'))
+    except OSError:
+      pass  # Our stderr is gone: the target's output is lost, the audit goes on.
+
+
+def _exited(pid: int) -> bool:
+  """Whether the child has ended, leaving it unreaped: while it is a zombie its process group id cannot be reused,
+  so killing that group cannot hit another process group."""
+  return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _kill_group(pgid: int) -> None:
+  try:
+    os.killpg(pgid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+def _how(code: int) -> str:
+  """How the child ended, in words."""
+  if code in (-signal.SIGINT, EXIT_INTERRUPTED):
+    return 'interrupted (Ctrl-C)'
+  if code < 0:
+    try:
+      return f'killed by signal {signal.Signals(-code).name}'
+    except ValueError:
+      return f'killed by signal {-code}'
+  return f'exit status {code}'
+
+
+@dataclasses.dataclass
+class Child:
+  """A started child: its process, the pipes it writes, and when it must be done."""
+
+  process: subprocess.Popen
+  result_fd: int
+  output_fd: int
+  deadline: float
+  timeout_s: float
+
+
+def start_child(argv: Sequence[str], timeout_s: float, env: Optional[dict[str, str]] = None) -> Child:
+  """Starts `python ARGV RESULT_FD` (the loader) as described in the module docstring.
+
+  Call before starting threads (it forks with a `preexec_fn`); `collect` then reads it to its end.
+  """
+  result_read, result_write = os.pipe()
+  output_read, output_write = os.pipe()
+  for fd in (result_write, output_write):  # Room for a learning process's protos while the parent imports TFF.
+    with contextlib.suppress(OSError):
+      fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+  try:
+    process = subprocess.Popen(
+        [sys.executable, *argv, str(result_write)], stdin=subprocess.DEVNULL, stdout=output_write,
+        stderr=output_write, pass_fds=(result_write,), close_fds=True, process_group=0, env=env,
+        preexec_fn=_child_preexec(os.getpid()))
+  except BaseException:
+    for fd in (result_read, output_read):
+      os.close(fd)
+    raise
+  finally:
+    os.close(result_write)
+    os.close(output_write)
+  _running.add(process.pid)
+  return Child(process, result_read, output_read, time.monotonic() + timeout_s, timeout_s)
+
+
+def collect(child: Child, target: str, output_fd: int = 2, meanwhile: Optional[Callable[[], Any]] = None) -> bytes:
+  """Reads the child's message until it ends; its bytes, or `CommandError` (one line) when there is none.
+
+  `meanwhile` runs first, while the child works (the parent's own imports); the child's output waits in its pipe
+  until then, while a timer thread kills the child at its deadline. The child's output is copied to `output_fd`
+  as it comes. Whatever ends this (the child's end, the deadline, a `Stopped` raised by a signal, any error), the
+  child's process group is killed and the child reaped before this returns or raises.
+  """
+  process = child.process
+  relay = _Relay(output_fd)
+  chunks, size = [], 0
+  open_fds = [child.result_fd, child.output_fd]
+  too_large = False
+  expired = threading.Event()
+
+  def expire() -> None:  # From a timer thread: on time even while `meanwhile` runs.
+    if not _exited(process.pid):
+      expired.set()
+      _kill_group(process.pid)
+
+  timer = threading.Timer(max(0.0, child.deadline - time.monotonic()), expire)
+  timer.daemon = True
+  timer.start()
+  try:
+    if meanwhile is not None:
+      meanwhile()
+    while not _exited(process.pid):
+      ready, _, _ = select.select(open_fds, [], [], _POLL_S)
+      for fd in ready:
+        data = os.read(fd, 1 << 16)
+        if not data:
+          open_fds.remove(fd)
+        elif fd == child.result_fd:
+          chunks.append(data)
+          size += len(data)
+        else:
+          relay.feed(data)
+      if size > MAX_MESSAGE_BYTES:
+        too_large = True
+        break
+  finally:
+    timer.cancel()
+    timer.join()  # Before the child is reaped: `expire` must not signal a process group id that is free again.
+    _kill_group(process.pid)  # The child if it still runs, and whatever it left behind in its group.
+    process.wait()
+    _running.discard(process.pid)
+    for fd in open_fds:  # What the child wrote before it ended (bounded: a writer that escaped its group).
+      os.set_blocking(fd, False)
+      drained = 0
+      with contextlib.suppress(BlockingIOError, OSError):
+        while size <= MAX_MESSAGE_BYTES and drained <= 4 * _PIPE_BYTES and (data := os.read(fd, 1 << 16)):
+          drained += len(data)
+          if fd == child.result_fd:
+            chunks.append(data)
+            size += len(data)
+          else:
+            relay.feed(data)
+    too_large = too_large or size > MAX_MESSAGE_BYTES
+    relay.close()
+    for fd in (child.result_fd, child.output_fd):
+      os.close(fd)
+  if expired.is_set():
+    raise CommandError(f'the audit of {target}: loading the target did not finish within '
+                       f'--timeout={child.timeout_s:g} s; its process was killed; no verdict')
+  if too_large:
+    raise CommandError(f'the audit of {target}: the target\'s process sent more than {MAX_MESSAGE_BYTES} bytes; it '
+                       'was killed; no verdict')
+  code = process.returncode
+  if code != 0 or not chunks:
+    raise CommandError(f'the audit of {target} ended ({_how(code)}) before the target\'s process sent its result: '
+                       'the audited code ended the process; no verdict')
+  return b''.join(chunks)
