@@ -62,7 +62,7 @@ _IFF_UP = 0x1
 _PR_SET_PDEATHSIG = 1
 _F_SETPIPE_SZ = 1031
 _CHUNK = 1 << 20
-_WORKER_STOP_TIMEOUT_S = 8.0
+_WORKER_STOP_WAIT_S = 3.0  # Per step of the helper's escalation (`stop_process`).
 
 # Exit status of the helper when the namespace could not be made (the driver then knows it is unavailable).
 EXIT_UNAVAILABLE = 3
@@ -79,6 +79,43 @@ def mode(value: str | None = None) -> str:
 def helper_command() -> list[str]:
   """The command that runs the helper: this file as a script, isolated from the environment, stdlib only."""
   return [sys.executable, '-I', '-S', os.path.abspath(__file__)]
+
+
+# Stopping a process: SIGINT, then SIGTERM, then SIGKILL, each followed by up to this many seconds' wait.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+STOP_WAIT_S = 4.0
+# Dispositions a started process must not inherit: a command started with `&` by a non-interactive shell (a script,
+# `nohup cmd &`) runs with SIGINT and SIGQUIT ignored, and a child keeps that across exec.
+DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+
+
+def reset_signal_dispositions() -> None:
+  """For a child between fork and exec: SIGINT and SIGQUIT back to their defaults, and unblocked (with SIGTERM).
+
+  A worker started from a background job would otherwise ignore SIGINT, the first signal `stop_process` (and TFF)
+  sends. Handled signals are reset by exec anyway; ignored ones and the signal mask are inherited.
+  """
+  for signum in DEFAULT_SIGNALS:
+    signal.signal(signum, signal.SIG_DFL)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, DEFAULT_SIGNALS + (signal.SIGTERM,))
+
+
+def stop_process(process: subprocess.Popen, wait_s: float = STOP_WAIT_S) -> int | None:
+  """Stops `process` by a bounded escalation: SIGINT, then SIGTERM, then SIGKILL, each followed by up to `wait_s`
+  seconds' wait for it to end; never waits longer (a process that ignores or handles SIGINT and SIGTERM is killed
+  about `2 * wait_s` seconds in). Returns its exit status (negative: the signal that ended it), or None when it is
+  still there after the last wait (a process in uninterruptible sleep that even SIGKILL has not ended yet)."""
+  for signum in STOP_SIGNALS:
+    if process.poll() is not None:
+      return process.returncode
+    try:
+      process.send_signal(signum)
+    except ProcessLookupError:  # Ended (not yet reaped) between the poll and the signal.
+      pass
+    deadline = time.monotonic() + wait_s
+    while process.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.01)
+  return process.poll()
 
 
 def unavailable_advice() -> str:
@@ -405,6 +442,7 @@ def _accept_loop(listener: socket.socket, port: int, check: PeerCheck | None = N
 
 def _die_with_parent_of(parent_pid: int):
   def preexec():
+    reset_signal_dispositions()  # The helper's own handlers are reset by exec, SIGQUIT is not.
     libc = _libc()
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # The parent died before prctl: nobody would kill us.
@@ -424,7 +462,7 @@ def helper_main(argv: list[str]) -> int:
     except OSError:
       pass
 
-  state = {'worker': None, 'stopping': False}
+  state = {'worker': None, 'stopping': False, 'stopper': None}
 
   def on_signal(signum, frame):
     del frame
@@ -432,11 +470,10 @@ def helper_main(argv: list[str]) -> int:
     worker = state['worker']
     if worker is None:
       os._exit(128 + signum)  # pylint: disable=protected-access
-    if worker.poll() is None:
-      worker.terminate()
-      timer = threading.Timer(_WORKER_STOP_TIMEOUT_S, worker.kill)
-      timer.daemon = True
-      timer.start()
+    if state['stopper'] is None:  # Once: a second signal does not restart the escalation.
+      # In a thread: the main thread, which this handler interrupts, holds the worker's wait lock.
+      state['stopper'] = threading.Thread(target=stop_process, args=(worker, _WORKER_STOP_WAIT_S), daemon=True)
+      state['stopper'].start()
 
   for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(sig, on_signal)

@@ -12,10 +12,17 @@ worker it owns:
   warn once and run it unconfined);
 * the worker's stdout/stderr go to a log file (or are discarded), never to the caller's pipes; the default log
   lives in that private directory, and those of dead processes are removed;
-* the worker runs in its own session (a Ctrl-C reaches Python, which then stops the worker cleanly) and gets
+* the worker runs in its own session (a Ctrl-C reaches Python, which then stops the worker cleanly), with SIGINT
+  and SIGQUIT at their defaults whatever this process ignores (a background job's), and gets
   `PR_SET_PDEATHSIG=SIGKILL`, so the kernel kills it if this process dies by any means, SIGKILL included;
-* an `atexit` hook stops it at normal exit and after an uncaught exception, and SIGTERM is turned into a
-  normal exit (running that hook) when no other SIGTERM handler is installed.
+* it is stopped by a bounded escalation (SIGINT, then SIGTERM, then SIGKILL, `confinement.stop_process`), never
+  waited for without a limit;
+* once this module has started a worker (not at import), an `atexit` hook stops it at normal exit and after an
+  uncaught exception, and SIGTERM is turned into a normal exit (running that hook) when no other SIGTERM handler
+  is installed.
+
+Importing this module changes nothing in TFF or the process: TFF's default context stays TFF's, and no exit hook,
+signal handler or logging filter is installed until one of the functions below starts a worker or a context.
 
 Usage: `tff_gma.runtime.set_simulation_context()` once, before running computations from Python;
 `set_async_simulation_context()` for TFF programs (`tff.program`, `tff.learning.programs.train_model`), on the same
@@ -55,6 +62,7 @@ from tensorflow_federated.python.core.backends.native import compiler as native_
 from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
 from tensorflow_federated.python.core.backends.test import compiler as test_compiler
 from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
 from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 
@@ -69,7 +77,6 @@ _GRPC_OPTIONS = [
 ]
 _PR_SET_PDEATHSIG = 1
 _STARTUP_TIMEOUT_S = 120.0
-_STOP_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10.0  # For workers this process does not own (`set_multi_worker_context`).
 _ALL_INTERFACES = ('', '0.0.0.0', '::')
 _RUN_DIR_PREFIX = 'tff_gma_worker_'
@@ -91,7 +98,8 @@ def worker_binary_path() -> str:
 
 def _die_with_parent_of(parent_pid: int):
   def preexec() -> None:
-    """Runs in the child between fork and exec: ask the kernel to SIGKILL it when the parent dies."""
+    """Runs in the child between fork and exec: default SIGINT/SIGQUIT, and a SIGKILL when the parent dies."""
+    confinement.reset_signal_dispositions()
     try:
       libc = ctypes.CDLL('libc.so.6', use_errno=True)
       libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -430,6 +438,7 @@ class WorkerProcess:
   _worker_pid: Optional[int] = dataclasses.field(default=None, init=False, repr=False)
   _socket_path: Optional[str] = dataclasses.field(default=None, init=False, repr=False)
   _confined: Optional[str] = dataclasses.field(default=None, init=False, repr=False)
+  _owner_pid: Optional[int] = dataclasses.field(default=None, init=False, repr=False)  # The process that started it.
 
   @property
   def pid(self) -> Optional[int]:
@@ -522,6 +531,7 @@ class WorkerProcess:
     return self
 
   def _popen(self, argv: list[str], out, pass_fds=()) -> subprocess.Popen:
+    _register_exit_hook()  # Before the process exists: stopped at exit whatever happens next.
     env = None  # Inherited (the confinement helper passes its environment on to the worker).
     if self.intra_op_threads:
       env = {**os.environ, 'TF_NUM_INTRAOP_THREADS': str(self.intra_op_threads)}
@@ -537,6 +547,7 @@ class WorkerProcess:
         preexec_fn=_die_with_parent_of(os.getpid()),
     )
     self._process = process
+    self._owner_pid = os.getpid()
     _live_workers.add(self)
     return process
 
@@ -612,17 +623,17 @@ class WorkerProcess:
     return tff.framework.RemoteExecutorGrpcStub(grpc.insecure_channel(self.target, _GRPC_OPTIONS))
 
   def _release(self) -> None:
-    """Stops the processes (SIGTERM, then SIGKILL), waits for them, removes the socket; keeps the log."""
+    """Stops the processes (SIGINT, SIGTERM, then SIGKILL, each after a short wait: `confinement.stop_process`),
+    removes the socket; keeps the log. Bounded (about 3 x `confinement.STOP_WAIT_S`, then up to 5 s for the worker
+    to follow its helper), even for a process that ignores signals."""
     process, self._process = self._process, None
     worker_pid, self._worker_pid = self._worker_pid, None
     if process is not None:
-      if process.poll() is None:
-        process.terminate()  # The helper stops its worker, then exits.
-        try:
-          process.wait(timeout=_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-          process.kill()  # The worker follows it (PR_SET_PDEATHSIG).
-          process.wait()
+      # The helper stops its worker (the same escalation) and exits; SIGKILLed, its worker follows it
+      # (PR_SET_PDEATHSIG).
+      if confinement.stop_process(process) is None:
+        _logger.warning('TFF worker process %d did not end within the stop escalation (SIGINT, SIGTERM, SIGKILL)',
+                        process.pid)
       if worker_pid is not None and worker_pid != process.pid:
         deadline = time.monotonic() + 5.0
         while _pid_alive(worker_pid) and time.monotonic() < deadline:
@@ -637,7 +648,7 @@ class WorkerProcess:
     _live_workers.discard(self)
 
   def stop(self) -> None:
-    """Stops the worker (SIGTERM, then SIGKILL) and waits for it. Safe to call more than once."""
+    """Stops the worker (SIGINT, SIGTERM, then SIGKILL; bounded waits). Safe to call more than once."""
     self._release()
     if self._log_file is not None:
       self._log_file.close()
@@ -660,15 +671,26 @@ _current_program_context = None  # The `tff.program` context on `_current_worker
 
 
 def stop_all_workers() -> None:
-  """Stops every worker this process started, and removes its private directory. Registered with `atexit`."""
+  """Stops every worker this process started, and removes its private directory. Registered with `atexit` when
+  the first worker starts."""
   for worker in list(_live_workers):
-    worker.stop()
+    if worker._owner_pid == os.getpid():  # pylint: disable=protected-access  # Not a forked parent's.
+      worker.stop()
   _remove_private_dir()
 
 
-atexit.register(stop_all_workers)
-# TFF's import-time default context, whose `__del__` would print a traceback at interpreter shutdown, is released
-# at exit by the hook `tff_gma/__init__.py` registers (`tff_gma/_default_context.py`).
+_exit_hook_pid: Optional[int] = None
+
+
+def _register_exit_hook() -> None:
+  """Registers `stop_all_workers` with `atexit`, once per process, when this module starts its first process (a
+  forked child registers its own)."""
+  global _exit_hook_pid
+  with _dir_lock:
+    if _exit_hook_pid == os.getpid():
+      return
+    _exit_hook_pid = os.getpid()
+  atexit.register(stop_all_workers)
 
 
 def _sigterm_to_exit(signum, frame):
@@ -778,11 +800,86 @@ def _owned_worker(log_path: Optional[str], threads: Optional[int] = None) -> Wor
   return _current_worker
 
 
+class _DropUnusedAssertionNoise(logging.Filter):
+  """Drops TF's "Object was never used" report, which TFF's quantized secure sum triggers on every trace.
+
+  Its bound assertions are built but not used in graph mode; TF then logs a long ERROR with a stack trace for
+  each, although nothing is wrong. Only that report is dropped; other TF messages pass.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return 'Object was never used' not in record.getMessage()
+
+
+def drop_unused_assertion_reports() -> None:
+  """Adds `_DropUnusedAssertionNoise` to TF's logger (once). Called where this library's own code runs (its
+  contexts, the project's entry points), never at import: a process that only imports `tff_gma` keeps TF's
+  logging as it was."""
+  tf_logger = logging.getLogger('tensorflow')
+  if not any(isinstance(f, _DropUnusedAssertionNoise) for f in tf_logger.filters):
+    tf_logger.addFilter(_DropUnusedAssertionNoise())
+
+
+def _stop_tff_worker_of_default_context() -> None:
+  """Before this module replaces TFF's default context: stops the worker that context started, if it is one of
+  TFF's local C++ contexts (native or test) that ran a computation; leaves it unreaped.
+
+  TFF stops that worker only from the context's `__del__`, which runs when the context is replaced: it sends SIGINT
+  and then waits without a limit. In a background job (`nohup cmd &`, a script's `cmd &`) the worker ignores
+  SIGINT, and that wait never ends. So the worker is stopped here first by the bounded escalation, and left a
+  zombie: TFF's `__del__` then signals it without error and reaps it at once. Anything unexpected in TFF's objects
+  leaves them alone (TFF's own behaviour)."""
+  stack = tff.framework.get_context_stack()
+  frames = getattr(stack, '_stack', None) or [None]  # The bottom frame is the default (TFF 0.87's layout).
+  context = frames[0]
+  context = getattr(context, '_context', context)  # `tff.program.NativeFederatedContext`.
+  context = getattr(context, '_async_context', context)  # A synchronous context's asynchronous one.
+  stack_fn = getattr(getattr(context, '_executor_factory', None), '_executor_stack_fn', None)
+  try:
+    cells = dict(zip(stack_fn.__code__.co_freevars, stack_fn.__closure__ or ()))
+    process = cells['service_manager'].cell_contents._process  # pylint: disable=protected-access
+  except (AttributeError, KeyError, ValueError):
+    return  # Not TFF's local C++ executor factory (or not as TFF 0.87 builds it).
+  if not isinstance(process, subprocess.Popen) or process.returncode is not None:
+    return
+  for signum in confinement.STOP_SIGNALS[1:]:  # SIGINT is the one such a worker may ignore.
+    if not _pid_alive(process.pid):
+      return
+    try:
+      os.kill(process.pid, signum)  # Not `process.send_signal`: it would reap the zombie TFF's `__del__` waits for.
+    except ProcessLookupError:
+      return
+    deadline = time.monotonic() + confinement.STOP_WAIT_S
+    while _pid_alive(process.pid) and time.monotonic() < deadline:
+      time.sleep(0.01)
+
+
+def set_up_entry_point() -> None:
+  """For a program's entry point (`python -m tff_gma.worker`, the project's commands), before it parses its flags:
+  drops TF's unused-assertion reports (`drop_unused_assertion_reports`) and, if TFF's default context is still
+  its native import-time one, replaces it with TFF's `RuntimeErrorContext` and collects it now.
+
+  That context has run nothing yet, so collecting it stops nothing; left to interpreter shutdown, its `__del__`
+  ends every such program with "Exception ignored in: ... ServiceManager.__del__ ... 'NoneType' object has no
+  attribute 'Popen'". A program that runs computations installs its own context afterwards
+  (`set_simulation_context`). Never called at import: importing the library leaves TFF's context alone.
+  """
+  from tff_gma import _default_context  # pylint: disable=g-import-not-at-top
+  drop_unused_assertion_reports()
+  stack = tff.framework.get_context_stack()
+  if _default_context.is_native_sync_context(stack.current):
+    _stop_tff_worker_of_default_context()
+    stack.set_default_context(runtime_error_context.RuntimeErrorContext())
+    gc.collect()
+
+
 def _install_default(context) -> None:
+  drop_unused_assertion_reports()
+  _stop_tff_worker_of_default_context()
   # (Re)install it: another context (e.g. the multi-worker one) may have replaced it since.
   tff.framework.get_context_stack().set_default_context(context)
-  # Collect a replaced context now: TFF's own contexts stop their worker only from a `__del__` (at exit that is
-  # left to tff_gma/_default_context.py).
+  # Collect a replaced context now, while the interpreter is whole: TFF's own contexts stop their worker only from
+  # a `__del__`, which at interpreter shutdown fails ("'NoneType' object has no attribute 'Popen'").
   gc.collect()
 
 
@@ -818,13 +915,31 @@ def set_simulation_context(
 
 
 def simulation_context_applies() -> bool:
-  """Whether TFF's default context is this module's simulation context or the import-time default (which cannot
-  run the secure intrinsics): not a context the caller installed instead (several workers, a program context,
-  TFF's own)."""
+  """Whether TFF's current context is this module's simulation context or TFF's native synchronous context (the
+  kind TFF installs at import, which cannot run the secure intrinsics): not a context the caller installed
+  instead (several workers, a program context, TFF's test context)."""
   from tff_gma import _default_context  # pylint: disable=g-import-not-at-top
   current = tff.framework.get_context_stack().current
-  return (_current_context is not None and current is _current_context) or isinstance(
-      current, _default_context.NamedFixContext)
+  return (_current_context is not None and current is _current_context) or _default_context.is_native_sync_context(
+      current)
+
+
+def check_context_runs(process) -> None:
+  """Raises RuntimeError, in one line naming `set_simulation_context()`, when TFF's current context is one of its
+  native contexts (which cannot run the secure-sum intrinsics) and `process` (a computation, or a process whose
+  `next` is checked) calls them; otherwise returns. Cheap when the context can run them (nothing is inspected).
+
+  TFF's native context would send such a computation to its worker and fail there with a long gRPC error
+  ("Cannot embed a federated value") that names neither the intrinsic nor the fix. This library's own code (the
+  experiment runner) calls this before it runs anything; importing the library changes no TFF context.
+  """
+  from tff_gma import _default_context  # pylint: disable=g-import-not-at-top
+  if not _default_context.cannot_run_secure_sums(tff.framework.get_context_stack().current):
+    return
+  comp = process if isinstance(process, tff.Computation) else getattr(process, 'next', process)
+  intrinsics = _default_context.secure_intrinsics(comp)
+  if intrinsics:
+    raise RuntimeError(_default_context.missing_context_message(intrinsics))
 
 
 def set_async_simulation_context(
@@ -946,6 +1061,8 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
       ) for target in targets
   ]
   context = _MergeableContext(async_contexts=contexts, compiler_fn=_compile_for_workers)
+  drop_unused_assertion_reports()
+  _stop_tff_worker_of_default_context()
   tff.framework.get_context_stack().set_default_context(context)
   gc.collect()
 
@@ -964,6 +1081,7 @@ def start_local_workers(count: int, *, log_dir: Optional[str] = None) -> list[Wo
     log = os.path.join(log_dir, f'worker_{i}.log') if log_dir else _default_log_path()
     workers.append(WorkerProcess(log_path=log, remove_log_on_stop=default_log).start())
   _install_sigterm_handler()
+  drop_unused_assertion_reports()
   return workers
 
 

@@ -24,7 +24,9 @@ Where the kernel refuses the namespace, the worker can only run unconfined (opt-
 listening on all interfaces itself with no check of who connects; `--bind` other than all interfaces and `--unix`
 are then refused rather than pretending to restrict it.
 
-The worker stops with this process (Ctrl-C, SIGTERM, or this process dying: PR_SET_PDEATHSIG).
+The worker stops with this process (Ctrl-C, SIGTERM, or this process dying: PR_SET_PDEATHSIG), by a bounded
+escalation (SIGINT, SIGTERM, then SIGKILL), also when this command runs as a background job (`... &`, nohup), where
+SIGINT is ignored: the worker is started with default signal dispositions.
 """
 
 import getpass
@@ -130,4 +132,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  runtime.set_up_entry_point()  # TFF's import-time context released now, not at shutdown (with a traceback).
   app.run(main)

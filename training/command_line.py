@@ -87,7 +87,10 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def run(main: Callable[[list[str]], Any], resume_hint: str = '') -> None:
   """`app.run(main)` for a harness command: its flag, usage and file-system errors in one line (`parse_flags`,
-  `one_line_usage_errors`)."""
+  `one_line_usage_errors`). TFF's import-time context is released first and TF's unused-assertion reports dropped
+  (`tff_gma.runtime.set_up_entry_point`)."""
+  from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+  runtime.set_up_entry_point()
   app.run(one_line_usage_errors(main, resume_hint), flags_parser=parse_flags)
 
 

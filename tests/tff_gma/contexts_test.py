@@ -1,12 +1,16 @@
-"""Which TFF execution context runs what (docs/runtime.md#contexts), and what a user's script sees without one.
+"""Which TFF execution context runs what (docs/runtime.md#contexts), and that importing the library leaves TFF alone.
 
-* Forgetting `set_simulation_context()`: TFF's import-time context cannot run the secure sums; it fails in one line
-  naming the fix, before any worker starts (`tff_gma/_default_context.py`), and still runs plain computations.
+* Importing any module of the library changes nothing in TFF or the process: TFF's default context, `sys.meta_path`,
+  exit hooks, signal handlers and TF's log filters are as before. A script under TFF's default or test context,
+  started as a background job (SIGINT ignored), ends exactly as the same script without the library does.
+* Forgetting `set_simulation_context()`: where the library's own code runs a computation (the runner,
+  `runtime.check_context_runs`), TFF's native context is refused in one line naming the fix, before any worker
+  starts.
 * TFF's own `set_sync_test_cpp_execution_context()` runs the factories (on TFF's unconfined worker).
 * `set_async_simulation_context()`: the confined context TFF programs need; `tff.learning.programs.train_model`
   trains GMA in it.
 * The multi-worker context refuses a multi-stage computation where it is invoked, in one line.
-* A script that imports the library exits clean: no traceback from TFF's `__del__`, no worker left behind.
+* A script that installs the library's context exits clean: no traceback from TFF's `__del__`, no worker left.
 
 Tests that run a child Python are in the slow tier. Children run in their own process group, so that whatever they start (TFF's own worker included) is killed if a
 test fails before it checks.
@@ -19,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -26,8 +31,8 @@ import pytest
 import tensorflow_federated as tff
 
 import tests
+from tests.tff_gma import background
 from tests.tff_gma import processes
-from tff_gma import _default_context
 from tff_gma import aggregators
 from tff_gma import models
 from tff_gma import runtime
@@ -75,14 +80,24 @@ _HELPERS = textwrap.dedent('''
 ''')
 
 
-def _run_child(code: str, timeout: float = 300):
-  """Runs `code` (after `_HELPERS`) in a fresh Python; returns (returncode, stdout, stderr). Times out (and fails)
-  if anything the child started keeps its pipes open after it ends."""
+def _run_child(code: str, timeout: float = 300, pipes: bool = True):
+  """Runs `code` (after `_HELPERS`) in a fresh Python; returns (returncode, stdout, stderr). With `pipes`, its
+  output goes to pipes, and this times out (and fails) if anything the child started keeps them open after it
+  ends; without, to files (for TFF's own contexts, whose worker outlives the child holding its output), and this
+  returns when the child ends."""
+  if pipes:
+    out_file = err_file = subprocess.PIPE
+  else:
+    out_file, err_file = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
   child = subprocess.Popen([sys.executable, '-c', _HELPERS + textwrap.dedent(code)], cwd=tests.ROOT, env=_ENV,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           stdin=subprocess.DEVNULL, stdout=out_file, stderr=err_file, text=True,
                            start_new_session=True, preexec_fn=processes.default_signals)
   try:
-    out, err = child.communicate(timeout=timeout)
+    if pipes:
+      out, err = child.communicate(timeout=timeout)
+    else:
+      child.wait(timeout=timeout)
+      out, err = _read_and_close(out_file), _read_and_close(err_file)
   finally:
     try:
       os.killpg(child.pid, signal.SIGKILL)  # Whatever of the child's group is left (nothing, when all is well).
@@ -90,6 +105,12 @@ def _run_child(code: str, timeout: float = 300):
       pass
     child.wait()
   return child.returncode, out, err
+
+
+def _read_and_close(file) -> str:
+  with file:
+    file.seek(0)
+    return file.read()
 
 
 def _assert_clean_exit(returncode, out, err):
@@ -118,72 +139,159 @@ def _direct_children() -> set[int]:
   return children
 
 
-def test_forgotten_context_names_the_fix_in_one_line_before_any_worker_starts():
+def _secure_total():
+  @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+  def secure_total(x):
+    return tff.federated_secure_sum_bitwidth(x, 8)
+  return secure_total
+
+
+def test_the_library_refuses_tffs_native_context_in_one_line_before_any_worker_starts():
   process = aggregators.GradientMaskedFactory(tau=0.4).create(tff.TensorType(np.float32, [3]),
                                                                tff.TensorType(np.float32))
-  state = process.initialize()  # In the suite's context.
-  tffs_default = _default_context.NamedFixContext(tff.backends.native.create_sync_local_cpp_execution_context())
+  native = tff.backends.native.create_sync_local_cpp_execution_context()
   before = _direct_children()
-  with tff.framework.get_context_stack().install(tffs_default):
+  with tff.framework.get_context_stack().install(native):
     with pytest.raises(RuntimeError) as raised:
-      process.next(state, [np.array(v, np.float32) for v in _VALUES], _WEIGHTS)
+      runtime.check_context_runs(process)  # What the runner calls before training.
+    runtime.check_context_runs(process.initialize)  # No secure sum: TFF's context runs it.
   message = str(raised.value)
   assert '\n' not in message and len(message) < 400, message
-  assert 'federated_secure_sum' in message and 'call tff_gma.runtime.set_simulation_context()' in message
+  assert message.startswith('this computation calls federated_secure_sum (secure '
+                            'aggregation), which TFF\'s default context cannot run: call '
+                            'tff_gma.runtime.set_simulation_context()'), message
   assert 'tff.backends.test.set_sync_test_cpp_execution_context()' in message
+  assert 'docs/runtime.md#troubleshooting' in message
   assert _direct_children() == before  # Refused before TFF's worker was started.
+  # The program form of TFF's native context is refused too; the library's and TFF's test context are not.
+  program_native = tff.program.NativeFederatedContext(tff.backends.native.create_async_local_cpp_execution_context())
+  with tff.framework.get_context_stack().install(program_native):
+    with pytest.raises(RuntimeError, match='call tff_gma.runtime.set_simulation_context'):
+      runtime.check_context_runs(_secure_total())
+  runtime.check_context_runs(process)  # The suite's context.
+  with tff.framework.get_context_stack().install(tff.backends.test.create_sync_test_cpp_execution_context()):
+    runtime.check_context_runs(process)
 
 
-def test_only_tffs_native_default_context_is_wrapped():
+def test_the_runner_refuses_tffs_native_context_in_one_line_before_writing_anything(tmp_path):
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from training.runner import experiment  # pylint: disable=g-import-not-at-top
+  config = config_lib.ExperimentConfig(
+      dataset='digits', partition='iid', num_clients=3, clients_per_round=2, rounds=1, model='logistic',
+      batch_size=32, aggregator='gma', output_dir=str(tmp_path / 'run'))
+  before = _direct_children()
+  # A caller's TFF native context, installed over the default: the runner cannot replace it, so it refuses it.
+  with tff.framework.get_context_stack().install(tff.backends.native.create_sync_local_cpp_execution_context()):
+    with pytest.raises(RuntimeError) as raised:
+      experiment.run(config, show_progress=False)
+  message = str(raised.value)
+  assert '\n' not in message and 'call tff_gma.runtime.set_simulation_context()' in message, message
+  assert not os.path.exists(os.path.join(config.output_dir, experiment.CONFIG_FILE))  # Nothing trained or written.
+  assert _direct_children() == before
+
+
+def test_simulation_context_applies_to_tffs_native_context_only():
   stack = tff.framework.get_context_stack()
-  try:
-    stack.set_default_context(tff.backends.test.create_sync_test_cpp_execution_context())
-    assert not _default_context.install()  # It runs the secure sums: left alone.
-    runtime.set_simulation_context()
-    assert not _default_context.install()  # This library's.
-    native = tff.backends.native.create_sync_local_cpp_execution_context()
-    stack.set_default_context(native)
-    assert _default_context.install()  # TFF's import-time kind.
-    assert isinstance(stack.current, _default_context.NamedFixContext) and stack.current.wrapped is native
-    assert not _default_context.install()  # Not twice.
-  finally:
-    runtime.set_simulation_context()  # Back to the suite's context (the others are collected: no worker ran).
+  assert runtime.simulation_context_applies()  # The suite's (the library's) context.
+  with stack.install(tff.backends.native.create_sync_local_cpp_execution_context()):
+    assert runtime.simulation_context_applies()  # TFF's import-time kind: the runner installs its own instead.
+  with stack.install(tff.backends.test.create_sync_test_cpp_execution_context()):
+    assert not runtime.simulation_context_applies()  # A context the caller chose, that runs the secure sums.
+
+
+_JOB_SCRIPT = textwrap.dedent(r"""
+    import time
+    import tensorflow_federated as tff
+    if {with_library!r}:
+      import tff_gma.aggregators, tff_gma.models, tff_gma.runtime  # Modules of the library (not called).
+    if {context!r} == 'test':
+      tff.backends.test.set_sync_test_cpp_execution_context()
+
+    @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+    def total(x):
+      return tff.federated_sum(x)
+
+    print('SUM', total([1, 2, 3]), flush=True)
+    with open('/proc/self/status') as f:
+      print('SIGIGN', next(l for l in f if l.startswith('SigIgn:')).split()[1], flush=True)
+    print('WORKERS', json.dumps(tff_worker_children()), flush=True)
+    print('DONE', time.time(), flush=True)
+""")
+
+
+@pytest.mark.slow  # Child Pythons.
+@pytest.mark.parametrize('context', ['default', 'test'])
+def test_a_background_job_under_tffs_context_ends_as_it_does_without_the_library(context, tmp_path):
+  # Started with `&` by a script or nohup, a process ignores SIGINT, and so does the worker TFF starts. The library
+  # once stopped TFF's worker at exit with SIGINT and waited for it without a limit: such a job printed its result
+  # and never ended. TFF 0.87 alone ends at once and leaves its worker running (it stops it only from a `__del__`
+  # that does not run at exit): the library must change neither.
+  outcomes = {}
+  for with_library in (True, False):
+    directory = tmp_path / str(with_library)
+    directory.mkdir()
+    job = background.run_background_job(
+        _HELPERS + _JOB_SCRIPT.format(with_library=with_library, context=context), str(directory), tests.ROOT, _ENV)
+    workers = []
+    try:
+      assert job.marked('SUM') == '6', job.stderr[-3000:]
+      assert int(job.marked('SIGIGN'), 16) & (1 << (signal.SIGINT - 1)), 'the job did not ignore SIGINT'
+      workers = json.loads(job.marked('WORKERS'))
+      assert len(workers) == 1  # TFF's worker binary, a direct child.
+      assert job.exit_delay_s is not None, (
+          f'with_library={with_library}: the job printed its result and did not end within 20 s')
+      assert job.exit_delay_s < 20.0
+      left = not processes.wait_gone(workers[0], 2.0)
+      outcomes[with_library] = (job.returncode, left, 'Traceback' in job.stderr)
+    finally:
+      job.cleanup(workers)  # TFF's orphan (in the job's process group), whatever the outcome.
+  assert outcomes[True] == outcomes[False], outcomes
+
+
+_IMPORT_CHECK = textwrap.dedent(r"""
+    import atexit, json, logging, pkgutil, signal, sys
+
+    def snapshot():
+      tff = sys.modules.get('tensorflow_federated')
+      current = tff.framework.get_context_stack().current if tff else None
+      return {
+          'context': None if current is None else f'{type(current).__module__}.{type(current).__name__}@{id(current)}',
+          'meta_path': [repr(f) for f in sys.meta_path],
+          'atexit': atexit._ncallbacks(),
+          'signals': {int(s): repr(signal.getsignal(s)) for s in signal.valid_signals()
+                      if s not in (signal.SIGKILL, signal.SIGSTOP)},
+          'tf_log_filters': [repr(f) for f in logging.getLogger('tensorflow').filters],
+      }
+
+    before = snapshot()
+    import tff_gma
+    after_package = snapshot()
+    import tensorflow_federated as tff
+    with_tff = snapshot()
+    modules = []
+    for info in pkgutil.walk_packages(tff_gma.__path__, 'tff_gma.'):
+      if not info.name.endswith('.__main__'):
+        __import__(info.name)
+        modules.append(info.name)
+    after_modules = snapshot()
+    print('RESULT', json.dumps({'before': before, 'after_package': after_package, 'with_tff': with_tff,
+                                'after_modules': after_modules, 'modules': modules}), flush=True)
+""")
 
 
 @pytest.mark.slow  # A child Python.
-def test_a_script_that_forgets_the_context_gets_the_line_and_tffs_worker_does_not_outlive_it():
-  # TFF imported first, then the library (either order installs the wrapper); plain computations still run on
-  # TFF's context, and its worker is stopped at exit instead of outliving the script.
-  returncode, out, err = _run_child('''
-      import tensorflow_federated as tff
-      import tff_gma.aggregators
-
-      @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
-      def secure_total(x):
-        return tff.federated_secure_sum_bitwidth(x, 8)
-
-      try:
-        secure_total([1, 2, 3])
-      except RuntimeError as e:
-        print('REFUSED', str(e).splitlines()[-1], flush=True)
-      print('WORKERS_AFTER_REFUSAL', json.dumps(tff_worker_children()), flush=True)
-
-      @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
-      def total(x):
-        return tff.federated_sum(x)
-
-      print('SUM', total([1, 2, 3]), flush=True)
-      print('WORKERS', json.dumps(tff_worker_children()), flush=True)
-  ''')
-  _assert_clean_exit(returncode, out, err)
-  assert _marked(out, 'REFUSED').startswith('this computation calls federated_secure_sum_bitwidth (secure '
-                                            'aggregation), which TFF\'s default context cannot run: call '
-                                            'tff_gma.runtime.set_simulation_context()')
-  assert json.loads(_marked(out, 'WORKERS_AFTER_REFUSAL')) == []
-  assert _marked(out, 'SUM') == '6'
-  workers = json.loads(_marked(out, 'WORKERS'))
-  assert len(workers) == 1
-  assert processes.wait_gone(workers[0]), f"TFF's worker {workers[0]} outlived the script"
+def test_importing_the_library_changes_nothing_in_tff_or_the_process():
+  returncode, out, err = _run_child(_IMPORT_CHECK)
+  assert returncode == 0, err[-3000:]
+  result = json.loads(_marked(out, 'RESULT'))
+  assert {'tff_gma.runtime', 'tff_gma.aggregators', 'tff_gma.worker', 'tff_gma.confinement'} <= set(result['modules'])
+  # `import tff_gma` before TFF: no import hook, no exit hook, no signal handler.
+  assert result['after_package'] == result['before']
+  # TFF's default context is TFF's own, not wrapped.
+  assert result['with_tff']['context'].startswith(
+      'tensorflow_federated.python.core.impl.execution_contexts.sync_execution_context.SyncExecutionContext@')
+  # Every module of the library imported after TFF: the same context object, and nothing else changed either.
+  assert result['after_modules'] == result['with_tff']
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -197,8 +305,8 @@ def test_tffs_test_context_runs_the_factories_on_its_own_unconfined_worker():
       tff.backends.test.set_sync_test_cpp_execution_context()
       print('RESULTS', json.dumps(run_factories({_FACTORIES!r}, {_VALUES!r}, {_WEIGHTS!r})), flush=True)
       print('WORKERS', json.dumps(tff_worker_children()), flush=True)
-  ''')
-  _assert_clean_exit(returncode, out, err)
+  ''', pipes=False)
+  assert returncode == 0, err[-3000:]  # What TFF's own context prints at exit is TFF's (see the background test).
   theirs = json.loads(_marked(out, 'RESULTS'))
   # The same factories in this library's simulation context (the suite's): the same results.
   namespace = {}
@@ -207,10 +315,11 @@ def test_tffs_test_context_runs_the_factories_on_its_own_unconfined_worker():
   for name in _FACTORIES:
     np.testing.assert_allclose(theirs[name], ours[name], rtol=1e-6, atol=1e-6)
   assert not np.allclose(ours['gma'], np.average(_VALUES, axis=0, weights=_WEIGHTS))  # GMA masked something.
-  # TFF's context started its worker binary itself: a direct child, listening on a TCP port of its own.
+  # TFF's context started its worker binary itself: a direct child, listening on a TCP port of its own. TFF
+  # leaves it running at exit; `_run_child` killed it with the child's process group.
   workers = json.loads(_marked(out, 'WORKERS'))
   assert len(workers) == 1
-  assert processes.wait_gone(workers[0]), f"TFF's worker {workers[0]} outlived the script"
+  assert processes.wait_gone(workers[0])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -326,20 +435,22 @@ def test_multi_worker_context_refuses_a_multi_stage_computation_when_it_is_invok
 
 @pytest.mark.slow  # Child Pythons.
 @pytest.mark.parametrize('script', [
-    'import tff_gma.models',
     '''
-    import tensorflow as tf
-    import tff_gma.models
-    from tff_gma.data import digits
-    split = digits.load_split()
-    model = tff_gma.models.logistic_regression()
-    model.compile(optimizer='sgd', loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=['accuracy'])
-    history = model.fit(split.x_train, split.y_train, epochs=1, batch_size=64, verbose=0)
-    print('ACCURACY', history.history['accuracy'][-1])
+    import tensorflow_federated as tff
+    from tff_gma import runtime
+    runtime.set_simulation_context()
+    print('SUM', tff.federated_computation(lambda x: tff.federated_sum(x),
+                                           tff.FederatedType(np.int32, tff.CLIENTS))([1, 2]))
     ''',
-], ids=['import', 'keras'])
-def test_a_script_that_imports_the_library_exits_clean(script):
-  # TFF's import-time context's `__del__` used to end such scripts with "Exception ignored in ... __del__ ...
-  # 'NoneType' object has no attribute 'Popen'".
+    '''
+    import tensorflow_federated as tff
+    from training import command_line
+    sys.argv = ['a_command']
+    command_line.run(lambda argv: print('RAN', flush=True))
+    ''',
+], ids=['library_context', 'entry_point'])
+def test_a_script_that_runs_the_library_exits_clean(script):
+  # TFF's import-time context's `__del__` ends a script that imported TFF with "Exception ignored in ... __del__
+  # ... 'NoneType' object has no attribute 'Popen'", with or without this library. Where the library's own code
+  # runs (its context, the project's commands), that context is collected while the interpreter is whole.
   _assert_clean_exit(*_run_child(script))

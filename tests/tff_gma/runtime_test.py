@@ -3,16 +3,24 @@
 Each case runs a child Python that sets up the simulation context, runs a secure-sum computation, prints the
 worker's pid, and then ends in a different way. The child's stdout/stderr are pipes: `communicate()` returns only
 once every holder of those pipes has closed them, so a worker that inherited them would make it time out.
+
+Stopping is bounded (`confinement.stop_process`: SIGINT, SIGTERM, then SIGKILL), and a child started as a
+background job (SIGINT and SIGQUIT ignored) starts its helper and worker with default dispositions, stops them,
+and ends at once.
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
+import tests
+from tests.tff_gma import background
 from tests.tff_gma import processes
 
 _CHILD = textwrap.dedent('''
@@ -152,3 +160,116 @@ def test_intra_op_threads_reads_the_environment_and_names_a_bad_value(monkeypatc
   for value in (-1, 1.0, True, '1', 1025):
     with pytest.raises(ValueError, match=r'^intra_op_threads must be an integer in \[0, 1024\]'):
       runtime.intra_op_threads(value)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Stopping processes: a bounded escalation, and children with default signal dispositions.
+
+_STUBBORN = textwrap.dedent('''
+    import signal, sys, time
+    def note(signum, frame):
+      print(signal.Signals(signum).name, flush=True)  # Noted, and otherwise ignored.
+    signal.signal(signal.SIGINT, note)
+    signal.signal(signal.SIGTERM, note)
+    print('READY', flush=True)
+    time.sleep(600)
+''')
+
+
+def test_stop_process_escalates_to_sigkill_within_its_bound():
+  from tff_gma import confinement
+  child = subprocess.Popen([sys.executable, '-c', _STUBBORN], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                           text=True, start_new_session=True)
+  try:
+    assert child.stdout.readline() == 'READY\n'
+    started = time.monotonic()
+    code = confinement.stop_process(child, wait_s=0.5)
+    elapsed = time.monotonic() - started
+  finally:
+    if child.poll() is None:
+      child.kill()
+    child.wait()
+  assert code == -signal.SIGKILL, code
+  assert child.stdout.read().split() == ['SIGINT', 'SIGTERM']  # In that order, each given its wait.
+  assert 1.0 <= elapsed < 1.0 + 0.5 + 1.0, elapsed  # Two full waits, then SIGKILL ends it at once.
+  assert not processes.alive(child.pid)
+  # A process that takes SIGINT by default ends at the first step.
+  plain = subprocess.Popen([sys.executable, '-c', 'import time; print("READY", flush=True); time.sleep(600)'],
+                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                           preexec_fn=processes.default_signals)
+  try:
+    assert plain.stdout.readline() == 'READY\n'
+    assert confinement.stop_process(plain, wait_s=5.0) == -signal.SIGINT
+  finally:
+    if plain.poll() is None:
+      plain.kill()
+    plain.wait()
+
+
+_JOB = textwrap.dedent('''
+    import json, time
+    import numpy as np
+
+    def _parent(pid):
+      try:
+        with open(f'/proc/{pid}/stat') as f:
+          return int(f.read().rsplit(')', 1)[1].split()[1])
+      except (OSError, IndexError, ValueError):
+        return None
+
+    import tensorflow_federated as tff
+    from tff_gma import runtime
+
+    @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+    def total(x):
+      return tff.federated_sum(x)
+
+    # First on TFF's default context: its worker, which TFF stops (when the context is replaced) with SIGINT and
+    # then waits for without a limit.
+    assert total([1, 2]) == 3
+    tffs = [int(p) for p in os.listdir('/proc') if p.isdigit() and _parent(p) == os.getpid()]
+    print('TFFS', json.dumps(tffs), flush=True)
+    worker = runtime.set_simulation_context()
+
+    @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+    def secure_total(x):
+      return tff.federated_secure_sum_bitwidth(x, 8)
+
+    assert secure_total([1, 2, 3]) == 6
+
+    def ignored(pid):
+      with open(f'/proc/{pid}/status') as f:
+        return int(next(l for l in f if l.startswith('SigIgn:')).split()[1], 16)
+
+    pids = [p for p in (worker.pid, worker.helper_pid) if p is not None]
+    print('PIDS', json.dumps(pids), flush=True)
+    print('IGNORED', json.dumps({'self': ignored(os.getpid()), **{str(p): ignored(p) for p in pids}}), flush=True)
+    print('DONE', time.time(), flush=True)
+''')
+
+
+def test_a_background_job_stops_its_worker_which_takes_signals_by_default(tmp_path):
+  # Started with `&` by a script or nohup: SIGINT and SIGQUIT ignored in Python, which must not pass that on to the
+  # worker (nor to the confinement helper), and must still stop it and end at once. Replacing TFF's context, whose
+  # worker ignores SIGINT too, must not hang in TFF's `__del__` either.
+  job = background.run_background_job('import os\n' + _JOB, str(tmp_path), tests.ROOT,
+                                      dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'), timeout_s=120.0)
+  pids = []
+  try:
+    pids = json.loads(job.marked('TFFS'))
+    assert len(pids) == 1, pids  # TFF's worker, started for the first computation.
+    assert 'PIDS ' in job.stdout, (
+        f'set_simulation_context() did not return (replacing TFF\'s context): {job.stderr[-2000:]}')
+    pids += json.loads(job.marked('PIDS'))
+    ignored = json.loads(job.marked('IGNORED'))
+    assert job.exit_delay_s is not None and job.exit_delay_s < 20.0, 'the job did not end after its work'
+    assert job.returncode == 0, job.stderr[-3000:]
+    for pid in pids:
+      assert processes.wait_gone(pid), f'{pid} outlived the background job'
+  finally:
+    left = job.cleanup(pids)
+  assert not left
+  sigint, sigquit = 1 << (signal.SIGINT - 1), 1 << (signal.SIGQUIT - 1)
+  assert ignored.pop('self') & sigint, 'the job did not ignore SIGINT'
+  for pid, mask in ignored.items():
+    assert not mask & (sigint | sigquit), f'process {pid} (worker or helper) ignores SIGINT or SIGQUIT: {mask:#x}'
