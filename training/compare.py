@@ -12,12 +12,20 @@ runs (the sample standard deviation, n - 1; a single run shows its value alone),
 (`--validation_fraction` > 0) has no test accuracy: its row shows the validation accuracy, and a `split` column
 says which.
 
-One PNG (`--plot`; by default `compare.png` in the deepest directory holding every run, e.g. DIR for one
-`--seeds` directory; `--plot=` draws none) shows each group's mean accuracy curve over its runs against the round,
-from metrics.csv, with a band of +- one standard deviation where the group has several runs.
+One PNG (`--plot`; by default `compare.png` in the first DIR given: that run's directory, or the `--seeds`
+directory; never a directory above the DIRs; `--plot=` draws none) shows each group's mean accuracy curve over its
+runs against the round, from metrics.csv, with a band of +- one standard deviation where the group has several
+runs. The plot never replaces a file that is not a plot of this command (its PNG carries the text chunk
+'Software: training.compare'): a run's summary.json given as --plot, say, is refused.
 
-Errors (no such directory, a directory that holds no run, a run that has not finished, a damaged summary.json, an
-unwritable --plot) end in one line, `error: ...`, exit 1, and nothing is written.
+A run's files are read through `safe_files` (a regular file only, never blocking on a FIFO or reading a device;
+at most `safe_files.MAX_JSON_BYTES` per JSON file and `MAX_CSV_BYTES` per metrics.csv; UTF-8), and checked for
+type: the settings against `ExperimentConfig`'s field types, the accuracies as numbers in [0, 1] or null. A NaN
+or an infinite accuracy (summary.json or metrics.csv), which no run writes, is a damaged file: an error, not a row.
+
+Errors (no such directory, a directory that holds no run, a run that has not finished, a damaged or wrongly typed
+summary.json, config.json or metrics.csv, an unwritable --plot or one that would replace another file) end in one
+line, `error: ...`, exit 1, and nothing is written.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -42,6 +51,13 @@ from training.runner import experiment
 SEED_DIR = config_lib.SEED_DIR  # What `training.run --seeds` names each seed's run directory inside --output_dir.
 _SEED_DIR = re.compile('^' + re.escape(SEED_DIR).replace(re.escape('{}'), r'(\d+)') + '$')
 PLOT_NAME = 'compare.png'
+# The PNG text chunk that marks a plot of this command: only such a file may be replaced by a new plot.
+PLOT_SOFTWARE = 'training.compare'
+_PLOT_MARK = b'tEXtSoftware\x00' + PLOT_SOFTWARE.encode()
+_PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+_MAX_PLOT_BYTES = 16 << 20
+# summary.json's accuracies (a number in [0, 1], or null).
+_ACCURACY_KEYS = ('final_accuracy', 'best_accuracy', 'final_validation_accuracy', 'best_validation_accuracy')
 # The settings in which the runs of one group may differ: the seed, and where a run's files and datasets were
 # (they change nothing it computes: data_dir, workers, dataset_placement, client_loop).
 _PER_RUN = ('seed', 'output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop')
@@ -109,30 +125,77 @@ class Group:
     return np.array(rounds, dtype=float), values.mean(axis=0), std
 
 
+def _type_problem(value: Any, kind: str) -> Optional[str]:
+  """Why `value` (from JSON) is not of the type `kind` an `ExperimentConfig` field declares; None if it is."""
+  optional = kind.startswith('Optional[')
+  kind = kind.replace('Optional[', '').rstrip(']')
+  if value is None:
+    return None if optional else f'null, not {kind}'
+  accepted = {'bool': (bool,), 'int': (int,), 'float': (int, float), 'str': (str,)}.get(kind)
+  if accepted is None:
+    return None
+  if isinstance(value, bool) != (kind == 'bool') or not isinstance(value, accepted):
+    return f'{json.dumps(value)[:40]}, not {kind}'
+  if kind == 'float' and not math.isfinite(value):
+    return f'{value}, not a finite number'
+  return None
+
+
+def _check_settings(saved: dict[str, Any], where: str) -> None:
+  """`CompareError` when a setting of `ExperimentConfig` in `saved` has another type than its field's."""
+  kinds = {f.name: str(f.type) for f in dataclasses.fields(config_lib.ExperimentConfig)}
+  for name, value in saved.items():
+    problem = _type_problem(value, kinds[name]) if name in kinds else None
+    if problem is not None:
+      raise CompareError(f'{where} is damaged (setting {name} is {problem})')
+
+
+def _check_accuracy(value: Any, what: str, where: str) -> None:
+  """`CompareError` unless `value` is None or a finite number in [0, 1]."""
+  if value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise CompareError(f'{where} is damaged ({what} is {json.dumps(value)[:40]}, not a number)')
+  if not (math.isfinite(value) and 0 <= value <= 1):
+    raise CompareError(f'{where} is damaged ({what} is {value}: an accuracy is a finite number in [0, 1])')
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  try:
+    return safe_files.read_json_object(path)
+  except ValueError as e:
+    raise CompareError(f'{path} is damaged ({e})') from None
+
+
 def read_run(path: str) -> Run:
-  """The finished run in `path`; `CompareError` naming the path when it is not one."""
+  """The finished run in `path`; `CompareError` naming the path (or the damaged file) when it is not one."""
   summary_path = os.path.join(path, 'summary.json')
-  if not os.path.isfile(summary_path):
-    if os.path.isfile(os.path.join(path, experiment.CONFIG_FILE)):
+  config_path = os.path.join(path, experiment.CONFIG_FILE)
+  if not os.path.lexists(summary_path):
+    if os.path.lexists(config_path):
       raise CompareError(f'{path}: the run has not finished (no summary.json); rerun its command to finish it, or '
                          f'leave it out')
     raise CompareError(f'{path} is not a run directory (no summary.json or {experiment.CONFIG_FILE})')
-  try:
-    summary = safe_files.read_json_object(summary_path)
-  except ValueError as e:
-    raise CompareError(f'{summary_path} is damaged ({e})') from None
-  saved = summary.get('config')
-  config_path = os.path.join(path, experiment.CONFIG_FILE)
-  if not isinstance(saved, dict) and os.path.isfile(config_path):
-    try:
-      with open(config_path) as f:
-        saved = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-      raise CompareError(f'{config_path} is damaged ({e})') from None
+  summary = _read_json(summary_path)
+  for key in _ACCURACY_KEYS:
+    _check_accuracy(summary.get(key), key, summary_path)
+  saved, where = summary.get('config'), summary_path
+  if not isinstance(saved, dict) and os.path.lexists(config_path):
+    saved, where = _read_json(config_path), config_path
   if not isinstance(saved, dict):
     raise CompareError(f'{path}: neither summary.json nor {experiment.CONFIG_FILE} holds the run\'s settings')
-  rows = experiment._read_rows(os.path.join(path, 'metrics.csv'))  # pylint: disable=protected-access
-  return Run(path, experiment.completed_config(saved), summary, rows)
+  _check_settings(saved, where)
+  csv_path = os.path.join(path, 'metrics.csv')
+  try:
+    rows = experiment._read_rows(csv_path)  # pylint: disable=protected-access
+  except ValueError as e:
+    raise CompareError(f'{csv_path} is damaged ({e})') from None
+  run = Run(path, experiment.completed_config(saved), summary, rows)
+  for row in rows:
+    if run.accuracy_key in row:
+      where = f'round {row["round"]:g}' if 'round' in row else 'a row without a round'
+      _check_accuracy(row[run.accuracy_key], f'{run.accuracy_key} of {where}', csv_path)
+  return run
 
 
 def run_directories(path: str) -> list[str]:
@@ -142,7 +205,7 @@ def run_directories(path: str) -> list[str]:
     raise CompareError(f'{path}: no such directory')
   if not os.path.isdir(path):
     raise CompareError(f'{path} is not a directory')
-  if any(os.path.isfile(os.path.join(path, n)) for n in ('summary.json', experiment.CONFIG_FILE)):
+  if any(os.path.lexists(os.path.join(path, n)) for n in ('summary.json', experiment.CONFIG_FILE)):
     return [path]
   seeds = sorted((int(m.group(1)), name) for name in os.listdir(path)
                  if (m := _SEED_DIR.match(name)) and os.path.isdir(os.path.join(path, name)))
@@ -224,9 +287,27 @@ def table(groups: Sequence[Group]) -> str:
   return '\n'.join(lines)
 
 
-def default_plot_path(runs: Sequence[Run]) -> str:
-  """`compare.png` in the deepest directory that holds every run (a single run's own directory)."""
-  return os.path.join(os.path.commonpath([os.path.abspath(r.path) for r in runs]), PLOT_NAME)
+def default_plot_path(paths: Sequence[str]) -> str:
+  """`compare.png` in the first directory given (a run's own directory, or a `--seeds` directory): never in a
+  directory above the ones given (the runs' common ancestor could be / for runs under /tmp and /var/tmp)."""
+  return os.path.join(paths[0], PLOT_NAME)
+
+
+def plot_target_problem(path: str) -> Optional[str]:
+  """Why a plot must not be written at `path` (None: it may): a file is there that is not a plot of this command
+  (a PNG with its 'Software' text chunk), e.g. a run's summary.json; a link or anything but a regular file."""
+  if not os.path.lexists(path):
+    return None
+  refuse = f'--plot {path} exists and is not a plot of training.compare, which the plot would replace'
+  if os.path.islink(path):
+    return f'{refuse} (a symbolic link); give another --plot'
+  try:
+    data = safe_files.read_bytes(path, _MAX_PLOT_BYTES)
+  except (OSError, ValueError) as e:
+    return f'{refuse} ({getattr(e, "strerror", None) or e}); give another --plot'
+  if data.startswith(_PNG_MAGIC) and _PLOT_MARK in data:
+    return None
+  return f'{refuse}; give another --plot (or remove it)'
 
 
 def plot(groups: Sequence[Group], path: str) -> None:
@@ -255,14 +336,14 @@ def plot(groups: Sequence[Group], path: str) -> None:
     ax.legend(fontsize='small')
   fig.tight_layout()
   image = io.BytesIO()
-  fig.savefig(image, format='png', dpi=100)
+  fig.savefig(image, format='png', dpi=100, metadata={'Software': PLOT_SOFTWARE})
   plt.close(fig)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   safe_files.write_atomic(path, image.getvalue())
 
 
 flags.DEFINE_string('plot', None, f'Where to write the PNG of the accuracy curves (default: {PLOT_NAME} in the '
-                    'deepest directory holding every run; empty: no plot).')
+                    'first DIR given; empty: no plot). Never replaces a file that is not a plot of this command.')
 FLAGS = flags.FLAGS
 
 
@@ -275,9 +356,9 @@ def main(argv: list[str]) -> None:
     runs = read_runs(paths)
   except CompareError as e:
     raise app.UsageError(f'error: {e}') from None
-  plot_path = default_plot_path(runs) if FLAGS.plot is None else FLAGS.plot
+  plot_path = default_plot_path(paths) if FLAGS.plot is None else FLAGS.plot
   if plot_path:
-    problem = safe_files.output_file_problem(plot_path, '--plot')
+    problem = safe_files.output_file_problem(plot_path, '--plot') or plot_target_problem(plot_path)
     if problem:
       raise app.UsageError(f'error: {problem}')
   groups = group_runs(runs)

@@ -5,9 +5,11 @@ bad input in one line. The run directories are written here with known numbers (
 import dataclasses
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ import tests
 from training import command_line
 from training import compare
 from training import config as config_lib
+from training import safe_files
 
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
 
@@ -125,9 +128,10 @@ def test_the_command_prints_the_table_and_writes_one_plot(runs):
   assert process.returncode == 0, process.stderr[-3000:]
   groups = compare.group_runs(compare.read_runs([str(root / 'mean'), str(root / 'gma_3'), str(root / 'gma_5')]))
   assert compare.table(groups) in process.stdout
-  # By default the plot goes to the deepest directory holding every run.
-  assert process.stdout.rstrip().endswith(f'Plot: {root / "compare.png"}')
-  assert (root / 'compare.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  # By default the plot goes into the first directory given, never above it.
+  assert process.stdout.rstrip().endswith(f'Plot: {root / "mean" / "compare.png"}')
+  assert (root / 'mean' / 'compare.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  assert not (root / 'compare.png').exists()
   # --plot elsewhere (its directory created); --plot= none.
   elsewhere = root / 'plots' / 'mean.png'
   compare_main([str(root / 'mean')], plot=str(elsewhere))
@@ -155,17 +159,124 @@ def compare_main(paths, plot=None):
      'error: {root}/mean/seed_1: the run has not finished (no summary.json)'),
     (lambda root: (root / 'gma_3' / 'summary.json').write_text('{"final_accuracy": 0.') and root / 'gma_3',
      'error: {path}/summary.json is damaged ('),
-], ids=['missing', 'file', 'not_a_run', 'unfinished', 'damaged'])
+    # Issue 40: wrongly typed, nested, non-UTF-8, over-long rows, FIFOs, devices, oversized files, NaN and Inf.
+    (lambda root: _edit_summary(root, final_accuracy='high'),
+     'error: {path}/summary.json is damaged (final_accuracy is "high", not a number)'),
+    (lambda root: _edit_summary(root, best_accuracy=[0.5]),
+     'error: {path}/summary.json is damaged (best_accuracy is [0.5], not a number)'),
+    (lambda root: _edit_summary(root, final_accuracy=float('nan')),
+     'error: {path}/summary.json is damaged (final_accuracy is nan: an accuracy is a finite number in [0, 1])'),
+    (lambda root: _edit_summary(root, best_accuracy=float('inf')),
+     'error: {path}/summary.json is damaged (best_accuracy is inf: an accuracy is a finite number in [0, 1])'),
+    (lambda root: _edit_summary(root, final_accuracy=3),
+     'error: {path}/summary.json is damaged (final_accuracy is 3: an accuracy is a finite number in [0, 1])'),
+    (lambda root: (root / 'gma_3' / 'summary.json').write_text('[' * 100000) and root / 'gma_3',
+     'error: {path}/summary.json is damaged (JSON nested too deeply to read)'),
+    (lambda root: (root / 'gma_3' / 'summary.json').write_text('[1]') and root / 'gma_3',
+     'error: {path}/summary.json is damaged (not a JSON object but a JSON list)'),
+    (lambda root: _edit_summary(root, config={'seed': 'abc'}),
+     'error: {path}/summary.json is damaged (setting seed is "abc", not int)'),
+    (lambda root: _edit_config(root / 'gma_5', validation_fraction=[1]),
+     'error: {path}/config.json is damaged (setting validation_fraction is [1], not float)'),
+    (lambda root: _edit_config(root / 'gma_5', seed=True),
+     'error: {path}/config.json is damaged (setting seed is true, not int)'),
+    (lambda root: _append_csv(root, b'13,0.5,0.7,extra\n'),
+     'error: {path}/metrics.csv is damaged (line 14 has 4 fields, more than the header\'s 3)'),
+    (lambda root: _append_csv(root, b'13,0.5,0.7\xff\n'),
+     'error: {path}/metrics.csv is damaged (not UTF-8 text: byte 0xff at offset'),
+    (lambda root: _append_csv(root, b'13,0.5,nan\n'),
+     'error: {path}/metrics.csv is damaged (test/accuracy of round 13 is nan: an accuracy is a finite number'),
+    (lambda root: _append_csv(root, b'abc,0.5,0.7\n'),
+     "error: {path}/metrics.csv is damaged (line 14: round 'abc' is not a number)"),
+    (lambda root: _replace_csv(root, os.mkfifo), 'error: {path}/metrics.csv is damaged (a FIFO, not a regular file)'),
+    (lambda root: _replace_csv(root, lambda p: os.symlink('/dev/zero', p)),
+     'error: {path}/metrics.csv is damaged (a character device, not a regular file)'),
+    (lambda root: _replace_csv(root, _sparse(safe_files.MAX_CSV_BYTES + 1)),
+     f'error: {{path}}/metrics.csv is damaged ({safe_files.MAX_CSV_BYTES + 1} bytes, more than the '
+     f'{safe_files.MAX_CSV_BYTES} such a file may hold)'),
+    (lambda root: _replace_summary(root, os.mkfifo), 'error: {path}/summary.json is damaged (a FIFO, not a regular file)'),
+], ids=['missing', 'file', 'not_a_run', 'unfinished', 'damaged', 'string_accuracy', 'list_accuracy', 'nan_accuracy',
+        'inf_accuracy', 'accuracy_above_1', 'deep_json', 'json_list', 'string_seed', 'list_setting', 'bool_seed',
+        'extra_csv_field', 'non_utf8_csv', 'nan_in_csv', 'round_abc', 'fifo_csv', 'dev_zero_csv', 'huge_csv',
+        'fifo_summary'])
 def test_bad_input_is_one_line_exit_1_and_nothing_written(runs, capsys, make, message):
   root, _ = runs
   path = make(root)
+  began = time.monotonic()
   with pytest.raises(SystemExit) as exited:
     compare_main([str(root / 'tune'), str(path)])
   assert exited.value.code == 1
+  assert time.monotonic() - began < 30  # A FIFO or /dev/zero is refused, not read.
   captured = capsys.readouterr()
   assert captured.out == '' and captured.err.count('\n') == 1, captured
   assert captured.err.startswith(message.format(path=path, root=root)), captured.err
   assert not list(root.rglob('*.png'))
+
+
+def _edit_summary(root, **changes):
+  path = root / 'gma_3' / 'summary.json'
+  path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+  return root / 'gma_3'
+
+
+def _edit_config(run, **changes):
+  path = run / 'config.json'
+  path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+  return run
+
+
+def _append_csv(root, data: bytes):
+  with open(root / 'gma_3' / 'metrics.csv', 'ab') as f:
+    f.write(data)
+  return root / 'gma_3'
+
+
+def _replace_csv(root, make):
+  os.remove(root / 'gma_3' / 'metrics.csv')
+  make(str(root / 'gma_3' / 'metrics.csv'))
+  return root / 'gma_3'
+
+
+def _replace_summary(root, make):
+  os.remove(root / 'gma_3' / 'summary.json')
+  make(str(root / 'gma_3' / 'summary.json'))
+  return root / 'gma_3'
+
+
+def _sparse(size):
+  def make(path):
+    with open(path, 'wb') as f:
+      f.truncate(size)
+  return make
+
+
+def test_the_default_plot_is_never_above_the_first_directory(tmp_path, capsys):
+  """Issue 40: runs in two trees (as /tmp and /var/tmp) wrote their common ancestor's compare.png (there: /)."""
+  _write_run(tmp_path / 'one' / 'a', curve=[0.5, 0.6])
+  _write_run(tmp_path / 'two' / 'b', seed=1, curve=[0.4, 0.7])
+  compare_main([str(tmp_path / 'one' / 'a'), str(tmp_path / 'two' / 'b')])
+  assert capsys.readouterr().out.rstrip().endswith(f'Plot: {tmp_path / "one" / "a" / "compare.png"}')
+  assert [p.relative_to(tmp_path) for p in tmp_path.rglob('*.png')] == [pathlib.Path('one/a/compare.png')]
+  compare_main([str(tmp_path / 'one' / 'a')])  # A plot of this command is replaced.
+  assert (tmp_path / 'one' / 'a' / 'compare.png').read_bytes()[:4] == b'\x89PNG'
+
+
+@pytest.mark.parametrize('target', ['summary.json', 'metrics.csv', 'config.json', 'compare.png', 'photo.png'])
+def test_a_plot_never_replaces_another_file(runs, capsys, target):
+  """`--plot=RUN/summary.json` overwrote the run's own summary; a PNG not written by compare is kept too."""
+  root, _ = runs
+  path = root / 'gma_3' / target
+  if not path.exists():
+    path.write_bytes(b'\x89PNG\r\n\x1a\n not a plot of compare')
+  before = path.read_bytes()
+  args = {'plot': str(path)} if target != 'compare.png' else {}  # compare.png: the default path.
+  with pytest.raises(SystemExit) as exited:
+    compare_main([str(root / 'gma_3')], **args)
+  assert exited.value.code == 1
+  captured = capsys.readouterr()
+  assert captured.out == '' and captured.err == (f'error: --plot {path} exists and is not a plot of training.compare, '
+                                                 f'which the plot would replace; give another --plot (or remove it)\n')
+  assert path.read_bytes() == before
 
 
 def test_no_directory_and_an_unwritable_plot_are_one_line(runs, capsys):

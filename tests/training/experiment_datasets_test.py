@@ -28,9 +28,10 @@ def _tff_loader(synthetic):
     ('cifar100', 'quantity_skew', 'cnn'),
 ])
 def test_tfds_datasets_run(dataset, partition, model, tmp_path):
-  # A data_dir without IDX files: TFDS's (mocked) copy, also for fashion_mnist (its IDX files may be installed).
+  # TFDS's (mocked) copy, also for fashion_mnist: asked for with fashion_mnist_source=tfds (else its IDX files).
+  source = {'fashion_mnist_source': 'tfds'} if dataset == 'fashion_mnist' else {}
   config = dataclasses.replace(_TOY, dataset=dataset, partition=partition, model=model,
-                               data_dir=str(tmp_path / 'tfds'), output_dir=str(tmp_path / 'run'))
+                               data_dir=str(tmp_path / 'tfds'), output_dir=str(tmp_path / 'run'), **source)
   with tfds.testing.mock_data(num_examples=60):
     summary = experiment.run(config, show_progress=False).summary
   assert summary['rounds_completed'] == 1 and summary['final_accuracy'] is not None

@@ -1,12 +1,14 @@
 """Loaders for the real data sets, and `load_federated_data`, the one entry point of the experiment runner.
 
 * `digits`: the embedded scikit-learn digits (offline default, `tff_gma.data.digits`).
-* `fashion_mnist`: the original IDX files, read with NumPy (`tff_gma.data.idx`), from `data_dir` or, without
-  one, from where Debian's package `dataset-fashion-mnist` installs them; a `data_dir` without the IDX files is
-  taken as a TFDS data directory (TFDS's copy, for users who have it). 60,000 train / 10,000 test images.
-* `mnist`, `cifar10`, `cifar100` (and `fashion_mnist` from a TFDS `data_dir`): TFDS (`tfds.load`, downloading into
-  `data_dir` unless it is already there), images scaled to [0, 1], the TFDS `train`/`test` splits as train pool /
-  central test split.
+* `fashion_mnist`: by default (`fashion_mnist_source='idx'`) the original IDX files, read with NumPy
+  (`tff_gma.data.idx`), from `data_dir` or, without one, from where Debian's package `dataset-fashion-mnist`
+  installs them; never the network: a `data_dir` without the four files is an `idx.IdxError` naming what it lacks
+  and the install command. TFDS's copy only when asked for (`fashion_mnist_source='tfds'`). 60,000 train / 10,000
+  test images.
+* `mnist`, `cifar10`, `cifar100` (and `fashion_mnist` with `fashion_mnist_source='tfds'`): TFDS (`tfds.load`,
+  downloading into `data_dir` unless it is already there), images scaled to [0, 1], the TFDS `train`/`test` splits
+  as train pool / central test split.
 * `emnist`: TFF's Federated EMNIST (LEAF's FEMNIST: handwriting grouped by writer). Partition `by_writer` keeps
   the natural clients, one per writer; every other partition re-partitions the pooled training examples.
   Pixels are inverted to the MNIST convention (0 = background, 1 = ink), which the colourings of
@@ -43,6 +45,9 @@ DATASETS = ('digits',) + TFDS_DATASETS + ('emnist', 'shakespeare')
 NATURAL_PARTITION = 'by_writer'
 _GREY_DATASETS = ('digits', 'mnist', 'fashion_mnist', 'emnist')
 _SEQUENCE_PARTITIONS = (NATURAL_PARTITION, 'iid', 'quantity_skew')
+# Where Fashion-MNIST comes from: its IDX files (offline), or TFDS's copy (downloaded when not in data_dir).
+IDX_SOURCE, TFDS_SOURCE = 'idx', 'tfds'
+FASHION_MNIST_SOURCES = (IDX_SOURCE, TFDS_SOURCE)
 
 FederatedDataset = federated.FederatedDataset
 TffLoadFn = Callable[..., tuple[tff.simulation.datasets.ClientData, tff.simulation.datasets.ClientData]]
@@ -59,8 +64,15 @@ def supported_partitions(dataset: str) -> tuple[str, ...]:
   return partitions + ((NATURAL_PARTITION,) if dataset == 'emnist' else ())
 
 
-def check_config(dataset: str, partition: str, partition_kwargs: Sequence[str] = ()) -> None:
-  """Raises `ValueError` naming the argument if `dataset`, `partition` or a partition keyword is not valid."""
+def check_config(dataset: str, partition: str, partition_kwargs: Sequence[str] = (),
+                 fashion_mnist_source: str = IDX_SOURCE) -> None:
+  """Raises `ValueError` naming the argument if `dataset`, `partition`, a partition keyword or
+  `fashion_mnist_source` is not valid."""
+  if fashion_mnist_source not in FASHION_MNIST_SOURCES:
+    raise ValueError(f'fashion_mnist_source must be one of {FASHION_MNIST_SOURCES}, got {fashion_mnist_source!r}')
+  if fashion_mnist_source != IDX_SOURCE and dataset != 'fashion_mnist':
+    raise ValueError(f'fashion_mnist_source={fashion_mnist_source} applies to dataset=fashion_mnist only, got '
+                     f'dataset={dataset!r}')
   partitions = supported_partitions(dataset)
   if partition not in partitions:
     raise ValueError(f'partition {partition!r} is not supported for dataset {dataset!r}; expected one of '
@@ -102,16 +114,18 @@ def tfds_arrays(name: str, split: str, data_dir: Optional[str] = None) -> tuple[
 
 
 def load_tfds(
-    name: str, partition: str, num_clients: int, seed: int, data_dir: Optional[str] = None, **partition_kwargs,
+    name: str, partition: str, num_clients: int, seed: int, data_dir: Optional[str] = None, *,
+    fashion_mnist_source: str = IDX_SOURCE, **partition_kwargs,
 ) -> FederatedDataset:
   """TFDS `name` (one of `TFDS_DATASETS`): the `train` split partitioned, the `test` split central.
 
-  Fashion-MNIST comes from its IDX files (`idx.fashion_mnist_arrays`) unless `data_dir` is given without them.
+  Fashion-MNIST comes from its IDX files (`idx.fashion_mnist_arrays`: `data_dir`, else Debian's directory; an
+  `idx.IdxError` when they are not there, never a download) unless `fashion_mnist_source` is 'tfds'.
   """
   if name not in TFDS_DATASETS:
     raise ValueError(f'dataset must be one of {TFDS_DATASETS} for TFDS, got {name!r}')
-  check_config(name, partition, partition_kwargs)
-  if name == 'fashion_mnist' and (data_dir is None or idx.has_fashion_mnist(data_dir)):
+  check_config(name, partition, partition_kwargs, fashion_mnist_source)
+  if name == 'fashion_mnist' and fashion_mnist_source == IDX_SOURCE:
     x_train, y_train, x_test, y_test = idx.fashion_mnist_arrays(data_dir)
     num_classes = idx.FASHION_MNIST_CLASSES
   else:
@@ -217,7 +231,8 @@ def load_shakespeare(
 
 def load_federated_data(
     dataset: str, partition: str, num_clients: int, seed: int, data_dir: Optional[str] = None, *,
-    only_digits: bool = True, sequence_length: int = shakespeare.DEFAULT_SEQUENCE_LENGTH, **partition_kwargs,
+    only_digits: bool = True, sequence_length: int = shakespeare.DEFAULT_SEQUENCE_LENGTH,
+    fashion_mnist_source: str = IDX_SOURCE, **partition_kwargs,
 ) -> FederatedDataset:
   """The federated data set `dataset` (one of `DATASETS`) partitioned as `partition` over `num_clients` clients.
 
@@ -227,9 +242,11 @@ def load_federated_data(
       `supported_partitions(dataset)` allows.
     num_clients: the number of training clients (natural partitions: how many writers/roles to use).
     seed: makes the partition (and colourings, client selection) deterministic.
-    data_dir: TFDS `data_dir` / TFF `cache_dir`; None: the libraries' defaults. The digits ignore it.
+    data_dir: Fashion-MNIST's IDX files (None: Debian's directory); TFDS `data_dir` / TFF `cache_dir` (None: the
+      libraries' defaults). The digits ignore it.
     only_digits: EMNIST's 10 digit classes (True) or all 62 classes.
     sequence_length: Shakespeare's sequence length.
+    fashion_mnist_source: 'idx' (its IDX files, offline) or 'tfds' (TFDS's copy, downloaded when missing).
     **partition_kwargs: `classes_per_client`, `alpha`, `beta`, `num_test_clients`, `train_correlation`,
       `test_correlation` (see `federated.from_arrays`); those the partition does not use are ignored.
 
@@ -237,12 +254,14 @@ def load_federated_data(
     ValueError: naming the argument, for an unknown data set or partition, a partition the data set does not
       support, an unknown partition argument, or an invalid value; raised before any data is loaded where the
       combination alone is wrong.
+    idx.IdxError: naming the file, when Fashion-MNIST's IDX files are missing, damaged or inconsistent.
   """
-  check_config(dataset, partition, partition_kwargs)
+  check_config(dataset, partition, partition_kwargs, fashion_mnist_source)
   if dataset == 'digits':
     return digits.federated_data(partition, num_clients, seed, **partition_kwargs)
   if dataset in TFDS_DATASETS:
-    return load_tfds(dataset, partition, num_clients, seed, data_dir, **partition_kwargs)
+    return load_tfds(dataset, partition, num_clients, seed, data_dir, fashion_mnist_source=fashion_mnist_source,
+                     **partition_kwargs)
   if dataset == 'emnist':
     return load_emnist(partition, num_clients, seed, data_dir, only_digits=only_digits, **partition_kwargs)
   return load_shakespeare(partition, num_clients, seed, data_dir, sequence_length=sequence_length,

@@ -10,6 +10,12 @@ restore_client_state`, for the methods whose clients keep values) both load. Dam
 aside into `checkpoints/damaged/` (kept for inspection; the round is then trained again and saved anew), and the
 caller is told which round it resumes from and why. When none loads, `CheckpointError` names every damaged path
 and what failed, and nothing is moved.
+
+The run's metrics.csv is read back on resume (a row cut while written dropped, the rows after the resumed round
+dropped) through `safe_files.read_text`/`read_csv`: bounded, a regular file only, never blocking on a FIFO.
+`check_resume_files`, which the runner calls before it writes anything, refuses in one line (`CheckpointError`
+naming the file) a `checkpoints` path that is not a directory and a metrics.csv that is damaged (not a regular
+file, too large, not UTF-8, a row longer than the header, a round that is not a whole number).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ _VERSION = re.compile(re.escape(PREFIX) + r'(\d+)')
 
 
 class CheckpointError(RuntimeError):
-  """No checkpoint of the output directory loads (the message names each damaged path and why)."""
+  """The output directory's run cannot resume: no checkpoint loads (the message names each damaged path and why),
+  its `checkpoints` path is not a directory, or its metrics.csv is damaged (the message names the file)."""
 
 
 def checkpoint_dir(output_dir: str) -> str:
@@ -43,9 +50,16 @@ def checkpoint_dir(output_dir: str) -> str:
 
 
 def saved_rounds(output_dir: str) -> list[int]:
-  """The rounds of the checkpoints in `output_dir` (ascending; by name, not checked to load). Reads only."""
+  """The rounds of the checkpoints in `output_dir` (ascending; by name, not checked to load). Reads only.
+
+  `CheckpointError` when the `checkpoints` path exists and is not a directory (TFF's manager would fail on it
+  later, naming no file)."""
   directory = checkpoint_dir(output_dir)
   if not os.path.isdir(directory):
+    if os.path.lexists(directory):
+      what = 'a symbolic link to nothing' if os.path.islink(directory) else 'not a directory'
+      raise CheckpointError(f'{directory} is {what}: a run keeps its checkpoints in that directory. Move it away '
+                            f'(or use another --output_dir)')
     return []
   return sorted(int(m.group(1)) for name in os.listdir(directory)
                 if (m := _VERSION.fullmatch(name)) and os.path.isdir(os.path.join(directory, name)))
@@ -153,19 +167,91 @@ def remove_partial_releases(csv_path: str) -> list[str]:
   return removed
 
 
-def drop_partial_row(csv_path: str) -> bool:
-  """Drops a last row of `csv_path` that was cut while written (no line end, or fewer fields than the header);
-  returns whether one was dropped. Such a row would otherwise be read back, and summarised, as a round."""
-  if not os.path.exists(csv_path):
-    return False
-  with open(csv_path, newline='') as f:
-    text = f.read()
-  lines = text.splitlines(keepends=True)
+def _damaged(csv_path: str, reason: str) -> CheckpointError:
+  return CheckpointError(f'{csv_path} is damaged ({reason}): the run cannot resume with it. Repair it, move it away '
+                         f'to resume without the rows of the rounds trained so far, or use another --output_dir')
+
+
+def _metrics_text(csv_path: str) -> Optional[str]:
+  """metrics.csv's text (None: there is none), read bounded; `CheckpointError` when it is damaged."""
+  if not os.path.lexists(csv_path):
+    return None
+  try:
+    return safe_files.read_text(csv_path, safe_files.MAX_CSV_BYTES)
+  except safe_files.DamagedFileError as e:
+    raise _damaged(csv_path, str(e)) from None
+
+
+def _partial_row(lines: list[str]) -> bool:
+  """Whether the last of `lines` is a row cut while written (no line end, or fewer fields than the header; never
+  more fields, which no cut makes: such a row is damaged)."""
   if len(lines) < 2:
     return False
-  header_fields = len(next(csv.reader([lines[0]])))
-  last = lines[-1]
-  if last.endswith(('\n', '\r')) and len(next(csv.reader([last]))) == header_fields:
+  try:
+    header_fields = len(next(csv.reader([lines[0]])))
+    last = next(csv.reader([lines[-1]]), [])
+  except csv.Error:
+    return True  # A cut row may end inside a quoted field; it is dropped as any other cut row.
+  if len(last) > header_fields:
+    return False
+  return not lines[-1].endswith(('\n', '\r')) or len(last) < header_fields
+
+
+def _round_of(csv_path: str, line: int, row: dict[str, str], key_fieldname: str) -> int:
+  """The round of a metrics.csv row: a whole number >= 0 (TFF writes it as an integer); `CheckpointError` naming
+  the line when it is not."""
+  text = row.get(key_fieldname)
+  try:
+    value = float(text)
+  except (TypeError, ValueError):
+    value = None
+  if value is None or not value.is_integer() or value < 0:
+    raise _damaged(csv_path, f'line {line}: {key_fieldname} {text!r} is not a round number')
+  return int(value)
+
+
+def _rows(csv_path: str, key_fieldname: str) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+  try:
+    fieldnames, rows = safe_files.read_csv(csv_path)
+  except safe_files.DamagedFileError as e:
+    raise _damaged(csv_path, str(e)) from None
+  for line, row in rows:
+    _round_of(csv_path, line, row, key_fieldname)
+  return fieldnames, rows
+
+
+def check_resume_files(output_dir: str, csv_name: str = 'metrics.csv', key_fieldname: str = 'round') -> None:
+  """Raises `CheckpointError` naming the path when the run in `output_dir` cannot resume: its `checkpoints` path
+  is not a directory, or its metrics.csv is damaged (a last row cut while written is allowed: the resume drops
+  it). Reads only; the runner calls it before it writes anything."""
+  saved_rounds(output_dir)
+  csv_path = os.path.join(output_dir, csv_name)
+  text = _metrics_text(csv_path)
+  if text is None:
+    return
+  lines = text.splitlines(keepends=True)
+  if _partial_row(lines):
+    lines = lines[:-1]
+  try:
+    rows = list(csv.reader(io.StringIO(''.join(lines), newline='')))
+  except csv.Error as e:
+    raise _damaged(csv_path, str(e)) from None
+  header = rows[0] if rows else []
+  for number, fields in enumerate(rows[1:], start=2):
+    if len(fields) > len(header):
+      raise _damaged(csv_path, f'line {number} has {len(fields)} fields, more than the header\'s {len(header)}')
+    _round_of(csv_path, number, dict(zip(header, fields)), key_fieldname)
+
+
+def drop_partial_row(csv_path: str) -> bool:
+  """Drops a last row of `csv_path` that was cut while written (no line end, or fewer fields than the header);
+  returns whether one was dropped. Such a row would otherwise be read back, and summarised, as a round.
+  `CheckpointError` when the file is damaged otherwise (see `check_resume_files`)."""
+  text = _metrics_text(csv_path)
+  if text is None:
+    return False
+  lines = text.splitlines(keepends=True)
+  if not _partial_row(lines):
     return False
   safe_files.write_atomic(csv_path, ''.join(lines[:-1]))
   return True
@@ -176,15 +262,13 @@ def truncate_rows(csv_path: str, key_fieldname: str, last_key: int) -> int:
 
   Resuming from round r, rows of later rounds come from a timeline the run no longer continues (a crash between a
   round's row and its checkpoint, or a damaged checkpoint); `tff.program.CSVFileReleaseManager` would replace them
-  only once those rounds are released again.
+  only once those rounds are released again. `CheckpointError` naming the file (and line) when it is damaged.
   """
-  if not os.path.exists(csv_path):
+  if not os.path.lexists(csv_path):
     return 0
-  with open(csv_path, newline='') as f:
-    reader = csv.DictReader(f)
-    fieldnames = list(reader.fieldnames or [])
-    rows = list(reader)
-  kept = [r for r in rows if r.get(key_fieldname) not in (None, '') and int(float(r[key_fieldname])) <= last_key]
+  fieldnames, numbered = _rows(csv_path, key_fieldname)
+  rows = [row for _, row in numbered]
+  kept = [row for line, row in numbered if _round_of(csv_path, line, row, key_fieldname) <= last_key]
   if len(kept) == len(rows):
     return 0
   text = io.StringIO(newline='')
