@@ -14,8 +14,10 @@ Where the library has a default (GMA's tau, RFA's passes, the partitions' k, alp
 paper values), these dataclasses take it from the library. The demo, the benchmark and the studies build from these
 dataclasses rather than from literals.
 
-Checks: the dataclasses of a method check their own values on construction (a `ValueError` naming the field);
-the whole run's consistency (`training.runner.experiment.validate`) needs the registry and is checked there.
+Checks: the dataclasses of a method check their own values on construction (a `ValueError` naming the field),
+once, wherever the configuration is built; the whole run's consistency (`training.runner.experiment.validate`:
+combinations, and settings the chosen method does not read, `training.engine.registry.check_settings`) needs the
+registry and is checked there.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ ADAPTIVE_ALGORITHMS = ('fedadam', 'fedyogi')
 ADAPTIVE_BETA_1 = 0.9
 ADAPTIVE_BETA_2 = 0.99
 
+# FedAdam/FedYogi's server optimizer (docs/methods.md, "Adaptive server optimizers"): `reddi`, Reddi et al.'s
+# Algorithm 2 as the GMA paper uses it (`tff_gma.optimizers`: no bias correction, v from tau^2); `tff`, TFF's
+# bias-corrected `build_adam`/`build_yogi` (what every run made before the setting existed used).
+ADAPTIVE_OPTIMIZERS = ('reddi', 'tff')
+
 # How a FedAvg-family client walks its local epochs: `in_graph` (tff_gma.learning.in_graph: the client's examples
 # read once into tensors, the steps one tf.while_loop over batch slices, the model as TFF's functional model) where
 # the model allows it, else `iterator` (TFF's model-delta client work with DATASET_ITERATOR), with a log line.
@@ -63,6 +70,7 @@ class AlgorithmConfig:
   client_momentum: float = 0.9  # GMA paper: client SGD with momentum 0.9.
   proximal_strength: float = 0.01  # FedProx mu.
   adaptive_epsilon: float = 1e-3  # FedAdam/FedYogi tau (Reddi et al.'s adaptivity epsilon).
+  adaptive_optimizer: str = 'reddi'  # FedAdam/FedYogi's server optimizer: one of ADAPTIVE_OPTIMIZERS.
   client_loop: str = 'in_graph'  # One of CLIENT_LOOPS.
 
   def __post_init__(self):
@@ -78,6 +86,8 @@ class AlgorithmConfig:
       raise ValueError(f'adaptive_epsilon must be positive, got {self.adaptive_epsilon!r}')
     if self.client_loop not in CLIENT_LOOPS:
       raise ValueError(f'client_loop must be one of {CLIENT_LOOPS}, got {self.client_loop!r}')
+    if self.adaptive_optimizer not in ADAPTIVE_OPTIMIZERS:
+      raise ValueError(f'adaptive_optimizer must be one of {ADAPTIVE_OPTIMIZERS}, got {self.adaptive_optimizer!r}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +101,17 @@ class AggregatorParams:
   secure_bound: Optional[float] = None  # Per-coordinate bound for secure float sums (None: the factory's default).
   corrupt_fraction: float = 0.0  # The corruption level rho, known to trimmed_mean and krum.
 
+  def __post_init__(self):
+    checks.check_fraction(self.tau, 'tau')
+    checks.check_positive_int(self.num_passes, 'num_passes')
+    checks.check_positive_finite(self.smoothing, 'smoothing')
+    if self.rfa_init not in ('mean', 'zero'):
+      raise ValueError(f"rfa_init must be 'mean' or 'zero', got {self.rfa_init!r}")
+    checks.check_bool(self.secure, 'secure')
+    if self.secure_bound is not None:
+      checks.check_positive_finite(self.secure_bound, 'secure_bound')
+    checks.check_fraction(self.corrupt_fraction, 'corrupt_fraction', high_open=True)
+
 
 @dataclasses.dataclass(frozen=True)
 class MethodParams:
@@ -100,6 +121,13 @@ class MethodParams:
   sensitivity_fraction: float = elastic_learning.DEFAULT_SENSITIVITY_FRACTION  # Share of batches for it.
   fedgma_step_size: float = fedgma_learning.DEFAULT_SERVER_STEP_SIZE  # FedGMA extra server step eta_s.
   fedgma_threshold: float = fedgma_learning.DEFAULT_MASK_THRESHOLD  # FedGMA AND-mask p.
+
+  def __post_init__(self):
+    checks.check_fraction(self.elastic_tau, 'elastic_tau')
+    checks.check_fraction(self.elastic_mu, 'elastic_mu', high_open=True)
+    checks.check_fraction(self.sensitivity_fraction, 'sensitivity_fraction', high_open=True)
+    checks.check_positive_finite(self.fedgma_step_size, 'fedgma_step_size')
+    checks.check_fraction(self.fedgma_threshold, 'fedgma_threshold')
 
 
 _ALGORITHM = AlgorithmConfig()
@@ -111,7 +139,13 @@ _METHOD = MethodParams()
 class ExperimentConfig:
   """Everything that defines a run. Field names are the runner's flag names; `metadata['help']` their help."""
   dataset: str = _help('Data set (digits is embedded and offline).', 'digits')
-  data_dir: Optional[str] = _help('Where the data set\'s files are (TFDS/TFF: where they are downloaded to).', None)
+  data_dir: Optional[str] = _help('Where the data set\'s files are (fashion_mnist: its four IDX files; TFDS/TFF: '
+                                  'where they are downloaded to).', None)
+  fashion_mnist_source: str = _help(
+      'fashion_mnist: idx (its original IDX files in --data_dir, or without one where apt-get install '
+      'dataset-fashion-mnist puts them; never the network: missing files are an error naming them) or tfds (TFDS\'s '
+      'copy in --data_dir, which TFDS downloads there when it is missing: the only fashion_mnist source that may use '
+      'the network).', 'idx')
   partition: str = _help('How training examples are dealt to clients.', 'iid')
   classes_per_client: int = _help('label_skew/mixed_skew: classes per client.', partition_lib.DEFAULT_CLASSES_PER_CLIENT)
   alpha: float = _help('dirichlet: label concentration (smaller = more skew).', partition_lib.DEFAULT_ALPHA)
@@ -129,6 +163,9 @@ class ExperimentConfig:
   client_momentum: float = _help('Client SGD momentum (GMA paper: 0.9).', _ALGORITHM.client_momentum)
   proximal_strength: float = _help('fedprox: proximal term mu.', _ALGORITHM.proximal_strength)
   adaptive_epsilon: float = _help('fedadam/fedyogi: epsilon (adaptivity tau).', _ALGORITHM.adaptive_epsilon)
+  adaptive_optimizer: str = _help('fedadam/fedyogi: the server optimizer: reddi (Reddi et al.\'s Algorithm 2, as '
+                                  'the GMA paper: no bias correction, v from tau^2) or tff (TFF\'s bias-corrected '
+                                  'build_adam/build_yogi).', _ALGORITHM.adaptive_optimizer)
   client_loop: str = _help(
       'How a FedAvg-family client walks its local epochs: in_graph (its examples read once into tensors, the steps '
       'one in-graph loop over batch slices; where the model allows it, else iterator with a log line) or iterator '
@@ -139,7 +176,9 @@ class ExperimentConfig:
   smoothing: float = _help('rfa/rfa_one_step: Weiszfeld smoothing nu.', _AGGREGATOR.smoothing)
   rfa_init: str = _help('rfa: where Weiszfeld starts: the weighted mean (RFA paper) or the zero update (the current '
                         'model; pass 1 is then one-step RFA).', _AGGREGATOR.rfa_init)
-  secure: bool = _help('Aggregate the float sums through secure sums too.', _AGGREGATOR.secure)
+  secure: bool = _help('Aggregate the float sums through secure sums too (the model aggregator\'s, FedGMA\'s gradient '
+                       'mean, clip_mean/zeroing_mean\'s norm estimate and count; median, trimmed_mean and krum refuse '
+                       'it).', _AGGREGATOR.secure)
   secure_bound: Optional[float] = _help('Per-coordinate clipping bound of secure float sums (required with '
                                         '--secure).', _AGGREGATOR.secure_bound)
   secure_metrics: bool = _help('Aggregate training metrics with secure sums.', False)
@@ -194,7 +233,8 @@ class ExperimentConfig:
         name=self.algorithm if self.algorithm in FEDAVG_FAMILY else 'fedavg',
         client_lr=self.client_lr, server_lr=self.server_lr,
         client_momentum=self.client_momentum, proximal_strength=self.proximal_strength,
-        adaptive_epsilon=self.adaptive_epsilon, client_loop=self.client_loop)
+        adaptive_epsilon=self.adaptive_epsilon, adaptive_optimizer=self.adaptive_optimizer,
+        client_loop=self.client_loop)
 
   def aggregator_params(self) -> AggregatorParams:
     return AggregatorParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AggregatorParams)})

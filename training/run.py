@@ -56,6 +56,7 @@ _ENUMS = {
     'client_execution': list(client_execution.MODES),
     'dataset_placement': list(worker_datasets.PLACEMENTS),
     'client_loop': list(config_lib.CLIENT_LOOPS),
+    'adaptive_optimizer': list(config_lib.ADAPTIVE_OPTIMIZERS),
     'corruption': list(corruption.CORRUPTIONS),
 }
 _DEFINE = {'int': flags.DEFINE_integer, 'float': flags.DEFINE_float, 'bool': flags.DEFINE_bool,

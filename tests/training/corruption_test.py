@@ -228,10 +228,10 @@ def _initial_trainable(config):
 def test_omniscient_runner_round_moves_the_model_by_the_negated_honest_mean(tmp_path):
   # Server SGD with learning rate 1 applies the aggregate: w1 = w0 - mean(sent). Honest: w1 = w0 - m.
   # Omniscient with the mean: the sent mean is -m, so w1 - w0 is exactly the negation of the honest step.
-  config = dataclasses.replace(_TOY, aggregator='mean', corrupt_fraction=0.34)
+  config = dataclasses.replace(_TOY, aggregator='mean')
   honest = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'honest')), show_progress=False)
-  attacked = experiment.run(dataclasses.replace(config, corruption='omniscient', output_dir=str(tmp_path / 'attack')),
-                            show_progress=False)
+  attacked = experiment.run(dataclasses.replace(config, corruption='omniscient', corrupt_fraction=0.34,
+                                                output_dir=str(tmp_path / 'attack')), show_progress=False)
   participants = round_loop.sample_clients(client_data.client_ids(6), 4, config.seed, 1)
   corrupted = corruption.corrupted_clients(client_data.client_ids(6), 0.34, config.seed)
   assert set(participants) & set(corrupted) and set(participants) - set(corrupted)  # A real attack this round.

@@ -15,6 +15,8 @@ default `sum_then_finalize` unless told otherwise).
   the clients' gradients at the round's starting model (`tff_gma.aggregators.FedGMAFactory`).
 * `build_scaffold`: SCAFFOLD with client and server control variates; any weighted aggregator (the mean, GMA,
   the geometric median) aggregates its model updates.
+* `build_weighted_fed_prox`: FedProx with the paper's proximal term, + mu * (w - w_t) (TFF 0.87's
+  `tff.learning.algorithms.build_weighted_fed_prox` has the opposite sign; `fed_prox`).
 * `build_personalized_rfa`: personalized RFA (RFA paper, Algorithm 4), shared parameters by RFA, personal ones
   kept by the clients.
 
@@ -29,6 +31,7 @@ from tff_gma.learning.client_lib import DEFAULT_LOOP_IMPLEMENTATION
 from tff_gma.learning.client_lib import ClientStateOutput
 from tff_gma.learning.client_lib import LearningProcessWithClientState
 from tff_gma.learning.elastic import build_elastic_fed_avg
+from tff_gma.learning.fed_prox import build_weighted_fed_prox
 from tff_gma.learning.fedgma import build_fedgma
 from tff_gma.learning.gma_fed_avg import build_gma_fed_avg
 from tff_gma.learning.personalized_rfa import build_personalized_rfa
@@ -43,4 +46,5 @@ __all__ = [
     'build_gma_fed_avg',
     'build_personalized_rfa',
     'build_scaffold',
+    'build_weighted_fed_prox',
 ]

@@ -186,7 +186,9 @@ def build_gma_fed_avg(
       `build_weighted_fed_avg` accepts.
     client_optimizer_fn: the client's `tff.learning.optimizers.Optimizer`.
     server_optimizer_fn: the server's `tff.learning.optimizers.Optimizer`, fed the unmasked mean (e.g.
-      `build_adam`, `build_yogi`); default SGD with learning rate 1, as TFF's FedAvg.
+      `tff_gma.optimizers.build_reddi_adam` / `build_reddi_yogi`, FedAdam/FedYogi as Reddi et al.'s Algorithm 2,
+      which the paper follows; or TFF's bias-corrected `build_adam` / `build_yogi`); default SGD with learning
+      rate 1, as TFF's FedAvg.
     tau: GMA's agreement threshold in [0, 1] (paper: 0.4).
     mask: 'soft' (the paper's GMA) or 'binary' (the AND-mask).
     model_aggregator: the inner weighted-mean factory (it must return the weighted mean, zero for zero total

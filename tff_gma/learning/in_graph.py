@@ -1,7 +1,7 @@
 """The FedAvg family's client work with its local epochs as one in-graph loop over the client's examples.
 
-TFF's model-delta client work (`tff.learning.templates.build_model_delta_client_work`, FedProx's in
-`proximal_client_work`) walks a client's `tf.data` batches with a dataset loop and keeps the model in
+TFF's model-delta client work (`tff.learning.templates.build_model_delta_client_work`; FedProx's:
+`tff_gma.learning.fed_prox`) walks a client's `tf.data` batches with a dataset loop and keeps the model in
 `tf.Variable`s: every step pulls a batch through the input pipeline and reads and assigns every weight. For small
 models that bookkeeping, not the arithmetic, is most of a round. This client work computes the same update with:
 
@@ -14,7 +14,9 @@ models that bookkeeping, not the arithmetic, is most of a round. This client wor
 * the training metrics in the `VariableModel`'s own Keras metric objects, updated per step with the functional
   predictions, so `report_local_unfinalized_metrics` and `metric_finalizers` are exactly the variable model's (the
   metrics aggregator and everything composed after the client work see the same types and values);
-* FedProx's proximal term and the non-finite handling exactly as TFF's client works do them.
+* FedProx's proximal term as the paper has it (`fed_prox.add_proximal_term`: + mu * (w - w_t), toward the server
+  model; TFF 0.87's FedProx client work has the opposite sign, see `tff_gma.learning.fed_prox`), and the non-finite
+  handling as TFF's model-delta client work does it.
 
 `build_in_graph_client_work` returns a `ClientWorkProcess` with the state TFF's gives (the optimizer's
 hyperparameters; FedProx's: none), so a learning process composed from it has TFF's state type: checkpoints load in
@@ -45,6 +47,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma.learning import client_lib
+from tff_gma.learning import fed_prox
 
 VariableModelFn = Callable[[], tff.learning.models.VariableModel]
 
@@ -119,8 +122,9 @@ def build_in_graph_update(
     proximal_strength: float = 0.0,
 ):
   """The client update as a `tf.function` (optimizer, initial_weights, data, optimizer_hparams=None) ->
-  (ClientResult, unfinalized metrics): TFF's model-delta update (FedProx's with `proximal_strength` > 0), its local
-  epochs as one `tf.while_loop` over `read_batches(data)` (`build_examples_update`'s).
+  (ClientResult, unfinalized metrics): TFF's model-delta update (FedProx's, `fed_prox.build_fed_prox_update`'s, with
+  `proximal_strength` > 0), its local epochs as one `tf.while_loop` over `read_batches(data)`
+  (`build_examples_update`'s).
 
   Builds its variable model (the metrics' home) once, at call time of this function, as TFF's update builders do.
   """
@@ -151,6 +155,7 @@ def build_examples_update(
 
 def _update_on_examples(model_fn, functional_model, weighting, proximal_strength):
   """The update's Python function (traced by the caller's `tf.function`); builds its variable model now."""
+  proximal_strength = fed_prox.check_proximal_strength(proximal_strength)
   model = model_fn()
   metrics = model.get_metrics()
 
@@ -172,8 +177,8 @@ def _update_on_examples(model_fn, functional_model, weighting, proximal_strength
         predictions = functional_model.predict_on_batch((weights, non_trainable), x, training=True)
         loss = functional_model.loss(output=predictions, label=y)
       gradients = tape.gradient(loss, weights)
-      if proximal_strength > 0.0:  # TFF's FedProx term, as its client work adds it: mu * (w_0 - w).
-        gradients = tuple(g + proximal_strength * (w0 - w) for g, w0, w in zip(gradients, initial, weights))
+      # FedProx's term, + mu * (w - w_t) (`build_fed_prox_update`'s, so both loops give the same weights).
+      gradients = fed_prox.add_proximal_term(gradients, weights, initial, proximal_strength)
       optimizer_state, weights = optimizer.next(optimizer_state, weights, gradients)
       for metric in metrics:
         metric.update_state(y_true=y, y_pred=predictions)
@@ -213,7 +218,8 @@ def build_in_graph_client_work(
     proximal_strength: float = 0.0,
     metrics_aggregator=None,
 ) -> tff.learning.templates.ClientWorkProcess:
-  """TFF's model-delta client work (FedProx's with `proximal_strength` > 0) with the in-graph loop (module doc).
+  """TFF's model-delta client work (FedProx's, `fed_prox.build_fed_prox_client_work`'s, with `proximal_strength`
+  > 0) with the in-graph loop (module doc).
 
   Same state as TFF's: the optimizer's hyperparameters (FedProx's: none), so processes composed from either have
   one state type. Raises ValueError naming the reason when `in_graph_support` refuses the model.

@@ -1,18 +1,28 @@
-"""SCAFFOLD (Karimireddy et al., 2020, Algorithm 1, option II) as a composed `tff.learning` process.
+"""SCAFFOLD (Karimireddy et al., 2020, Algorithm 1) as a composed `tff.learning` process, with client momentum.
 
 Round, with server model x, server control variate c and client control variates c_i:
 
-    client i:  y <- x;  K times (one per batch):  y <- y - eta_l * (g_i(y) - c_i + c)
-               c_i+ = c_i - c + (x - y) / (K * eta_l);    sends  Delta_i = x - y,  dc_i = c_i+ - c_i
+    client i:  y <- x;  K times (one per batch):  g_k = g_i(y);  y <- SGDM_step(y, g_k - c_i + c)
+               c_i+ = (1 / K) sum_k g_k;    sends  Delta_i = x - y,  dc_i = c_i+ - c_i
     server:    x <- x - eta_g * aggregate(Delta_i)          (`model_aggregator`, then the server optimizer)
                c <- c + (|S| / N) * mean_i(dc_i)             (`tff.federated_mean`; |S| by a secure count)
 
+The local step is TFF's SGD with momentum (`tff.learning.optimizers.build_sgdm(client_lr, client_momentum)`, the
+momentum buffer starting at 0 each round) applied to the corrected gradient g_i(y) - c_i + c. The new client
+control variate is the mean of the K minibatch gradients g_i(y_k) seen along the local path. Without momentum
+this is exactly the paper's option II, c_i+ = c_i - c + (x - y) / (K eta_l): there x - y = eta_l sum_k (g_k - c_i
++ c), so the formula gives (1 / K) sum_k g_k. With momentum the step amplifies the gradients (up to 1 / (1 - beta))
+and option II would mis-scale c_i+ by that amplification; the mean gradient is what option II estimates in both
+cases, so it is what the clients compute (the project's choice; docs/methods.md, SCAFFOLD).
+
 `Delta_i = x - y` is TFF's sign for model updates (the finalizer's SGD applies `x - eta_g * Delta`, SCAFFOLD's
 `x + eta_g * (y - x)`). The model updates go through any weighted `tff.aggregators` factory: the weighted mean
-(default), `GradientMaskedFactory` (GMA on SCAFFOLD, the GMA paper's Table 7), `GeometricMedianFactory`... The
-controls are averaged unweighted, as in the paper, so that c stays the mean of all clients' c_i. N is
-`num_clients`, the population size; None means full participation (|S| / N = 1). A client without batches, or
-whose update is not finite, sends a zero update with weight 0 and dc_i = 0 and keeps its c_i.
+(default), `GradientMaskedFactory` (GMA on SCAFFOLD, the GMA paper's Table 7), `GeometricMedianFactory`...,
+weighted by the clients' example counts (`client_weighting=NUM_EXAMPLES`, TFF's default and the harness's) or
+equally (`UNIFORM`, the paper's 1/|S|: weight 1 per client that trained). The controls are averaged unweighted,
+as in the paper, so that c stays the mean of all clients' c_i. N is `num_clients`, the population size; None
+means full participation (|S| / N = 1). A client without batches, or whose update or mean gradient is not finite,
+sends a zero update with weight 0 and dc_i = 0 and keeps its c_i.
 
 Where the state lives.
   * x, c: in the `LearningAlgorithmState` (c is the client work's state), so they are checkpointed with it (e.g.
@@ -50,13 +60,13 @@ CONTROL_VARIATE = 'control_variate'
 # Plain TF.
 
 
-def control_variate_update(update: tuple, num_steps: tf.Tensor, client_lr: float, server_control: tuple,
+def control_variate_update(gradient_sum: tuple, num_steps: tf.Tensor, client_control: tuple,
                            valid: tf.Tensor) -> tuple:
-  """dc_i = (x - y) / (K * eta_l) - c (option II: c_i+ - c_i); zeros unless `valid` (and K > 0)."""
-  scale = tf.cast(num_steps, tf.float32) * client_lr
-  ok = tf.logical_and(valid, num_steps > 0)
-  return tuple(tf.where(ok, tf.math.divide_no_nan(u, tf.cast(scale, u.dtype)) - c, tf.zeros_like(u))
-               for u, c in zip(update, server_control))
+  """dc_i = (1 / K) sum_k g_k - c_i (c_i+ - c_i, module docstring); zeros unless `valid`, K > 0 and it is finite."""
+  steps = tf.cast(num_steps, tf.float32)
+  mean_gradient = tuple(tf.math.divide_no_nan(s, tf.cast(steps, s.dtype)) for s in gradient_sum)
+  ok = tf.logical_and(tf.logical_and(valid, num_steps > 0), secure_mean.all_finite(mean_gradient))
+  return tuple(tf.where(ok, g - ci, tf.zeros_like(g)) for g, ci in zip(mean_gradient, client_control))
 
 
 def server_control_update(server_control: tuple, mean_control_delta: tuple, num_participants: tf.Tensor,
@@ -69,14 +79,34 @@ def server_control_update(server_control: tuple, mean_control_delta: tuple, num_
   return tuple(c + tf.cast(fraction, c.dtype) * d for c, d in zip(server_control, mean_control_delta))
 
 
+def client_optimizer(client_lr: float, client_momentum: float) -> tff.learning.optimizers.Optimizer:
+  """TFF's SGD with momentum `client_momentum` (plain SGD, no momentum state, at 0)."""
+  return tff.learning.optimizers.build_sgdm(client_lr, momentum=client_momentum if client_momentum > 0 else None)
+
+
+def corrected_step(optimizer: tff.learning.optimizers.Optimizer, state, model, model_weights, batch,
+                   correction: tuple):
+  """One local step on `g(y) + correction` (`correction` = c - c_i); `state` = (optimizer state, sum of the raw
+  gradients g(y) so far). Returns (state, number of examples), as `client_lib.local_pass` steps do."""
+  optimizer_state, gradient_sum = state
+  with tf.GradientTape() as tape:
+    output = model.forward_pass(batch, training=True)
+  trainable = tf.nest.flatten(model_weights.trainable)
+  gradients = client_lib.gradients_or_zeros(tape.gradient(output.loss, trainable), trainable)
+  optimizer_state, updated = optimizer.next(
+      optimizer_state, tuple(trainable), tuple(g + c for g, c in zip(gradients, correction)))
+  for variable, value in zip(trainable, updated):
+    variable.assign(value)
+  gradient_sum = tuple(s + g for s, g in zip(gradient_sum, gradients))
+  return (optimizer_state, gradient_sum), client_lib.output_num_examples(output)
+
+
 def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.VariableModel], client_lr: float,
-                                 client_weighting: tff.learning.ClientWeighting):
+                                 client_weighting: tff.learning.ClientWeighting, client_momentum: float = 0.0):
   """A `tf.function` (initial_weights, batches, client_control_data, server_control) ->
   (ClientResult, dc_i, c_i+, unfinalized metrics, participation indicator)."""
   model = model_fn()
-  # The corrected step y <- y - eta_l * (g_i(y) + (c - c_i)) is plain SGD on a corrected gradient: the shared local
-  # pass with TFF's SGD and the correction as `optimizer_step`'s hook.
-  optimizer = tff.learning.optimizers.build_sgdm(client_lr)
+  optimizer = client_optimizer(client_lr, client_momentum)
 
   @tf.function
   def client_update(initial_weights, batches, client_control_data, server_control):
@@ -87,18 +117,16 @@ def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.Vari
     # The client's stored c_i: the dataset's (last) element, zeros when it is empty (a new client).
     client_control = client_control_data.reduce(zeros, lambda _, c: tuple(tf.nest.flatten(c)))
     correction = tuple(c - ci for c, ci in zip(server_control, client_control))
-    step_fn = functools.partial(client_lib.optimizer_step, correct_gradients=lambda gradients: tuple(
-        g + corr for g, corr in zip(gradients, correction)))
-    _, num_examples, num_steps = client_lib.local_pass(
-        optimizer, client_lib.initial_optimizer_state(optimizer, model_weights), model, model_weights, batches,
-        step_fn=step_fn)
+    step_fn = functools.partial(corrected_step, correction=correction)
+    initial_state = (client_lib.initial_optimizer_state(optimizer, model_weights), zeros)
+    (_, gradient_sum), num_examples, num_steps = client_lib.local_pass(
+        optimizer, initial_state, model, model_weights, batches, step_fn=step_fn)
     update, weight, _, non_finite = client_lib.finish_client_update(
         initial_weights.trainable, model_weights, num_examples)
     client_lib.reset_metrics_if(model, non_finite)
     if client_weighting == tff.learning.ClientWeighting.UNIFORM:
       weight = tf.cast(weight > 0, tf.float32)
-    control_delta = control_variate_update(update, num_steps, client_lr, server_control,
-                                           tf.equal(non_finite, 0))
+    control_delta = control_variate_update(gradient_sum, num_steps, client_control, tf.equal(non_finite, 0))
     new_client_control = tuple(ci + d for ci, d in zip(client_control, control_delta))
     return (tff.learning.templates.ClientResult(update=list(update), update_weight=weight), control_delta,
             new_client_control, model.report_local_unfinalized_metrics(), tf.constant(1, tf.int32))
@@ -110,7 +138,7 @@ def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.Vari
 # Federated pieces.
 
 
-def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float,
+def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float, client_momentum: float,
                         client_weighting: tff.learning.ClientWeighting, num_clients: Optional[int]):
   """(init_fn, client_round) where client_round: (state@S, weights@C, data@C) ->
   (state@S, ClientResult@C, measurements@S, new c_i@C)."""
@@ -125,7 +153,7 @@ def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float
 
   @tff.tensorflow.computation(types.weights_type, data_type, control_type)
   def client_update_computation(initial_weights, data, server_control):
-    client_update = build_scaffold_client_update(model_fn, client_lr, client_weighting)
+    client_update = build_scaffold_client_update(model_fn, client_lr, client_weighting, client_momentum)
     return client_update(initial_weights, data[BATCHES], data[CONTROL_VARIATE], server_control)
 
   @tff.tensorflow.computation(control_type, control_type, np.int32)
@@ -159,19 +187,22 @@ def build_scaffold(
     server_lr: float = 1.0,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     *,
+    client_momentum: float = 0.0,
     num_clients: Optional[int] = None,
     client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     metrics_aggregator=None,
 ) -> client_lib.LearningProcessWithClientState:
-  """SCAFFOLD (option II) as a `tff.learning.templates.LearningProcess` whose clients keep c_i.
+  """SCAFFOLD as a `tff.learning.templates.LearningProcess` whose clients keep c_i (module docstring).
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
-    client_lr: eta_l > 0, the clients' (plain, corrected) SGD step.
+    client_lr: eta_l > 0, the clients' SGD step on the corrected gradient.
     server_lr: eta_g > 0, the server's SGD step on the aggregated update (ignored with `server_optimizer_fn`).
     model_aggregator: weighted factory for the model updates; default the weighted mean
       (`tff_gma.aggregators.FederatedMeanFactory`, one `federated_mean`).
+    client_momentum: in [0, 1), the momentum of the clients' SGD (TFF's `build_sgdm`; 0, the paper's plain SGD,
+      is option II exactly).
     num_clients: N, the client population, for the control update's |S| / N; None: every client takes part
       in every round.
     client_weighting: `tff.learning.ClientWeighting.NUM_EXAMPLES` (TFF's default) or `UNIFORM` (the paper's
@@ -184,6 +215,7 @@ def build_scaffold(
   """
   client_lr = checks.check_positive_finite(client_lr, 'client_lr')
   server_lr = checks.check_positive_finite(server_lr, 'server_lr')
+  client_momentum = checks.check_fraction(client_momentum, 'client_momentum', high_open=True)
   num_clients = checks.check_positive_int(num_clients, 'num_clients', optional=True)
   if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES, tff.learning.ClientWeighting.UNIFORM):
     raise ValueError(f'client_weighting must be a tff.learning.ClientWeighting, got {client_weighting!r}')
@@ -198,6 +230,6 @@ def build_scaffold(
 
   types = client_lib.model_types(model_fn, metrics_aggregator)
   init_fn, client_round, control_type, _ = _build_client_round(
-      model_fn, types, client_lr, client_weighting, None if num_clients is None else int(num_clients))
+      model_fn, types, client_lr, client_momentum, client_weighting, None if num_clients is None else int(num_clients))
   return client_lib.compose_with_client_state(
       types, init_fn, client_round, model_aggregator, server_optimizer_fn, control_type, CONTROL_VARIATE)

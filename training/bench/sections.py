@@ -200,8 +200,15 @@ def parse_candidate(entry: str) -> Candidate:
       raise ValueError(f'{entry!r}: unknown setting {key!r}; expected NAME+setting=value+... with settings among '
                        f'{", ".join(known)}')
     overrides[where][key] = _setting_value(fields[where][key], raw if sep else None, entry)
-  return Candidate(entry, algorithm, aggregator, config_lib.AggregatorParams(**overrides['aggregator']),
-                   config_lib.MethodParams(**overrides['method']))
+  try:
+    candidate = Candidate(entry, algorithm, aggregator, config_lib.AggregatorParams(**overrides['aggregator']),
+                          config_lib.MethodParams(**overrides['method']))
+    # A setting the method does not read is refused, as by the runner (`registry.check_settings`).
+    registry.check_settings(algorithm, aggregator, registry.settings_of(
+        ALGORITHM_CONFIG, candidate.aggregator_params, candidate.method_params))
+  except ValueError as e:
+    raise ValueError(f'{entry!r}: {e}') from None
+  return candidate
 
 
 def probe_factory(candidate: Candidate,
@@ -217,7 +224,7 @@ def probe_factory(candidate: Candidate,
   params = candidate.params(value_bound)
   record = registry.aggregator(candidate.aggregator)
   if record.kind == registry.PROCESS:
-    return None if record.probe is None else record.probe(params, candidate.method_params)
+    return registry.probe(candidate.aggregator, params, candidate.method_params)
   return 'vector', registry.build(candidate.aggregator, params)
 
 

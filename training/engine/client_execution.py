@@ -10,8 +10,9 @@ at `training.engine.fedavg_family.Components`:
   run's client loop (`fedavg_family.client_loop`, `LocalClientTrainer`): the in-graph loop's update
   (`tff_gma.learning.in_graph.build_examples_update`) in a TF1 graph and session per trainer (`_SessionUpdate`:
   TFF 0.87's functional Keras model predicts only in a graph), or with `--client_loop=iterator` (and where the
-  in-graph loop does not apply) TFF's own client update function, the one `build_model_delta_client_work`
-  (FedProx: `proximal_client_work`'s, with its proximal term) wraps, with the same DATASET_ITERATOR loop;
+  in-graph loop does not apply) the client update function the worker's client work wraps (TFF's
+  `build_model_delta_client_work`'s; FedProx: `tff_gma.learning.fed_prox.build_fed_prox_update`, the paper's
+  proximal term, where TFF's FedProx has the opposite sign), with the same DATASET_ITERATOR loop;
 * the clients' results (update, weight, unfinalized metrics) go into ONE federated computation run by the TFF
   worker (`build_server_round`): the distributor's state and measurements, the aggregator (GMA, RFA, ... : the
   same federated computation the audit checks), the finalizer, and the client metrics' aggregation (TFF's

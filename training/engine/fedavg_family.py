@@ -16,24 +16,29 @@ from absl import logging
 import numpy as np
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning.templates import model_delta_client_work as tff_model_delta
-from tensorflow_federated.python.learning.templates import proximal_client_work  # FedProx's client work.
 
 from tff_gma import learning
+from tff_gma import optimizers as reddi_optimizers
 from tff_gma.learning import client_lib
+from tff_gma.learning import fed_prox
 from tff_gma.learning import gma_fed_avg
 from tff_gma.learning import in_graph
 from training import config as config_lib
 
 def server_optimizer(config: config_lib.AlgorithmConfig) -> tff.learning.optimizers.Optimizer:
-  # FedAdam/FedYogi are FedAvg with an adaptive server optimizer applied to the aggregated update (Reddi et al.).
-  if config.name == 'fedadam':
-    return tff.learning.optimizers.build_adam(
-        config.server_lr, beta_1=config_lib.ADAPTIVE_BETA_1, beta_2=config_lib.ADAPTIVE_BETA_2,
-        epsilon=config.adaptive_epsilon)
-  if config.name == 'fedyogi':
-    return tff.learning.optimizers.build_yogi(
-        config.server_lr, beta_1=config_lib.ADAPTIVE_BETA_1, beta_2=config_lib.ADAPTIVE_BETA_2,
-        epsilon=config.adaptive_epsilon)
+  """The server's optimizer: SGD at `server_lr`, or for FedAdam/FedYogi (FedAvg with an adaptive server optimizer
+  applied to the aggregated update, Reddi et al.) the one `config.adaptive_optimizer` names: `reddi`, Reddi et al.'s
+  Algorithm 2 (`tff_gma.optimizers`), or `tff`, TFF's bias-corrected `build_adam`/`build_yogi`."""
+  adaptive = {
+      ('fedadam', 'reddi'): reddi_optimizers.build_reddi_adam,
+      ('fedyogi', 'reddi'): reddi_optimizers.build_reddi_yogi,
+      ('fedadam', 'tff'): tff.learning.optimizers.build_adam,
+      ('fedyogi', 'tff'): tff.learning.optimizers.build_yogi,
+  }
+  build = adaptive.get((config.name, config.adaptive_optimizer))
+  if build is not None:
+    return build(config.server_lr, beta_1=config_lib.ADAPTIVE_BETA_1, beta_2=config_lib.ADAPTIVE_BETA_2,
+                 epsilon=config.adaptive_epsilon)
   return tff.learning.optimizers.build_sgdm(config.server_lr)
 
 
@@ -82,7 +87,7 @@ _fallbacks_logged: set[str] = set()
 
 
 def proximal_strength(config: config_lib.AlgorithmConfig) -> float:
-  """The in-graph update's proximal term mu: FedProx's, else 0 (no term)."""
+  """The proximal term's mu (FedProx's, else 0: no term), added as the paper has it (`fed_prox.add_proximal_term`)."""
   return float(config.proximal_strength) if config.name == 'fedprox' else 0.0
 
 
@@ -108,10 +113,10 @@ def client_loop(model_fn: Callable[[], tff.learning.models.VariableModel], confi
 def build_client_update(model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig,
                         loop: Optional[ClientLoop] = None) -> Callable[..., Any]:
   """The family's one client update, `(optimizer, hparams, initial_weights, dataset) -> (ClientResult, unfinalized
-  metrics)`: TFF's model-delta update (FedProx's with its proximal term) with `loop` (default
-  `client_loop(model_fn, config)`). FedProx's optimizer keeps its own hyperparameters (`hparams` is ignored), as
-  in TFF's FedProx client work. Builds its model, so call it where the update will run (inside a computation, or
-  under a device)."""
+  metrics)`: TFF's model-delta update (FedProx's: the library's, `fed_prox.build_fed_prox_update`, with the paper's
+  proximal term) with `loop` (default `client_loop(model_fn, config)`). FedProx's optimizer keeps its own
+  hyperparameters (`hparams` is ignored), as in TFF's FedProx client work. Builds its model, so call it where the
+  update will run (inside a computation, or under a device)."""
   loop = loop or client_loop(model_fn, config)
   proximal = config.name == 'fedprox'
   if loop.name == 'in_graph':
@@ -119,8 +124,8 @@ def build_client_update(model_fn: Callable[[], tff.learning.models.VariableModel
         model_fn, loop.functional_model, weighting=CLIENT_WEIGHTING, proximal_strength=proximal_strength(config))
     return lambda opt, hparams, weights, data: update(opt, weights, data, None if proximal else hparams)
   if proximal:
-    update = proximal_client_work.build_model_delta_update_with_tff_optimizer(
-        model_fn=model_fn, weighting=CLIENT_WEIGHTING, delta_l2_regularizer=float(config.proximal_strength),
+    update = fed_prox.build_fed_prox_update(
+        model_fn, proximal_strength=proximal_strength(config), weighting=CLIENT_WEIGHTING,
         loop_implementation=LOOP_IMPLEMENTATION)
     return lambda opt, hparams, weights, data: update(opt, weights, data)
   update = tff_model_delta.build_model_delta_update_with_tff_optimizer(
@@ -136,13 +141,14 @@ def build_client_work(
 ) -> tff.learning.templates.ClientWorkProcess:
   """The FedAvg family's client work: the one that training, corruption and the RFA weight replay run.
 
-  TFF's model-delta client work (FedProx's with its proximal term), as `build_weighted_fed_avg` and
-  `build_weighted_fed_prox` build it: SGD with momentum at `client_lr`, example-count weights. FedAdam and
-  FedYogi differ only at the server. Its loop is `client_loop(model_fn, config)`'s; with `client_sources`, each
-  client's computation builds its dataset from its source (`client_sources.source_type`, e.g. a file prefix and a
-  seed pair; `client_sources.dataset`) and trains on it in the same TF graph, so no dataset crosses between
-  computations in the worker (`training.engine.worker_datasets`). The state, update, weights and metrics are TFF's
-  in every case (the iterator loop on datasets is TFF's own client work; the others repeat its plumbing).
+  TFF's model-delta client work (FedProx's: the library's, `tff_gma.learning.fed_prox`, with the paper's proximal
+  term where TFF's `build_weighted_fed_prox` has the opposite sign), as `build_weighted_fed_avg` builds it: SGD with
+  momentum at `client_lr`, example-count weights. FedAdam and FedYogi differ only at the server. Its loop is
+  `client_loop(model_fn, config)`'s; with `client_sources`, each client's computation builds its dataset from its
+  source (`client_sources.source_type`, e.g. a file prefix and a seed pair; `client_sources.dataset`) and trains on
+  it in the same TF graph, so no dataset crosses between computations in the worker
+  (`training.engine.worker_datasets`). The state, update, weights and metrics have TFF's types in every case (the
+  iterator loop on datasets is TFF's own client work, FedProx's the library's; the others repeat its plumbing).
   """
   if not isinstance(config, config_lib.AlgorithmConfig):
     raise ValueError(f'config must be a config_lib.AlgorithmConfig, got {config!r}')
@@ -150,8 +156,8 @@ def build_client_work(
   if loop.name == 'iterator' and client_sources is None:
     kwargs = dict(loop_implementation=LOOP_IMPLEMENTATION, metrics_aggregator=metrics_aggregator)
     if config.name == 'fedprox':
-      return proximal_client_work.build_model_delta_client_work(
-          model_fn, client_optimizer(config), CLIENT_WEIGHTING, delta_l2_regularizer=config.proximal_strength,
+      return fed_prox.build_fed_prox_client_work(
+          model_fn, client_optimizer(config), CLIENT_WEIGHTING, proximal_strength=proximal_strength(config),
           **kwargs)
     return tff.learning.templates.build_model_delta_client_work(
         model_fn, client_optimizer(config), CLIENT_WEIGHTING, **kwargs)

@@ -207,12 +207,10 @@ def _build_process(model_fn, algorithm: str, aggregator: str, config: config_lib
                    metrics_aggregator, corrupted: bool, client_execution: str = client_execution_lib.WORKER,
                    client_sources=None) -> tff.learning.templates.LearningProcess | client_execution_lib.LocalRound:
   aggregator_record, algorithm_record = registry.aggregator(aggregator), registry.algorithm(algorithm)
-  if aggregator_record.kind == registry.PROCESS:
-    return aggregator_record.build_process(model_fn, config, None, extra, num_clients, metrics_aggregator, params)
+  if aggregator_record.kind == registry.PROCESS or algorithm_record.kind == registry.COMPOSED:
+    return registry.build_process(model_fn, algorithm, aggregator, config, params, extra, num_clients=num_clients,
+                                  metrics_aggregator=metrics_aggregator)
   model_aggregator = registry.build(aggregator, params)
-  if algorithm_record.kind == registry.COMPOSED:
-    return algorithm_record.build_process(model_fn, config, model_aggregator, extra, num_clients, metrics_aggregator,
-                                          params)
   # GMA with FedAdam/FedYogi is the GMA paper's Algorithm 2: the adaptive moments see the unmasked mean and the mask
   # scales the step (the drop-in factory would mask before Adam, which largely undoes the mask). FedAvg/FedProx
   # keep the drop-in factory: with their SGD server both placements are the same.

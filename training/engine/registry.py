@@ -7,7 +7,7 @@ outside this module tests a method's name: the drivers read the records.
 * `Aggregator.kind`: `MODEL_AGGREGATOR`, a `tff.aggregators.WeightedAggregationFactory` built from
   `config.AggregatorParams` and given to the algorithm as its `model_aggregator`; or `PROCESS`, an aggregation
   that is a learning process of its own (Elastic aggregation: its clients also send their parameter sensitivity),
-  run with the FedAvg-family algorithms whose server optimizer it takes.
+  run with the FedAvg-family algorithms whose client and server optimizers it takes.
 * `Algorithm.kind`: `FEDAVG_FAMILY` (one client work, `training.engine.fedavg_family`; any model aggregator,
   both client-execution modes, update corruption) or `COMPOSED` (a process of `tff_gma.learning` with its own
   client work: TFF worker only, no update corruption).
@@ -18,19 +18,39 @@ outside this module tests a method's name: the drivers read the records.
   (tests/training/registry_contract_test.py) builds every record and checks each declaration, so a new record is
   tested with no test edit.
 
-Every builder takes the same `config.AggregatorParams` (the runner's aggregator flags) and ignores what it has no
-use for, so a flagfile can carry all of them. The baselines of the RFA robustness study (`median`,
-`trimmed_mean`, `krum`) collect every client's update at the server (`tff_gma.aggregators.robust_baselines`;
-they refuse `secure=True`); `clip_mean`, `zeroing_mean` are TFF's own norm clipping/zeroing in front of TFF's
-weighted mean. `trimmed_mean` and `krum` are told the corruption level (`corrupt_fraction`), as in the RFA paper.
+Settings. `SETTINGS` are the method settings: the fields of `config.AlgorithmConfig`, `config.AggregatorParams` and
+`config.MethodParams` (named as the runner's flags), less the algorithm's name and `client_loop` (how a FedAvg-family
+client walks its batches, not what it computes; the summary records the loop used, none for the others). Each
+record's `reads` names the settings it reads. A builder takes exactly those, as typed keyword-only arguments, and
+its record's `reads` is read off its signature (`_reads`), so the two cannot disagree; before them come the
+structural arguments it uses (`model_fn`, `model_aggregator`, `metrics_aggregator`, `num_clients`, and for a
+`PROCESS` aggregator the algorithm's `client_optimizer`, `server_optimizer`), all passed by name by `_call`. The
+FedAvg family's records list the optimizer settings `training.engine.fedavg_family` reads. A method reads its
+algorithm's and its aggregator's settings (`used_settings`); `secure_bound` only with `secure=True`;
+`corrupt_fraction` also under any `--corruption` (the corruption level).
+
+`check_settings` refuses, in one line naming the setting and the method, a setting the method does not read whose
+value differs from its default: "set by the user" means "not the default", since a flagfile may carry every
+default and a value equal to the default changes nothing. The runner calls it in `experiment.validate`, so such a
+setting fails before anything is written; the benchmark calls it on its entries.
+
+The baselines of the RFA robustness study (`median`, `trimmed_mean`, `krum`) collect every client's update at the
+server (`tff_gma.aggregators.robust_baselines`): `secure=True` is refused with them (`Aggregator.refusals`),
+whatever the algorithm. `clip_mean`, `zeroing_mean` are TFF's own norm clipping/zeroing in front of a weighted
+mean; with `secure=True` the weighted mean is `tff_gma.aggregators.SecureWeightedMeanFactory(secure_bound)`, TFF's
+norm estimate sums its indicators with a secure sum (`PrivateQuantileEstimationProcess.no_noise(
+secure_estimation=True)`) and the clipped/zeroed count is a secure sum too. `trimmed_mean` and `krum` are told
+the corruption level (`corrupt_fraction`), as in the RFA paper. FedGMA's gradient mean is secure under
+`secure=True` (bounded by `secure_bound`, like the model updates).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
-from collections.abc import Callable
-from typing import Optional
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
 
 import tensorflow_federated as tff
 
@@ -41,85 +61,157 @@ from training import config as config_lib
 from training.engine import client_execution as client_execution_lib
 from training.engine import fedavg_family
 
+_SETTING_CLASSES = (config_lib.AlgorithmConfig, config_lib.AggregatorParams, config_lib.MethodParams)
+# The method settings (module docstring): every field of the three dataclasses but these two.
+_NOT_SETTINGS = ('name', 'client_loop')
+SETTINGS = tuple(f.name for c in _SETTING_CLASSES for f in dataclasses.fields(c) if f.name not in _NOT_SETTINGS)
+DEFAULTS = {name: value for c in _SETTING_CLASSES for name, value in dataclasses.asdict(c()).items()
+            if name in SETTINGS}
+# What a builder may take besides settings, by name (`_call`).
+_STRUCTURAL = ('model_fn', 'model_aggregator', 'metrics_aggregator', 'num_clients', 'client_optimizer',
+               'server_optimizer')
 
-def _mean(p: config_lib.AggregatorParams):
-  if p.secure:
-    return aggregators.SecureWeightedMeanFactory(**({} if p.secure_bound is None else {'value_bound': p.secure_bound}))
+
+def settings_of(*parts: Any) -> dict[str, Any]:
+  """The settings (`SETTINGS`) held by `parts`: an `ExperimentConfig`, or some of `AlgorithmConfig`,
+  `AggregatorParams`, `MethodParams` (a setting missing from them takes its default)."""
+  return {**DEFAULTS, **{name: getattr(p, name) for p in parts for name in SETTINGS if hasattr(p, name)}}
+
+
+def _reads(builder: Callable[..., Any]) -> tuple[str, ...]:
+  """The settings `builder` reads: its keyword-only parameters, each a setting (checked at import)."""
+  parameters = inspect.signature(builder).parameters.values()
+  reads = tuple(p.name for p in parameters if p.kind == inspect.Parameter.KEYWORD_ONLY)
+  others = [p.name for p in parameters if p.kind != inspect.Parameter.KEYWORD_ONLY and p.name not in _STRUCTURAL]
+  unknown = [name for name in reads if name not in SETTINGS]
+  if unknown or others:
+    raise TypeError(f'registry builder {builder.__name__}: keyword-only parameters must be settings and the others '
+                    f'among {_STRUCTURAL}; got {unknown + others}')
+  return reads
+
+
+def _call(builder: Callable[..., Any], settings: Mapping[str, Any], **structural: Any) -> Any:
+  """`builder` with exactly its parameters: the structural ones it names from `structural`, its settings from
+  `settings`."""
+  kwargs = {}
+  for parameter in inspect.signature(builder).parameters.values():
+    source = settings if parameter.kind == inspect.Parameter.KEYWORD_ONLY else structural
+    kwargs[parameter.name] = source[parameter.name]
+  return builder(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Builders (module docstring: keyword-only parameters are the settings each reads).
+
+
+def _mean(*, secure: bool, secure_bound: Optional[float]) -> tff.aggregators.WeightedAggregationFactory:
+  if secure:
+    return aggregators.SecureWeightedMeanFactory(value_bound=secure_bound)
   return tff.aggregators.MeanFactory()
 
 
 def _gma(mask: str):
-  return lambda p: aggregators.GradientMaskedFactory(
-      tau=p.tau, mask=mask, secure=p.secure, value_bound=p.secure_bound)
+  def build(*, tau: float, secure: bool, secure_bound: Optional[float]) -> tff.aggregators.WeightedAggregationFactory:
+    return aggregators.GradientMaskedFactory(tau=tau, mask=mask, secure=secure, value_bound=secure_bound)
+  build.__name__ = f'_gma_{mask}'
+  return build
 
 
-def _rfa(one_step: bool):
-  return lambda p: aggregators.GeometricMedianFactory(
-      num_passes=None if one_step else p.num_passes, smoothing=p.smoothing, one_step=one_step, secure=p.secure,
-      value_bound=p.secure_bound, init=None if one_step else p.rfa_init)
+def _rfa(*, num_passes: int, smoothing: float, rfa_init: str, secure: bool,
+         secure_bound: Optional[float]) -> tff.aggregators.WeightedAggregationFactory:
+  return aggregators.GeometricMedianFactory(num_passes=num_passes, smoothing=smoothing, secure=secure,
+                                            value_bound=secure_bound, init=rfa_init)
 
 
-def _non_private(build: Callable[[config_lib.AggregatorParams], tff.aggregators.WeightedAggregationFactory], name: str):
-  def builder(p: config_lib.AggregatorParams):
-    if p.secure:
-      raise ValueError(f'secure: aggregator {name!r} needs every client update at the server and cannot run with '
-                       f'secure=True')
-    return build(p)
-  return builder
+def _rfa_one_step(*, smoothing: float, secure: bool,
+                  secure_bound: Optional[float]) -> tff.aggregators.WeightedAggregationFactory:
+  return aggregators.GeometricMedianFactory(num_passes=None, smoothing=smoothing, one_step=True, secure=secure,
+                                            value_bound=secure_bound)
+
+
+def _median() -> tff.aggregators.WeightedAggregationFactory:
+  return robust_baselines.CoordinateMedianFactory()
+
+
+def _trimmed_mean(*, corrupt_fraction: float) -> tff.aggregators.WeightedAggregationFactory:
+  return robust_baselines.TrimmedMeanFactory(corrupt_fraction)
+
+
+def _krum(*, corrupt_fraction: float) -> tff.aggregators.WeightedAggregationFactory:
+  return robust_baselines.MultiKrumFactory(corrupt_fraction)
+
+
+def _inner_mean(secure: bool, secure_bound: Optional[float]):
+  """(weighted mean, count sum) behind TFF's clipping/zeroing: secure sums only with `secure`."""
+  if secure:
+    return aggregators.SecureWeightedMeanFactory(value_bound=secure_bound), tff.aggregators.SecureSumFactory(1)
+  return tff.aggregators.MeanFactory(), None
 
 
 # TFF's adaptive norm bounds (`tff.aggregators.PrivateQuantileEstimationProcess.no_noise`, no noise added):
 # clipping at an estimate of the median update norm; zeroing above an estimate of the 0.98 quantile (TFF's
-# `tff.learning.robust_aggregator` defaults), so that neither needs the corruption level.
-def _clip_mean(p: config_lib.AggregatorParams):
-  del p
+# `tff.learning.robust_aggregator` defaults), so that neither needs the corruption level. `secure_estimation` sums
+# the estimate's per-client indicators with TFF's SecureSumFactory.
+def _clip_mean(*, secure: bool, secure_bound: Optional[float]) -> tff.aggregators.WeightedAggregationFactory:
   norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
-      initial_estimate=1.0, target_quantile=0.5, learning_rate=0.2)
-  return tff.aggregators.clipping_factory(norm, tff.aggregators.MeanFactory())
+      initial_estimate=1.0, target_quantile=0.5, learning_rate=0.2, secure_estimation=secure)
+  mean, count = _inner_mean(secure, secure_bound)
+  return tff.aggregators.clipping_factory(norm, mean, clipped_count_sum_factory=count)
 
 
-def _zeroing_mean(p: config_lib.AggregatorParams):
-  del p
+def _zeroing_mean(*, secure: bool, secure_bound: Optional[float]) -> tff.aggregators.WeightedAggregationFactory:
   norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
-      initial_estimate=10.0, target_quantile=0.98, learning_rate=math.log(10.0), multiplier=2.0, increment=1.0)
-  return tff.aggregators.zeroing_factory(norm, tff.aggregators.MeanFactory())
+      initial_estimate=10.0, target_quantile=0.98, learning_rate=math.log(10.0), multiplier=2.0, increment=1.0,
+      secure_estimation=secure)
+  mean, count = _inner_mean(secure, secure_bound)
+  return tff.aggregators.zeroing_factory(norm, mean, zeroed_count_sum_factory=count)
 
 
-# The learning processes of the composed methods (`tff_gma.learning`), one signature for all: (model_fn,
-# AlgorithmConfig, model aggregator (None for a PROCESS aggregator), MethodParams, num_clients, metrics_aggregator,
-# AggregatorParams). The composed algorithms take FedAvg's client and server optimizers.
-def _elastic(model_fn, config, model_aggregator, extra, num_clients, metrics_aggregator, params):
-  del model_aggregator, num_clients
+# The learning processes of the composed methods (`tff_gma.learning`). The composed algorithms take FedAvg's client
+# optimizer (SGD with momentum) and server optimizer (SGD), `_fedavg_optimizers`; Elastic (a PROCESS aggregator)
+# takes its algorithm's, built by the caller.
+def _fedavg_optimizers(client_lr: float, client_momentum: float, server_lr: float):
+  config = config_lib.AlgorithmConfig(name='fedavg', client_lr=client_lr, server_lr=server_lr,
+                                      client_momentum=client_momentum)
+  return fedavg_family.client_optimizer(config), fedavg_family.server_optimizer(config)
+
+
+def _elastic(model_fn, client_optimizer, server_optimizer, metrics_aggregator, *, elastic_tau: float,
+             elastic_mu: float, sensitivity_fraction: float, secure: bool, secure_bound: Optional[float]):
   return learning.build_elastic_fed_avg(
-      model_fn, fedavg_family.client_optimizer(config), fedavg_family.server_optimizer(config),
-      tau=extra.elastic_tau, mu=extra.elastic_mu, sensitivity_fraction=extra.sensitivity_fraction,
-      secure=params.secure, value_bound=params.secure_bound, metrics_aggregator=metrics_aggregator)
+      model_fn, client_optimizer, server_optimizer, tau=elastic_tau, mu=elastic_mu,
+      sensitivity_fraction=sensitivity_fraction, secure=secure, value_bound=secure_bound,
+      metrics_aggregator=metrics_aggregator)
 
 
-def _elastic_probe(params, extra):
-  return 'update_and_sensitivity', aggregators.ElasticFactory(
-      tau=extra.elastic_tau, secure=params.secure, value_bound=params.secure_bound)
+def _elastic_probe(*, elastic_tau: float, secure: bool, secure_bound: Optional[float]):
+  return 'update_and_sensitivity', aggregators.ElasticFactory(tau=elastic_tau, secure=secure, value_bound=secure_bound)
 
 
-def _fedgma(model_fn, config, model_aggregator, extra, num_clients, metrics_aggregator, params):
-  del num_clients, params
+def _fedgma(model_fn, model_aggregator, metrics_aggregator, *, client_lr: float, client_momentum: float,
+            server_lr: float, fedgma_step_size: float, fedgma_threshold: float, secure: bool,
+            secure_bound: Optional[float]):
+  # `secure` makes the AND-masked gradient mean secure (its coordinates bounded by secure_bound, like the model
+  # updates'); the model updates go through `model_aggregator`, the aggregator record's (secure with it too).
+  client_optimizer, server_optimizer = _fedavg_optimizers(client_lr, client_momentum, server_lr)
   return learning.build_fedgma(
-      model_fn, fedavg_family.client_optimizer(config), fedavg_family.server_optimizer(config),
-      server_step_size=extra.fedgma_step_size, mask_threshold=extra.fedgma_threshold,
-      model_aggregator=model_aggregator, metrics_aggregator=metrics_aggregator)
+      model_fn, client_optimizer, server_optimizer, server_step_size=fedgma_step_size,
+      mask_threshold=fedgma_threshold, secure=secure, value_bound=secure_bound, model_aggregator=model_aggregator,
+      metrics_aggregator=metrics_aggregator)
 
 
-def _scaffold(model_fn, config, model_aggregator, extra, num_clients, metrics_aggregator, params):
-  del extra, params
-  return learning.build_scaffold(model_fn, config.client_lr, config.server_lr, model_aggregator,
+def _scaffold(model_fn, model_aggregator, num_clients, metrics_aggregator, *, client_lr: float,
+              client_momentum: float, server_lr: float):
+  # Client weighting: the runner's (example counts, as the FedAvg family); `build_scaffold` also takes UNIFORM.
+  return learning.build_scaffold(model_fn, client_lr, server_lr, model_aggregator, client_momentum=client_momentum,
                                  num_clients=num_clients, metrics_aggregator=metrics_aggregator)
 
 
-def _personalized(model_fn, config, model_aggregator, extra, num_clients, metrics_aggregator, params):
-  del extra, num_clients, params
-  return learning.build_personalized_rfa(
-      model_fn, fedavg_family.client_optimizer(config), fedavg_family.server_optimizer(config), model_aggregator,
-      metrics_aggregator)
+def _personalized(model_fn, model_aggregator, metrics_aggregator, *, client_lr: float, client_momentum: float,
+                  server_lr: float):
+  client_optimizer, server_optimizer = _fedavg_optimizers(client_lr, client_momentum, server_lr)
+  return learning.build_personalized_rfa(model_fn, client_optimizer, server_optimizer, model_aggregator,
+                                         metrics_aggregator)
 
 
 ProcessBuilder = Callable[..., tff.learning.templates.LearningProcess]
@@ -142,10 +234,11 @@ class Aggregator:
   description: str
   kind: str
   private: bool
-  build: Optional[Callable[[config_lib.AggregatorParams], tff.aggregators.WeightedAggregationFactory]] = None
+  # A MODEL_AGGREGATOR's factory, from its settings (keyword-only, `reads`).
+  build: Optional[Callable[..., tff.aggregators.WeightedAggregationFactory]] = None
   build_process: Optional[ProcessBuilder] = None  # A PROCESS aggregator's learning process.
-  # A PROCESS aggregator's aggregation alone, for the benchmark: (kind of client value, factory) from
-  # (AggregatorParams, MethodParams).
+  # A PROCESS aggregator's aggregation alone, for the benchmark: (kind of client value, factory) from settings
+  # among `reads`.
   probe: Optional[Callable[..., tuple[str, tff.aggregators.WeightedAggregationFactory]]] = None
   algorithms: tuple[str, ...] = config_lib.FEDAVG_FAMILY + ('fedgma', 'scaffold', 'personalized')
   multi_worker: bool = True
@@ -154,6 +247,10 @@ class Aggregator:
   # the unmasked mean, the mask scales the step); False, the drop-in placement (the factory inside TFF's builder:
   # the mask before the optimizer). The SGD servers' two placements are one computation.
   mask_on_step: bool = True
+  reads: tuple[str, ...] = ()  # The settings it reads: its builder's keyword-only parameters.
+  # (setting, why): a setting it cannot honour although the algorithm may read it (FedGMA's `secure`), refused
+  # with the method whatever the algorithm.
+  refusals: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,12 +268,27 @@ class Algorithm:
   # Keeps personal parameters on the clients: each client holds out examples to evaluate its personal model.
   personal_evaluation: bool = False
   roles: frozenset[str] = frozenset()
+  # The settings it reads: a COMPOSED algorithm's builder's keyword-only parameters; the FedAvg family's, those
+  # `fedavg_family` reads for it (its optimizers, FedProx's mu).
+  reads: tuple[str, ...] = ()
 
 
-def _model_aggregator(name, description, build, *, private=True, multi_worker=True, roles=(), mask_on_step=True):
+def _model_aggregator(name, description, build, *, private=True, multi_worker=True, roles=(), mask_on_step=True,
+                      refusals=()):
   return Aggregator(name, description, MODEL_AGGREGATOR, private, build, multi_worker=multi_worker,
-                    roles=frozenset(roles), mask_on_step=mask_on_step)
+                    roles=frozenset(roles), mask_on_step=mask_on_step, reads=_reads(build), refusals=refusals)
 
+
+def _composed(name, description, build_process, **kwargs):
+  return Algorithm(name, description, COMPOSED, True, build_process, client_execution=(client_execution_lib.WORKER,),
+                   update_corruption=False, reads=_reads(build_process), **kwargs)
+
+
+_FEDAVG_READS = ('client_lr', 'client_momentum', 'server_lr')  # fedavg_family.client_optimizer, server_optimizer.
+# FedAdam/FedYogi's server optimizer: Reddi et al.'s epsilon, and which implementation (`adaptive_optimizer`).
+_ADAPTIVE_READS = _FEDAVG_READS + ('adaptive_epsilon', 'adaptive_optimizer')
+
+_COLLECTS_UPDATES = (('secure', 'needs every client update at the server'),)
 
 _AGGREGATORS = (
     # TFF's MeanFactory sums the weighted values with a plain federated_sum (private only with secure=True).
@@ -189,41 +301,38 @@ _AGGREGATORS = (
                       'server optimizer (gma itself: the mask on the step, Algorithm 2)', _gma('soft'),
                       mask_on_step=False),
     # Weiszfeld's passes are sequential aggregations: one stage per pass, more than TFF's multi-worker context runs.
-    _model_aggregator('rfa', 'geometric median, smoothed Weiszfeld (num_passes secure averages)', _rfa(False),
+    _model_aggregator('rfa', 'geometric median, smoothed Weiszfeld (num_passes secure averages)', _rfa,
                       multi_worker=False, roles=(DEMO, RFA_STUDY)),
-    _model_aggregator('rfa_one_step', 'one-step RFA (a single reweighted secure average)', _rfa(True),
+    _model_aggregator('rfa_one_step', 'one-step RFA (a single reweighted secure average)', _rfa_one_step,
                       roles=(DEMO, RFA_STUDY)),
-    _model_aggregator('median', 'coordinate-wise median (NOT private: every update at the server)',
-                      _non_private(lambda p: robust_baselines.CoordinateMedianFactory(), 'median'), private=False,
-                      roles=(RFA_STUDY,)),
+    # The baselines collect every update at the server: secure=True is refused with them.
+    _model_aggregator('median', 'coordinate-wise median (NOT private: every update at the server)', _median,
+                      private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES),
     _model_aggregator('trimmed_mean', 'coordinate-wise trimmed mean, trimming corrupt_fraction per side (NOT private)',
-                      _non_private(lambda p: robust_baselines.TrimmedMeanFactory(p.corrupt_fraction), 'trimmed_mean'),
-                      private=False, roles=(RFA_STUDY,)),
-    _model_aggregator('krum', 'multi-Krum with f = corrupt_fraction * n, averaging n - f (NOT private)',
-                      _non_private(lambda p: robust_baselines.MultiKrumFactory(p.corrupt_fraction), 'krum'),
-                      private=False, roles=(RFA_STUDY,)),
-    # TFF's adaptive norm estimate sums an indicator per client in plain: not what the audit calls private.
+                      _trimmed_mean, private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES),
+    _model_aggregator('krum', 'multi-Krum with f = corrupt_fraction * n, averaging n - f (NOT private)', _krum,
+                      private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES),
+    # TFF's adaptive norm estimate sums an indicator per client in plain unless secure=True: not what the audit
+    # calls private by default.
     _model_aggregator('clip_mean', "TFF's norm clipping at an adaptive median norm, then the weighted mean",
                       _clip_mean, private=False, roles=(RFA_STUDY,)),
     _model_aggregator('zeroing_mean', "TFF's zeroing of updates above an adaptive 0.98-quantile norm, then the "
                       'weighted mean', _zeroing_mean, private=False, roles=(RFA_STUDY,)),
     Aggregator('elastic', 'elastic aggregation: update scaled by parameter sensitivity (elastic_tau)', PROCESS, True,
-               build_process=_elastic, probe=_elastic_probe, algorithms=('fedavg', 'fedadam', 'fedyogi'), roles=frozenset({DEMO})),
+               build_process=_elastic, probe=_elastic_probe, algorithms=('fedavg', 'fedadam', 'fedyogi'),
+               roles=frozenset({DEMO}), reads=_reads(_elastic)),
 )
 _ALGORITHMS = (
-    Algorithm('fedavg', 'FedAvg: client SGD with momentum, server SGD', FEDAVG_FAMILY, True),
+    Algorithm('fedavg', 'FedAvg: client SGD with momentum, server SGD', FEDAVG_FAMILY, True, reads=_FEDAVG_READS),
     Algorithm('fedprox', 'FedProx: FedAvg with a proximal term on the client (proximal_strength)', FEDAVG_FAMILY,
-              True),
-    Algorithm('fedadam', 'FedAdam: FedAvg with an Adam server optimizer', FEDAVG_FAMILY, True),
-    Algorithm('fedyogi', 'FedYogi: FedAvg with a Yogi server optimizer', FEDAVG_FAMILY, True),
-    Algorithm('fedgma', 'FedGMA: averaged models + AND-masked server step (fedgma_threshold)', COMPOSED, True,
-              _fedgma, client_execution=(client_execution_lib.WORKER,), update_corruption=False,
+              True, reads=_FEDAVG_READS + ('proximal_strength',)),
+    Algorithm('fedadam', 'FedAdam: FedAvg with an Adam server optimizer', FEDAVG_FAMILY, True, reads=_ADAPTIVE_READS),
+    Algorithm('fedyogi', 'FedYogi: FedAvg with a Yogi server optimizer', FEDAVG_FAMILY, True, reads=_ADAPTIVE_READS),
+    _composed('fedgma', 'FedGMA: averaged models + AND-masked server step (fedgma_threshold)', _fedgma,
               roles=frozenset({DEMO})),
-    Algorithm('scaffold', 'SCAFFOLD with client control variates, weighted mean of the updates', COMPOSED, True,
-              _scaffold, client_execution=(client_execution_lib.WORKER,), update_corruption=False),
-    Algorithm('personalized', 'personalized RFA: shared parameters by RFA, personal ones kept by the clients',
-              COMPOSED, True, _personalized, default_aggregator='rfa', client_execution=(client_execution_lib.WORKER,),
-              update_corruption=False, personal_evaluation=True),
+    _composed('scaffold', 'SCAFFOLD with client control variates, weighted mean of the updates', _scaffold),
+    _composed('personalized', 'personalized RFA: shared parameters by RFA, personal ones kept by the clients',
+              _personalized, default_aggregator='rfa', personal_evaluation=True),
 )
 AGGREGATOR_RECORDS = {a.name: a for a in _AGGREGATORS}
 ALGORITHM_RECORDS = {a.name: a for a in _ALGORITHMS}
@@ -248,11 +357,82 @@ def algorithm(name: str) -> Algorithm:
 
 def build(name: str, params: Optional[config_lib.AggregatorParams] = None
           ) -> tff.aggregators.WeightedAggregationFactory:
-  """The model aggregator `name` (a `MODEL_AGGREGATOR` record) with `params`."""
+  """The model aggregator `name` (a `MODEL_AGGREGATOR` record) with the settings it reads from `params`."""
   record = aggregator(name)
   if record.kind != MODEL_AGGREGATOR:
     raise ValueError(f'aggregator: {name!r} is a learning process of its own, not a model aggregator')
-  return record.build(params or config_lib.AggregatorParams())
+  return _call(record.build, settings_of(params or config_lib.AggregatorParams()))
+
+
+def build_process(model_fn, algorithm_name: str, aggregator_name: str, algorithm_config: config_lib.AlgorithmConfig,
+                  aggregator_params: config_lib.AggregatorParams, method_params: config_lib.MethodParams, *,
+                  num_clients: Optional[int], metrics_aggregator) -> tff.learning.templates.LearningProcess:
+  """The learning process of a method with a `PROCESS` aggregator or a `COMPOSED` algorithm (the FedAvg family
+  with a model aggregator is `training.engine.fedavg_family`'s). Each builder gets exactly its parameters."""
+  algorithm_record, aggregator_record = algorithm(algorithm_name), aggregator(aggregator_name)
+  settings = settings_of(algorithm_config, aggregator_params, method_params)
+  if aggregator_record.kind == PROCESS:  # With the algorithm's own optimizers (FedAvg, FedAdam, FedYogi).
+    config = dataclasses.replace(algorithm_config, name=algorithm_name)
+    return _call(aggregator_record.build_process, settings, model_fn=model_fn,
+                 client_optimizer=fedavg_family.client_optimizer(config),
+                 server_optimizer=fedavg_family.server_optimizer(config), metrics_aggregator=metrics_aggregator)
+  if algorithm_record.kind != COMPOSED:
+    raise ValueError(f'algorithm: {algorithm_name} with a model aggregator is built by training.engine.fedavg_family')
+  return _call(algorithm_record.build_process, settings, model_fn=model_fn,
+               model_aggregator=build(aggregator_name, aggregator_params), num_clients=num_clients,
+               metrics_aggregator=metrics_aggregator)
+
+
+def probe(name: str, aggregator_params: config_lib.AggregatorParams, method_params: config_lib.MethodParams
+          ) -> Optional[tuple[str, tff.aggregators.WeightedAggregationFactory]]:
+  """A `PROCESS` aggregator's aggregation alone (the benchmark's probe): (kind of client value, factory); None
+  when it has none."""
+  record = aggregator(name)
+  if record.probe is None:
+    return None
+  return _call(record.probe, settings_of(aggregator_params, method_params))
+
+
+def used_settings(algorithm_name: str, aggregator_name: str, settings: Mapping[str, Any],
+                  corruption: str = 'none') -> frozenset[str]:
+  """The settings the method reads with these `settings` (module docstring)."""
+  used = set(algorithm(algorithm_name).reads) | set(aggregator(aggregator_name).reads)
+  if corruption != 'none':
+    used.add('corrupt_fraction')  # The corruption level.
+  if 'secure' in used and not settings.get('secure', False):
+    used.discard('secure_bound')
+  return frozenset(used)
+
+
+def _readers(name: str) -> str:
+  """Who reads setting `name`, for a refusal."""
+  if name == 'secure_bound':
+    return 'it bounds the secure sums of --secure=true'
+  parts = ['any --corruption'] if name == 'corrupt_fraction' else []
+  for kind, records in (('aggregator', _AGGREGATORS), ('algorithm', _ALGORITHMS)):
+    names = [r.name for r in records if name in r.reads]
+    if names:
+      parts.append(f'{kind}{"s" if len(names) > 1 else ""} {", ".join(names)}')
+  return 'read by ' + ('; '.join(parts) if parts else 'no method')
+
+
+def check_settings(algorithm_name: str, aggregator_name: str, settings: Mapping[str, Any],
+                   corruption: str = 'none') -> None:
+  """Raises ValueError, one line naming the setting and the method, for a setting in `settings` (`settings_of`)
+  that the method does not read and that differs from its default (module docstring)."""
+  for name, why in aggregator(aggregator_name).refusals:
+    if name in settings and settings[name] != DEFAULTS[name]:
+      raise ValueError(f'{name}: aggregator {aggregator_name!r} {why} and cannot run with {name}={settings[name]!r} '
+                       f'(algorithm={algorithm_name})')
+  used = used_settings(algorithm_name, aggregator_name, settings, corruption)
+  for name in SETTINGS:
+    if name in used or name not in settings or settings[name] == DEFAULTS[name]:
+      continue
+    where = f' with --corruption={corruption}' if name == 'corrupt_fraction' else ''
+    if name == 'secure_bound' and 'secure' in used:
+      where = ' with --secure=false'
+    raise ValueError(f'{name}: {algorithm_name}/{aggregator_name}{where} does not read it ({_readers(name)}), so '
+                     f'{name}={settings[name]!r} cannot take effect; leave it at its default {DEFAULTS[name]!r}')
 
 
 def resolve(name: str) -> tuple[str, str]:

@@ -141,15 +141,11 @@ def _check(config: config_lib.ExperimentConfig) -> None:
     host_port = lambda t: t.rpartition(':')[0] and t.rpartition(':')[2].isdigit()
     if not targets or not all(host_port(t) or t.startswith('unix:/') for t in targets):
       raise ConfigError(f'workers must be host:port or unix:/path[,...], got {config.workers!r}')
-  config.algorithm_config()  # Raises on bad algorithm/learning-rate settings.
-  # The composed methods' parameters, checked whichever method runs (a flagfile may carry them all).
-  checks.check_fraction(config.elastic_tau, 'elastic_tau')
-  checks.check_fraction(config.elastic_mu, 'elastic_mu', high_open=True)
-  checks.check_fraction(config.sensitivity_fraction, 'sensitivity_fraction', high_open=True)
-  checks.check_positive_finite(config.fedgma_step_size, 'fedgma_step_size')
-  checks.check_fraction(config.fedgma_threshold, 'fedgma_threshold')
+  # The method settings check their own values where their dataclasses are built (training.config), once.
+  for build_part in (config.algorithm_config, config.aggregator_params, config.method_params):
+    build_part()
   positive_ints = ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size', 'eval_every',
-                   'num_passes', 'classes_per_client')
+                   'classes_per_client')
   for name in positive_ints:
     try:
       checks.check_positive_int(getattr(config, name), name)
@@ -168,17 +164,9 @@ def _check(config: config_lib.ExperimentConfig) -> None:
   _check_output_dir(config.output_dir)
   if config.clients_per_round > config.num_clients:
     raise ConfigError(f'clients_per_round ({config.clients_per_round}) exceeds num_clients ({config.num_clients})')
-  if not 0.0 <= config.tau <= 1.0:
-    raise ConfigError(f'tau must lie in [0, 1], got {config.tau!r}')
-  if not config.smoothing > 0:
-    raise ConfigError(f'smoothing must be positive, got {config.smoothing!r}')
-  if config.rfa_init not in ('mean', 'zero'):
-    raise ConfigError(f"rfa_init must be 'mean' or 'zero', got {config.rfa_init!r}")
   for name in ('alpha', 'beta'):
     if not getattr(config, name) > 0:
       raise ConfigError(f'{name} must be positive, got {getattr(config, name)!r}')
-  if config.secure_bound is not None and not (config.secure_bound > 0 and math.isfinite(config.secure_bound)):
-    raise ConfigError(f'secure_bound must be positive and finite, got {config.secure_bound!r}')
   if config.secure and config.secure_bound is None:
     raise ConfigError('secure_bound: secure=True clips every float sum to [-secure_bound, secure_bound] before '
                       'the secure sum; set it (e.g. --secure_bound=1.0 for client updates of a small model)')
@@ -189,6 +177,8 @@ def _check(config: config_lib.ExperimentConfig) -> None:
   corruption_lib.check_corruption(config.corruption, config.corrupt_fraction)
   if config.corruption in corruption_lib.DATA_CORRUPTIONS and config.dataset == 'shakespeare':
     raise ConfigError(f'corruption: {config.corruption} applies to image classification, not {config.dataset}')
+  # A method setting the method does not read, set to other than its default: refused (registry docstring).
+  registry.check_settings(config.algorithm, config.aggregator, registry.settings_of(config), config.corruption)
   if config.aggregator in registry.MODEL_AGGREGATORS:
     registry.build(config.aggregator, config.aggregator_params())  # Raises on settings the aggregator refuses.
   if config.rfa_weight_bound is not None:
@@ -234,20 +224,54 @@ _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last_rounds', 'output_dir', 
 # line; the summary records the count of its last session.
 
 
-# Settings whose default changed after runs were written without them: such a run ran with this value.
+# Runs written before a setting existed: the one place that says what they ran. A saved config.json (or a summary's
+# `config`) that lacks the setting is such a run.
+# Settings whose default changed after runs were written without them: such a run ran with this value (a callable
+# gives it from the run's saved settings).
 # rfa_init: RFA started Weiszfeld from the weighted mean before the setting existed (the default is now 'zero').
 # dataset_placement: every round's datasets were sent from this process before the setting existed.
 # client_loop: every client walked its batches with TFF's iterator loop before the setting existed.
 # worker_intra_op_threads: the worker ran with TensorFlow's default (0) before the setting existed.
-_VALUE_BEFORE_SETTING_EXISTED = {'rfa_init': 'mean', 'dataset_placement': 'driver', 'client_loop': 'iterator',
-                                 'worker_intra_op_threads': 0}
+# adaptive_optimizer: FedAdam and FedYogi ran TFF's bias-corrected build_adam/build_yogi before the setting existed
+# (the default is now 'reddi', Reddi et al.'s Algorithm 2); the other algorithms have no adaptive server and read
+# today's default.
+_VALUE_BEFORE_SETTING_EXISTED = {
+    'rfa_init': 'mean', 'dataset_placement': 'driver', 'client_loop': 'iterator', 'worker_intra_op_threads': 0,
+    'adaptive_optimizer': lambda saved: (
+        'tff' if saved.get('algorithm') in config_lib.ADAPTIVE_ALGORITHMS
+        else config_lib.ExperimentConfig.adaptive_optimizer),
+}
+# Runs written before a setting existed that no flags can resume, since today's code no longer computes what they
+# computed: (the setting, which runs lacking it, why; the refusal names the directory).
+# fedprox: adaptive_optimizer arrived with the corrected FedProx client work (issue 36; docs/methods.md): a fedprox
+# run whose config.json lacks it trained with TFF 0.87's proximal client work, whose term has the wrong sign.
+_NOT_RESUMABLE_BEFORE_SETTING_EXISTED = (
+    ('adaptive_optimizer', lambda saved: saved.get('algorithm') == 'fedprox',
+     'its FedProx rounds were trained with TFF 0.87\'s proximal client work, whose term has the wrong sign (it pushes '
+     'each client away from the server model; FedProx now pulls towards it), and cannot be continued with the '
+     'corrected one: start the run again in a new --output_dir'),
+    # scaffold: its clients now honour --client_momentum (issue 36, in the same change as adaptive_optimizer); a run
+    # written before trained with plain SGD whatever its client_momentum said.
+    ('adaptive_optimizer', lambda saved: saved.get('algorithm') == 'scaffold' and saved.get('client_momentum') != 0,
+     'its SCAFFOLD clients ignored --client_momentum (plain SGD) and now apply it, so it cannot be continued with the '
+     'same settings: start the run again in a new --output_dir'),
+)
 
 
 def completed_config(saved: dict[str, Any]) -> dict[str, Any]:
   """A saved config's settings (config.json, a summary's `config`), with each setting it lacks at the value
   that run used: the setting's default then, which is today's default unless `_VALUE_BEFORE_SETTING_EXISTED`
   says otherwise."""
-  return {**dataclasses.asdict(config_lib.ExperimentConfig()), **_VALUE_BEFORE_SETTING_EXISTED, **saved}
+  before = {k: v(saved) if callable(v) else v for k, v in _VALUE_BEFORE_SETTING_EXISTED.items()}
+  return {**dataclasses.asdict(config_lib.ExperimentConfig()), **before, **saved}
+
+
+def check_not_superseded(output_dir: str, saved: dict[str, Any]) -> None:
+  """Raises `ConfigError` (one line naming `output_dir` and why) if the run's saved settings (config.json, as
+  written) date it to before a setting in `_NOT_RESUMABLE_BEFORE_SETTING_EXISTED` whose runs cannot resume."""
+  for setting, applies, why in _NOT_RESUMABLE_BEFORE_SETTING_EXISTED:
+    if setting not in saved and applies(saved):
+      raise ConfigError(f'{output_dir} cannot resume: {why}')
 
 
 def check_resumable(config: config_lib.ExperimentConfig) -> None:
@@ -274,6 +298,7 @@ def check_resumable(config: config_lib.ExperimentConfig) -> None:
   except ValueError as e:
     raise ConfigError(f'{path} is damaged ({e}): it cannot say which settings the run was trained with; use another '
                       f'--output_dir') from None
+  check_not_superseded(config.output_dir, saved)
   saved = completed_config(saved)
   current = dataclasses.asdict(config)
   changed = sorted(k for k in current if k not in _RESUMABLE_CHANGES and saved.get(k) != current[k])
@@ -301,6 +326,7 @@ def prepare(config: config_lib.ExperimentConfig) -> None:
   validate(config)
   safe_files.check_output_dir(config.output_dir)  # Nobody else can plant a link the run would write through.
   check_resumable(config)
+  checkpoints.check_resume_files(config.output_dir)  # checkpoints/ a directory, metrics.csv readable: one line.
 
 
 def _run_async(coro):
@@ -328,7 +354,7 @@ def build_setup(config: config_lib.ExperimentConfig) -> Setup:
   """The data (partitioned; poisoned or held out where the settings say), the model and the method."""
   data = loaders.load_federated_data(
       config.dataset, config.partition, config.num_clients, config.seed, data_dir=config.data_dir,
-      **config.partition_kwargs())
+      fashion_mnist_source=config.fashion_mnist_source, **config.partition_kwargs())
   validation = None
   if config.validation_fraction > 0:
     data, validation = _split_validation(data, config.validation_fraction, config.seed)
@@ -467,20 +493,25 @@ def _plot(rows: list[dict[str, float]], path: str, title: str) -> None:
 
 
 def _read_rows(csv_path: str) -> list[dict[str, float]]:
-  import csv  # pylint: disable=g-import-not-at-top
+  """metrics.csv's rows, each {column: value} of its numeric values ([] when there is no file).
+
+  Read with `safe_files.read_csv` (a regular file, bounded, UTF-8, no row longer than the header): a file that is
+  not, or a row whose `round` is not a number, raises `safe_files.DamagedFileError` (a ValueError) naming the line.
+  """
   if not os.path.exists(csv_path):
     return []
-  with open(csv_path, newline='') as f:
-    rows = []
-    for raw in csv.DictReader(f):
-      row = {}
-      for k, v in raw.items():
-        if v not in (None, ''):
-          try:
-            row[k] = float(v)
-          except ValueError:
-            pass
-      rows.append(row)
+  rows = []
+  for line, raw in safe_files.read_csv(csv_path)[1]:
+    row = {}
+    for k, v in raw.items():
+      if v not in (None, ''):
+        try:
+          row[k] = float(v)
+        except ValueError:
+          pass
+    if raw.get('round') not in (None, '') and 'round' not in row:
+      raise safe_files.DamagedFileError(csv_path, f'line {line}: round {raw["round"]!r} is not a number')
+    rows.append(row)
   return rows
 
 
@@ -588,6 +619,7 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     except (RuntimeError, ValueError) as e:  # The worker did not start again: one line, nothing written yet.
       raise ConfigError(f'worker_intra_op_threads: the TFF worker did not start with '
                         f'{config.worker_intra_op_threads} thread(s): {" ".join(str(e).split())}') from None
+  runtime.check_context_runs(setup.process)  # A context the caller installed that cannot run it: one line.
   # Every check has passed: only now is anything but the lock written. Atomically (a temporary file renamed over
   # it): an interrupted write leaves the old config.json or the new one, never a half that refuses the resume.
   safe_files.write_atomic(os.path.join(config.output_dir, CONFIG_FILE),

@@ -210,6 +210,13 @@ def is_gma(aggregator: str) -> bool:
   return aggregator.startswith('gma')
 
 
+def adaptive_optimizer(algorithm: str) -> str:
+  """The server optimizer of the study's runs: its FedAdam/FedYogi arms ran TFF's bias-corrected build_adam/build_yogi
+  (made before --adaptive_optimizer existed; docs/methods.md, "Adaptive server optimizers"), so their archive reads
+  back, and their runs resume, as what they ran; the SGD arms keep the default."""
+  return 'tff' if algorithm in config_lib.ADAPTIVE_ALGORITHMS else config_lib.ExperimentConfig.adaptive_optimizer
+
+
 def run_config(run: Run, output_dir: str, rounds: Optional[int] = None,
                execution: str = client_execution.WORKER) -> config_lib.ExperimentConfig:
   setting = SETTINGS[run.setting]
@@ -217,7 +224,7 @@ def run_config(run: Run, output_dir: str, rounds: Optional[int] = None,
       **setting.config, algorithm=run.algorithm, aggregator=run.aggregator, client_lr=run.client_lr,
       server_lr=run.server_lr, tau=run.tau, seed=run.seed, rounds=rounds or setting.rounds,
       validation_fraction=VALIDATION_FRACTION if run.tuning else 0.0, client_execution=execution,
-      output_dir=os.path.join(output_dir, 'runs', run.name))
+      adaptive_optimizer=adaptive_optimizer(run.algorithm), output_dir=os.path.join(output_dir, 'runs', run.name))
 
 
 # ----------------------------------------------------------------------------------------------------------------

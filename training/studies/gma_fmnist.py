@@ -200,6 +200,7 @@ class Study:
         **setting.config, algorithm=run.algorithm, aggregator=run.aggregator, client_lr=run.client_lr,
         server_lr=run.server_lr, tau=run.tau, seed=run.seed, rounds=self.rounds or setting.rounds,
         validation_fraction=VALIDATION_FRACTION if run.tuning else 0.0, client_execution=self.execution,
+        adaptive_optimizer=gma_study.adaptive_optimizer(run.algorithm),
         output_dir=os.path.join(self.output_dir, 'runs', run.name))
 
   def summary(self, run: Run) -> Optional[dict[str, Any]]:

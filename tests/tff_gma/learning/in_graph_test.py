@@ -1,14 +1,15 @@
-"""tff_gma.learning.in_graph: the in-graph client loop against TFF's own model-delta client works."""
+"""tff_gma.learning.in_graph: the in-graph client loop against TFF's own model-delta client works (FedProx's: the
+library's iterator client work, `tff_gma.learning.fed_prox`, TFF's having the opposite sign)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning.templates import proximal_client_work
 
 from tests.tff_gma import fixtures
 from tff_gma import models
 from tff_gma.data import loaders
+from tff_gma.learning import fed_prox
 from tff_gma.learning import in_graph
 
 _ITERATOR = tff.learning.LoopImplementation.DATASET_ITERATOR
@@ -48,9 +49,9 @@ def test_equals_tff_client_work(model_name, proximal_strength):
   data, build, model_fn, functional = _setup(model_name)
   optimizer = tff.learning.optimizers.build_sgdm(0.05, momentum=0.9)
   weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
-  if proximal_strength:
-    reference = proximal_client_work.build_model_delta_client_work(
-        model_fn, optimizer, weighting, delta_l2_regularizer=proximal_strength, loop_implementation=_ITERATOR)
+  if proximal_strength:  # The library's FedProx client work (TFF's has the opposite sign: fed_prox_test).
+    reference = fed_prox.build_fed_prox_client_work(
+        model_fn, optimizer, weighting, proximal_strength=proximal_strength, loop_implementation=_ITERATOR)
   else:
     reference = tff.learning.templates.build_model_delta_client_work(
         model_fn, optimizer, weighting, loop_implementation=_ITERATOR)

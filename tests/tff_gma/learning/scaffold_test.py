@@ -156,3 +156,111 @@ def test_invalid_arguments(digits_setup):
     build_scaffold(model_fn, client_lr=0.1, num_clients=0)
   with pytest.raises(ValueError, match='model_aggregator'):
     build_scaffold(model_fn, client_lr=0.1, model_aggregator='mean')
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Client momentum and client weighting, against a NumPy reference written from the paper (Algorithm 1) on the tiny
+# linear softmax model above: logits = x W + b, mean cross-entropy per batch.
+
+
+def _numpy_gradients(w, b, x, y):
+  """The mean cross-entropy's gradients (dW, db) for logits x W + b."""
+  logits = x @ w + b
+  p = np.exp(logits - logits.max(axis=1, keepdims=True))
+  p /= p.sum(axis=1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  return [x.T @ p / len(y), p.mean(axis=0)]
+
+
+def _numpy_client(params, x, y, batch, lr, momentum, server_c, client_c):
+  """SCAFFOLD's local path with SGD(+momentum) on g - c_i + c: (Delta = x - y, the raw minibatch gradients)."""
+  current = [p.astype(np.float64) for p in params]
+  accumulator = [np.zeros_like(p) for p in current]
+  gradients = []
+  for start in range(0, len(y), batch):
+    g = _numpy_gradients(current[0], current[1], x[start:start + batch].astype(np.float64), y[start:start + batch])
+    gradients.append(g)
+    corrected = [gj - ci + c for gj, ci, c in zip(g, client_c, server_c)]
+    accumulator = [momentum * a + d for a, d in zip(accumulator, corrected)]  # momentum 0: plain SGD.
+    current = [p - lr * a for p, a in zip(current, accumulator)]
+  return [p0 - p for p0, p in zip(params, current)], gradients
+
+
+def _tiny_client_setup(seed=0, n=11):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, 3)).astype(F32)
+  y = rng.integers(0, 2, size=n).astype(np.int32)
+  model = tiny_model_fn()
+  params = [v.numpy() for v in model.trainable_variables]
+  server_c = tuple(rng.normal(scale=0.1, size=p.shape).astype(F32) for p in params)
+  client_c = tuple(rng.normal(scale=0.1, size=p.shape).astype(F32) for p in params)
+  return x, y, model, params, server_c, client_c
+
+
+def _run_client(model, x, y, batch, lr, momentum, server_c, client_c):
+  update_fn = scaffold.build_scaffold_client_update(tiny_model_fn, lr, tff.learning.ClientWeighting.NUM_EXAMPLES,
+                                                    client_momentum=momentum)
+  batches = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(batch)
+  result, delta, new_control, _, _ = update_fn(tff.learning.models.ModelWeights.from_model(model), batches,
+                                               tf.data.Dataset.from_tensors(client_c), server_c)
+  return [u.numpy() for u in result.update], [d.numpy() for d in delta], [c.numpy() for c in new_control]
+
+
+def test_without_momentum_the_control_variate_is_option_ii():
+  x, y, model, params, server_c, client_c = _tiny_client_setup()
+  lr, batch = 0.2, 4  # K = 3 steps.
+  update, delta, new_control = _run_client(model, x, y, batch, lr, 0.0, server_c, client_c)
+  want_update, _ = _numpy_client(params, x, y, batch, lr, 0.0, server_c, client_c)
+  option_ii = [ci - c + u / (3 * lr) for ci, c, u in zip(client_c, server_c, want_update)]  # The paper's formula.
+  for got, want in zip(update, want_update):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  for got, want in zip(new_control, option_ii):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  for got, new, old in zip(delta, option_ii, client_c):
+    np.testing.assert_allclose(got, new - old, rtol=1e-4, atol=1e-5)
+
+
+def test_with_momentum_the_steps_are_sgdm_and_the_control_variate_is_the_mean_gradient():
+  x, y, model, params, server_c, client_c = _tiny_client_setup(seed=1, n=13)
+  lr, batch, momentum = 0.2, 3, 0.9  # K = 5 steps.
+  update, delta, new_control = _run_client(model, x, y, batch, lr, momentum, server_c, client_c)
+  want_update, gradients = _numpy_client(params, x, y, batch, lr, momentum, server_c, client_c)
+  mean_gradient = [np.mean([g[j] for g in gradients], axis=0) for j in range(2)]
+  for got, want in zip(update, want_update):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  for got, want in zip(new_control, mean_gradient):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  for got, want, old in zip(delta, mean_gradient, client_c):
+    np.testing.assert_allclose(got, want - old, rtol=1e-4, atol=1e-6)
+  # Option II's formula would be off here by the momentum's amplification: the reference tells the two apart.
+  option_ii = [ci - c + u / (5 * lr) for ci, c, u in zip(client_c, server_c, want_update)]
+  assert max(np.max(np.abs(a - b)) for a, b in zip(option_ii, mean_gradient)) > 0.05
+  # And momentum changes the local path (the run at 0 differs).
+  plain, _, _ = _run_client(tiny_model_fn(), x, y, batch, lr, 0.0, server_c, client_c)
+  assert max(np.max(np.abs(a - b)) for a, b in zip(plain, update)) > 1e-3
+
+
+@pytest.mark.parametrize('weighting', [tff.learning.ClientWeighting.UNIFORM, tff.learning.ClientWeighting.NUM_EXAMPLES])
+def test_client_weighting_of_the_model_updates(weighting):
+  rng = np.random.default_rng(2)
+  sizes, lr, server_lr, batch = (3, 9), 0.1, 1.0, 4
+  data = [(rng.normal(size=(n, 3)).astype(F32), rng.integers(0, 2, size=n).astype(np.int32)) for n in sizes]
+  process = build_scaffold(tiny_model_fn, client_lr=lr, server_lr=server_lr, client_weighting=weighting)
+  store = fixtures.ClientStateHolder(process)
+  state = process.initialize()
+  params = list(process.get_model_weights(state).trainable)
+  zeros = [np.zeros_like(p) for p in params]
+  datasets = [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(batch) for x, y in data]
+  state, _ = store.run_round(process, state, ['a', 'b'], datasets)
+  # Round one: c = c_i = 0, so each client's path is plain SGD; the server applies x - server_lr * mean(Delta_i).
+  deltas = [_numpy_client(params, x, y, batch, lr, 0.0, zeros, zeros)[0] for x, y in data]
+  weights = np.ones(2) if weighting == tff.learning.ClientWeighting.UNIFORM else np.array(sizes, float)
+  for j, (p, got) in enumerate(zip(params, process.get_model_weights(state).trainable)):
+    mean = sum(w * d[j] for w, d in zip(weights, deltas)) / weights.sum()
+    np.testing.assert_allclose(got, p - server_lr * mean, rtol=1e-5, atol=1e-6)
+
+
+def test_invalid_client_momentum(digits_setup):
+  _, _, model_fn = digits_setup
+  with pytest.raises(ValueError, match='client_momentum'):
+    build_scaffold(model_fn, client_lr=0.1, client_momentum=1.0)
