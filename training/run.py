@@ -57,6 +57,7 @@ _ENUMS = {
     'dataset_placement': list(worker_datasets.PLACEMENTS),
     'client_loop': list(config_lib.CLIENT_LOOPS),
     'adaptive_optimizer': list(config_lib.ADAPTIVE_OPTIMIZERS),
+    'fashion_mnist_source': list(loaders.FASHION_MNIST_SOURCES),
     'corruption': list(corruption.CORRUPTIONS),
 }
 _DEFINE = {'int': flags.DEFINE_integer, 'float': flags.DEFINE_float, 'bool': flags.DEFINE_bool,

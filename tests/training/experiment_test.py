@@ -174,6 +174,8 @@ def test_an_older_config_without_rfa_init_is_the_mean_start_it_ran(tmp_path):
     ({'algorithm': 'fedsgd'}, 'algorithm'),
     ({'model': 'transformer'}, 'model'),
     ({'partition': 'by_writer'}, 'partition'),
+    ({'fashion_mnist_source': 'tfds'}, 'fashion_mnist_source'),  # digits: TFDS's Fashion-MNIST does not apply.
+    ({'fashion_mnist_source': 'http'}, 'fashion_mnist_source'),
     ({'dataset': 'imagenet'}, 'dataset'),
     ({'rounds': 0}, 'rounds'),
     ({'smoothing': 0.0}, 'smoothing'),

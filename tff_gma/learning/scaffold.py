@@ -5,7 +5,8 @@ Round, with server model x, server control variate c and client control variates
     client i:  y <- x;  K times (one per batch):  g_k = g_i(y);  y <- SGDM_step(y, g_k - c_i + c)
                c_i+ = (1 / K) sum_k g_k;    sends  Delta_i = x - y,  dc_i = c_i+ - c_i
     server:    x <- x - eta_g * aggregate(Delta_i)          (`model_aggregator`, then the server optimizer)
-               c <- c + (|S| / N) * mean_i(dc_i)             (`tff.federated_mean`; |S| by a secure count)
+               c <- c + (|S| / N) * mean_i(dc_i)             (`tff.federated_mean`, or the secure mean with
+                                                              `secure=True`; |S| by a secure count)
 
 The local step is TFF's SGD with momentum (`tff.learning.optimizers.build_sgdm(client_lr, client_momentum)`, the
 momentum buffer starting at 0 each round) applied to the corrected gradient g_i(y) - c_i + c. The new client
@@ -139,7 +140,8 @@ def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.Vari
 
 
 def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float, client_momentum: float,
-                        client_weighting: tff.learning.ClientWeighting, num_clients: Optional[int]):
+                        client_weighting: tff.learning.ClientWeighting, num_clients: Optional[int],
+                        control_mean: tff.aggregators.WeightedAggregationFactory):
   """(init_fn, client_round) where client_round: (state@S, weights@C, data@C) ->
   (state@S, ClientResult@C, measurements@S, new c_i@C)."""
   control_type, data_type = client_lib.client_state_data_type(types, CONTROL_VARIATE)  # c and c_i alike.
@@ -150,6 +152,13 @@ def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float
     return tff.federated_value(collections.OrderedDict(control_variate=zeros), tff.SERVER)
 
   state_type = init_fn.type_signature.result
+  # The controls' unweighted mean (weight 1 per client) through one of the library's stateless means (so a fresh
+  # state each round is its state): `federated_mean`, or the secure mean with `secure=True`.
+  control_mean_process = control_mean.create(control_type, tff.TensorType(np.float32))
+
+  @tff.tensorflow.computation()
+  def unit_weight():
+    return np.float32(1.0)
 
   @tff.tensorflow.computation(types.weights_type, data_type, control_type)
   def client_update_computation(initial_weights, data, server_control):
@@ -169,8 +178,10 @@ def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float
     client_result, control_delta, new_client_control, local_metrics, participated = tff.federated_map(
         client_update_computation, (weights, client_data, server_control))
     num_participants = secure_mean.secure_count(participated)
+    mean_control_delta = control_mean_process.next(
+        control_mean_process.initialize(), control_delta, tff.federated_eval(unit_weight, tff.CLIENTS)).result
     new_state, control_norm = tff.federated_map(
-        update_server_control, (state.control_variate, tff.federated_mean(control_delta), num_participants))
+        update_server_control, (state.control_variate, mean_control_delta, num_participants))
     measurements = tff.federated_zip(collections.OrderedDict(
         train=types.metrics_aggregation_fn(local_metrics),
         participating_clients=num_participants,
@@ -192,6 +203,8 @@ def build_scaffold(
     client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     metrics_aggregator=None,
+    secure: bool = False,
+    value_bound: Optional[float] = None,
 ) -> client_lib.LearningProcessWithClientState:
   """SCAFFOLD as a `tff.learning.templates.LearningProcess` whose clients keep c_i (module docstring).
 
@@ -209,6 +222,10 @@ def build_scaffold(
       1/|S|), the weights of the model updates.
     server_optimizer_fn: optional server optimizer replacing SGD(server_lr).
     metrics_aggregator: as in TFF's builders (default `tff.learning.metrics.sum_then_finalize`).
+    secure: average the control variates' deltas through `tff_gma.aggregators.SecureWeightedMeanFactory`
+      (weight 1 each) instead of `federated_mean` (the model updates go through `model_aggregator`: pass a secure
+      one too).
+    value_bound: with `secure`, the bound on every coordinate of a client's control delta (clipped to it).
 
   Raises:
     ValueError: for an invalid argument (the message names it).
@@ -228,8 +245,10 @@ def build_scaffold(
     server_optimizer_fn = tff.learning.optimizers.build_sgdm(server_lr)
   client_lib.check_optimizer(server_optimizer_fn, 'server_optimizer_fn')
 
+  control_mean = secure_mean.weighted_mean_factory(secure, value_bound, weight_bound=1.0)
   types = client_lib.model_types(model_fn, metrics_aggregator)
   init_fn, client_round, control_type, _ = _build_client_round(
-      model_fn, types, client_lr, client_momentum, client_weighting, None if num_clients is None else int(num_clients))
+      model_fn, types, client_lr, client_momentum, client_weighting, None if num_clients is None else int(num_clients),
+      control_mean)
   return client_lib.compose_with_client_state(
       types, init_fn, client_round, model_aggregator, server_optimizer_fn, control_type, CONTROL_VARIATE)

@@ -201,10 +201,12 @@ def _fedgma(model_fn, model_aggregator, metrics_aggregator, *, client_lr: float,
 
 
 def _scaffold(model_fn, model_aggregator, num_clients, metrics_aggregator, *, client_lr: float,
-              client_momentum: float, server_lr: float):
+              client_momentum: float, server_lr: float, secure: bool, secure_bound: Optional[float]):
   # Client weighting: the runner's (example counts, as the FedAvg family); `build_scaffold` also takes UNIFORM.
+  # `secure` makes the control variates' mean secure too (bounded by secure_bound, like the model updates).
   return learning.build_scaffold(model_fn, client_lr, server_lr, model_aggregator, client_momentum=client_momentum,
-                                 num_clients=num_clients, metrics_aggregator=metrics_aggregator)
+                                 num_clients=num_clients, metrics_aggregator=metrics_aggregator, secure=secure,
+                                 value_bound=secure_bound)
 
 
 def _personalized(model_fn, model_aggregator, metrics_aggregator, *, client_lr: float, client_momentum: float,

@@ -125,7 +125,7 @@ def validate(config: config_lib.ExperimentConfig) -> None:
 
 
 def _check(config: config_lib.ExperimentConfig) -> None:
-  loaders.check_config(config.dataset, config.partition)
+  loaders.check_config(config.dataset, config.partition, fashion_mnist_source=config.fashion_mnist_source)
   if config.model not in models.MODELS:
     raise ConfigError(f'model: unknown model {config.model!r}; expected one of {models.MODELS}')
   registry.check(config.algorithm, config.aggregator, config.corruption, config.client_execution, config.workers)

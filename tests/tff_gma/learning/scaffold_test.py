@@ -264,3 +264,42 @@ def test_invalid_client_momentum(digits_setup):
   _, _, model_fn = digits_setup
   with pytest.raises(ValueError, match='client_momentum'):
     build_scaffold(model_fn, client_lr=0.1, client_momentum=1.0)
+
+
+def test_secure_control_mean_equals_the_plain_one_within_the_secure_bound():
+  """secure=True: the control deltas' mean goes through the secure mean; the new server control is the plain
+  (`federated_mean`) one to within `secure_mean.error_bound` for weight-1 clients (round one, c = c_i = 0: the
+  server control is the mean of the clients' mean gradients, computed here in NumPy from the paper's rule)."""
+  from tff_gma.aggregators import secure_mean  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  sizes, lr, batch, bound = (4, 7, 5), 0.1, 3, 2.0
+  data = [(rng.normal(size=(n, 3)).astype(F32), rng.integers(0, 2, size=n).astype(np.int32)) for n in sizes]
+  datasets = [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(batch) for x, y in data]
+  params = [rng.normal(scale=0.3, size=(3, 2)).astype(F32), rng.normal(scale=0.3, size=(2,)).astype(F32)]
+  controls = {}
+  for secure in (False, True):
+    process = build_scaffold(tiny_model_fn, client_lr=lr, server_lr=1.0, secure=secure,
+                             value_bound=bound if secure else None)
+    store = fixtures.ClientStateHolder(process)
+    state = process.set_model_weights(process.initialize(), tff.learning.models.ModelWeights(params, []))
+    state, _ = store.run_round(process, state, ['a', 'b', 'c'], datasets)
+    controls[secure] = [np.asarray(c) for c in state.client_work['control_variate']]
+  zeros = [np.zeros_like(p) for p in params]
+  client_controls = []  # c_i+ = the mean of the client's minibatch gradients (option II without momentum).
+  for x, y in data:
+    gradients = _numpy_client(params, x, y, batch, lr, 0.0, zeros, zeros)[1]
+    client_controls.append([np.mean([g[j] for g in gradients], axis=0) for j in range(len(params))])
+  for j, (plain, secure) in enumerate(zip(controls[False], controls[True])):
+    values = np.stack([c[j] for c in client_controls])
+    assert np.abs(values).max() < bound  # Nothing clipped: the bound below is the whole difference.
+    reference = values.mean(axis=0)
+    np.testing.assert_allclose(plain, reference, rtol=1e-5, atol=1e-6)
+    tolerance = secure_mean.error_bound(len(sizes), float(len(sizes)), bound, 1.0, np.abs(reference),
+                                        np.abs(values).max(axis=0))
+    assert np.all(np.abs(secure - reference) <= tolerance + 1e-6), (secure - reference, tolerance)
+    assert not np.array_equal(secure, plain) or np.all(reference == 0)  # The secure path ran (quantized).
+
+
+def test_secure_needs_a_value_bound():
+  with pytest.raises(ValueError, match='value_bound'):
+    build_scaffold(tiny_model_fn, client_lr=0.1, secure=True)
