@@ -298,11 +298,13 @@ def test_secure_clipping_and_zeroing_compute_the_plain_result_through_secure_sum
     assert not np.allclose(results[False][0], np.average(values, axis=0, weights=weights))
 
 
-def test_secure_fedgma_moves_no_float_through_a_plain_sum():
-  """--secure: FedGMA's AND-masked gradient mean is secure too (before, only its model aggregator's mean was)."""
+@pytest.mark.parametrize('algorithm', ['fedgma', 'scaffold'])
+def test_secure_composed_methods_move_no_float_through_a_plain_sum(algorithm):
+  """--secure: FedGMA's AND-masked gradient mean and SCAFFOLD's control variates' mean are secure too (before, only
+  their model aggregator's mean was)."""
   data = loaders.load_federated_data('digits', 'iid', 3, 0)
   model_fn = models.model_fn(models.keras_builder('logistic', data.input_shape, data.num_classes), data.input_spec)
-  process = methods.build(model_fn, 'fedgma', 'mean', aggregator_params=config_lib.AggregatorParams(**SECURE),
+  process = methods.build(model_fn, algorithm, 'mean', aggregator_params=config_lib.AggregatorParams(**SECURE),
                           metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize, num_clients=3).process
   intrinsics = {uri for (kind, uri), _ in _canonical(process.next)[0] if kind == 'intrinsic'}
   assert 'federated_secure_sum_bitwidth' in intrinsics
@@ -320,14 +322,3 @@ def test_a_scaffold_run_from_before_momentum_counted_does_not_resume_with_it(tmp
       experiment.check_resumable(config)
   else:
     experiment.check_resumable(config)
-
-
-def test_secure_scaffold_moves_no_float_through_a_plain_mean():
-  """--secure: SCAFFOLD's control variates' mean is secure too (before, only its model aggregator's mean was)."""
-  data = loaders.load_federated_data('digits', 'iid', 3, 0)
-  model_fn = models.model_fn(models.keras_builder('logistic', data.input_shape, data.num_classes), data.input_spec)
-  process = methods.build(model_fn, 'scaffold', 'mean', aggregator_params=config_lib.AggregatorParams(**SECURE),
-                          metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize, num_clients=3).process
-  intrinsics = {uri for (kind, uri), _ in _canonical(process.next)[0] if kind == 'intrinsic'}
-  assert 'federated_secure_sum_bitwidth' in intrinsics
-  assert not intrinsics & {'federated_sum', 'federated_mean', 'federated_weighted_mean'}, intrinsics
