@@ -12,6 +12,14 @@ Grey-scale digits become colour images whose colour is a spurious, client-specif
   train client has, so a model that learnt colours fails on them and one that learnt digits does not.
 * Correlations follow colored MNIST (Arjovsky et al., 2019; the FedGMA workshop paper): train clients' p are
   evenly spaced over [0.8, 0.9] (flip probabilities 0.1 to 0.2), held-out clients use 0.9.
+
+A second construction (`Coloring.create_shared`, the `*_shared` partitions of `federated`) is colored MNIST's own
+(Arjovsky et al.'s environments; the FedGMA workshop paper's train clients): every train client shares ONE class ->
+colour permutation and differs in the strength p of the correlation (the client's spurious mechanism), so pooled the
+colour predicts the label and a model can learn the shortcut; each held-out test client gets a permutation that
+gives no class its training colour (a derangement of the shared one: colour-label correlations never seen in
+training, the multiclass form of colored MNIST's reversed test colours). The per-client permutations above, pooled
+over clients, carry little label information, so a model trained on their union need not learn colour at all.
 """
 
 from __future__ import annotations
@@ -75,6 +83,24 @@ def _check_probability(name: str, value: float) -> None:
     raise ValueError(f'{name} must lie in [0, 1], got {value!r}')
 
 
+def distinct_derangements(num: int, reference: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+  """`num` pairwise distinct random permutations d of range(len(reference)) with d[i] != reference[i] for every i
+  (no class keeps its reference colour), int64 [num, size]; drawn by rejection (about 1 in e draws is one)."""
+  reference = np.asarray(reference, np.int64)
+  size = len(reference)
+  # The number of derangements of `size` items: round(size! / e) for size >= 1.
+  count = round(math.factorial(size) / math.e) if size > 0 else 1
+  if size < 2 or num > count:
+    raise ValueError(f'only {count} derangements of {size} classes exist, {num} requested')
+  seen, out = set(), []
+  while len(out) < num:
+    perm = rng.permutation(size)
+    if np.all(perm != reference) and tuple(perm) not in seen:
+      seen.add(tuple(perm))
+      out.append(perm)
+  return np.stack(out).astype(np.int64)
+
+
 @dataclasses.dataclass(frozen=True)
 class Coloring:
   """The colourings of one federation: one per train client and one per held-out test client."""
@@ -91,6 +117,24 @@ class Coloring:
       test_correlation: float = DEFAULT_TEST_CORRELATION,
   ) -> Coloring:
     """Draws distinct permutations for all clients; train correlations evenly spaced over the given range."""
+    return cls._build(num_train_clients, num_test_clients, num_classes, rng, train_correlation, test_correlation,
+                      shared=False)
+
+  @classmethod
+  def create_shared(
+      cls, num_train_clients: int, num_test_clients: int, num_classes: int, rng: np.random.Generator,
+      train_correlation: tuple[float, float] = DEFAULT_TRAIN_CORRELATION,
+      test_correlation: float = DEFAULT_TEST_CORRELATION,
+  ) -> Coloring:
+    """Colored MNIST's construction: one permutation shared by every train client (strengths evenly spaced over
+    the given range), and pairwise distinct derangements of it for the held-out test clients."""
+    return cls._build(num_train_clients, num_test_clients, num_classes, rng, train_correlation, test_correlation,
+                      shared=True)
+
+  @classmethod
+  def _build(cls, num_train_clients: int, num_test_clients: int, num_classes: int, rng: np.random.Generator,
+             train_correlation: tuple[float, float], test_correlation: float, shared: bool) -> Coloring:
+    """`create`'s and `create_shared`'s common checks and construction."""
     checks.check_positive_int(num_test_clients, 'num_test_clients')
     try:
       low, high = (float(v) for v in train_correlation)
@@ -101,7 +145,13 @@ class Coloring:
     if low > high:
       raise ValueError(f'train_correlation must be (low, high) with low <= high, got {train_correlation!r}')
     _check_probability('test_correlation', test_correlation)
-    mappings = distinct_permutations(num_train_clients + num_test_clients, num_classes, rng)
+    if shared:
+      checks.check_positive_int(num_train_clients, 'num_train_clients')
+      train = rng.permutation(num_classes).astype(np.int64)
+      mappings = np.concatenate([np.tile(train, (num_train_clients, 1)),
+                                 distinct_derangements(num_test_clients, train, rng)])
+    else:
+      mappings = distinct_permutations(num_train_clients + num_test_clients, num_classes, rng)
     return cls(
         colors=palette(num_classes),
         train_mappings=mappings[:num_train_clients],

@@ -19,16 +19,20 @@ from tff_gma.data import colored
 from tff_gma.data import partition as partition_lib
 
 COLOR_PARTITIONS = ('feature_skew', 'mixed_skew')
-ARRAY_PARTITIONS = partition_lib.PARTITIONS + COLOR_PARTITIONS
+# The same skews with colored MNIST's shared colouring (`colored.Coloring.create_shared`): one class -> colour
+# permutation at every train client (client-specific strengths), derangements of it at the OOD test clients.
+SHARED_COLOR_PARTITIONS = ('feature_skew_shared', 'mixed_skew_shared')
+ALL_COLOR_PARTITIONS = COLOR_PARTITIONS + SHARED_COLOR_PARTITIONS
+ARRAY_PARTITIONS = partition_lib.PARTITIONS + ALL_COLOR_PARTITIONS
 DEFAULT_NUM_TEST_CLIENTS = 5
 # `load_federated_data`'s partition keyword arguments and the partitions that use them.
 PARTITION_KWARGS = {
-    'classes_per_client': ('label_skew', 'mixed_skew'),
+    'classes_per_client': ('label_skew', 'mixed_skew', 'mixed_skew_shared'),
     'alpha': ('dirichlet',),
     'beta': ('quantity_skew',),
-    'num_test_clients': COLOR_PARTITIONS,
-    'train_correlation': COLOR_PARTITIONS,
-    'test_correlation': COLOR_PARTITIONS,
+    'num_test_clients': ALL_COLOR_PARTITIONS,
+    'train_correlation': ALL_COLOR_PARTITIONS,
+    'test_correlation': ALL_COLOR_PARTITIONS,
 }
 _COLOR_STREAM = 1  # Seeds the colouring's generator as (seed, _COLOR_STREAM): independent of the partition's.
 
@@ -97,13 +101,14 @@ def from_arrays(
   in-distribution, each test example painted by the colouring of a train client drawn in proportion to how many
   examples of its class that client holds (so the test split's (label, colour) distribution is the train pool's);
   and the same test images, dealt iid over `num_test_clients` held-out clients with colourings no train client
-  has, as `ood_test`. Deterministic given `seed`.
+  has, as `ood_test`. Deterministic given `seed`. `feature_skew_shared` and `mixed_skew_shared` are the same with
+  colored MNIST's shared colouring (`colored.Coloring.create_shared`).
   """
   if partition not in ARRAY_PARTITIONS:
     raise ValueError(f'unknown partition {partition!r} for dataset {dataset!r}; expected one of {ARRAY_PARTITIONS}')
   x_train, y_train = np.asarray(x_train), np.asarray(y_train)
   x_test, y_test = np.asarray(x_test), np.asarray(y_test)
-  if partition not in COLOR_PARTITIONS:
+  if partition not in ALL_COLOR_PARTITIONS:
     parts = partition_lib.split(
         y_train, partition, num_clients, seed, classes_per_client=classes_per_client, alpha=alpha, beta=beta)
     return FederatedDataset(
@@ -114,12 +119,13 @@ def from_arrays(
     raise ValueError(
         f'partition {partition!r} colours grey-scale images [N, H, W, 1]; dataset {dataset!r} has examples of '
         f'shape {x_train.shape[1:]}')
-  if partition == 'feature_skew':
+  if partition in ('feature_skew', 'feature_skew_shared'):
     parts = partition_lib.iid(y_train, num_clients, seed)
   else:
     parts = partition_lib.label_skew(y_train, num_clients, classes_per_client, seed)
   rng = np.random.default_rng([seed, _COLOR_STREAM])
-  coloring = colored.Coloring.create(
+  create = colored.Coloring.create_shared if partition in SHARED_COLOR_PARTITIONS else colored.Coloring.create
+  coloring = create(
       num_clients, num_test_clients, num_classes, rng, train_correlation, test_correlation)
   if num_test_clients > len(y_test):
     raise ValueError(f'num_test_clients={num_test_clients} exceeds the test split ({len(y_test)} examples)')

@@ -74,7 +74,8 @@ def _same(a, b):
 def test_partition_names():
   assert federated.COLOR_PARTITIONS == ('feature_skew', 'mixed_skew')
   assert federated.ARRAY_PARTITIONS == (
-      'iid', 'label_skew', 'dirichlet', 'quantity_skew', 'feature_skew', 'mixed_skew')
+      'iid', 'label_skew', 'dirichlet', 'quantity_skew', 'feature_skew', 'mixed_skew', 'feature_skew_shared',
+      'mixed_skew_shared')
 
 
 @pytest.mark.parametrize('partition', partition_lib.PARTITIONS)
@@ -171,7 +172,8 @@ def test_partition_kwargs_are_the_keywords_of_from_arrays():
     assert users and set(users) <= set(federated.ARRAY_PARTITIONS)
   # Every partition with a hyperparameter has it listed.
   assert {p for users in federated.PARTITION_KWARGS.values() for p in users} == {
-      'label_skew', 'dirichlet', 'quantity_skew', 'feature_skew', 'mixed_skew'}
+      'label_skew', 'dirichlet', 'quantity_skew', 'feature_skew', 'mixed_skew', 'feature_skew_shared',
+      'mixed_skew_shared'}
 
 
 # A value other than the default, for each partition keyword.

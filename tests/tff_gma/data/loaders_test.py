@@ -181,7 +181,8 @@ def test_load_federated_data_digits_is_the_embedded_digits():
 
 def test_supported_partitions():
   assert loaders.supported_partitions('emnist') == (
-      'iid', 'label_skew', 'dirichlet', 'quantity_skew', 'feature_skew', 'mixed_skew', 'by_writer')
+      'iid', 'label_skew', 'dirichlet', 'quantity_skew', 'feature_skew', 'mixed_skew', 'feature_skew_shared',
+      'mixed_skew_shared', 'by_writer')
   assert loaders.supported_partitions('cifar100') == ('iid', 'label_skew', 'dirichlet', 'quantity_skew')
   assert loaders.supported_partitions('shakespeare') == ('by_writer', 'iid', 'quantity_skew')
   assert 'by_writer' not in loaders.supported_partitions('digits')
