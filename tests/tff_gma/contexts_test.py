@@ -89,9 +89,9 @@ def _run_child(code: str, timeout: float = 300, pipes: bool = True):
     out_file = err_file = subprocess.PIPE
   else:
     out_file, err_file = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
-  child = subprocess.Popen([sys.executable, '-c', _HELPERS + textwrap.dedent(code)], cwd=tests.ROOT, env=_ENV,
-                           stdin=subprocess.DEVNULL, stdout=out_file, stderr=err_file, text=True,
-                           start_new_session=True, preexec_fn=processes.default_signals)
+  child = subprocess.Popen([*processes.DEFAULT_SIGNALS, sys.executable, '-c', _HELPERS + textwrap.dedent(code)],
+                           cwd=tests.ROOT, env=_ENV, stdin=subprocess.DEVNULL, stdout=out_file, stderr=err_file,
+                           text=True, start_new_session=True)
   try:
     if pipes:
       out, err = child.communicate(timeout=timeout)

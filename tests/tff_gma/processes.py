@@ -1,7 +1,6 @@
 """Test helpers: whether a process is alive, waiting for it to be gone (from /proc), and children that take
 signals as a script started from a terminal does."""
 
-import signal
 import time
 
 
@@ -24,9 +23,12 @@ def wait_gone(pid: int, timeout: float = 15.0) -> bool:
   return False
 
 
-def default_signals() -> None:
-  """`preexec_fn` for a child that must take SIGINT/SIGQUIT/SIGHUP by default. A test suite started as a shell's
-  background job (`cmd &`, nohup) ignores them, and a child would inherit that: Ctrl-C would not interrupt it, and
-  TFF's own worker, which TFF stops with SIGINT, would never stop."""
-  for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
-    signal.signal(signum, signal.SIG_DFL)
+# The prefix of a child's argv that must take SIGINT/SIGQUIT/SIGHUP by default. A test suite started as a shell's
+# background job (`cmd &`, nohup) ignores them, and a child would inherit that: Ctrl-C would not interrupt it, and
+# TFF's own worker, which TFF stops with SIGINT, would never stop. coreutils' env resets them and execs the command
+# (same pid). Not a `preexec_fn`: that makes `subprocess` fork and run Python in the child, and in a test process
+# whose TFF contexts left gRPC threads running, gRPC's fork handler can abort the child before it execs (seen in CI:
+# "Other threads are currently calling into gRPC, skipping fork() handlers", then "Check failed:
+# next_worker->state == KICKED", the child dead by SIGABRT); without one, `subprocess` uses vfork and no fork
+# handler runs.
+DEFAULT_SIGNALS = ('env', '--default-signal=INT,QUIT,HUP')

@@ -49,9 +49,8 @@ _CHILD = textwrap.dedent('''
 
 def _start(mode, tmp_path, log_path=None, quiet=True):
   return subprocess.Popen(
-      [sys.executable, '-c', _CHILD.format(mode=mode, log_path=log_path, quiet=quiet)],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=tmp_path,
-      text=True, preexec_fn=processes.default_signals)
+      [*processes.DEFAULT_SIGNALS, sys.executable, '-c', _CHILD.format(mode=mode, log_path=log_path, quiet=quiet)],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=tmp_path, text=True)
 
 
 def _read_worker_pid(proc) -> int:
@@ -194,9 +193,9 @@ def test_stop_process_escalates_to_sigkill_within_its_bound():
   assert 1.0 <= elapsed < 1.0 + 0.5 + 1.0, elapsed  # Two full waits, then SIGKILL ends it at once.
   assert not processes.alive(child.pid)
   # A process that takes SIGINT by default ends at the first step.
-  plain = subprocess.Popen([sys.executable, '-c', 'import time; print("READY", flush=True); time.sleep(600)'],
-                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                           preexec_fn=processes.default_signals)
+  plain = subprocess.Popen([*processes.DEFAULT_SIGNALS, sys.executable, '-c',
+                            'import time; print("READY", flush=True); time.sleep(600)'],
+                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
   try:
     assert plain.stdout.readline() == 'READY\n'
     assert confinement.stop_process(plain, wait_s=5.0) == -signal.SIGINT

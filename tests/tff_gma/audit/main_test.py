@@ -53,8 +53,8 @@ def _children(pid):
 
 def _popen_python(argv, stdout, stderr, extra_env=None):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', **(extra_env or {}))
-  return subprocess.Popen([sys.executable, *argv], cwd=_REPO, env=env, stdout=stdout, stderr=stderr,
-                          stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=processes.default_signals)
+  return subprocess.Popen([*processes.DEFAULT_SIGNALS, sys.executable, *argv], cwd=_REPO, env=env, stdout=stdout,
+                          stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def _run_python(argv, tmp_path, extra_env=None):
