@@ -161,12 +161,71 @@ def run_one(name: str, train_data, evaluator, build_keras, model_fn, num_rounds:
   return rows, method
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  logging.set_verbosity(logging.WARNING)
-  command_line.check_output_dir(FLAGS.output_dir)  # Before the training, not after it.
-  mode = FLAGS.client_execution
+def _print_setup(names: Sequence[str], chosen: dict[str, Any], num_train: int, num_test: int,
+                 attacked: Sequence[str], num_clients: int) -> None:
+  """The header: the setup, each method's hyperparameters and where they came from, what the columns mean."""
+  print(f'Digits ({num_train} train / {num_test} test), {FLAGS.partition}, '
+        f'{FLAGS.num_clients} clients (all per round), {FLAGS.model} model, FedAvg (client SGD momentum '
+        f'{_CONFIG.client_momentum}, {_LOCAL_EPOCHS} local epoch, batch {_BATCH_SIZE}), {FLAGS.rounds} rounds, '
+        f'seed {FLAGS.seed}; client metrics through secure sums.')
+  print('Hyperparameters per method:')
+  for name in names:
+    h = chosen[name]
+    tau = f', tau {h.params.tau:g}' if registry.resolve(name)[1].startswith('gma') else ''
+    print(f'  {name}: client lr {h.config.client_lr:g}, server lr {h.config.server_lr:g}{tau} ({h.source})')
+  print(f'audit: the static audit of one round (PASS: client data reaches the server only through means and secure '
+        f'sums). omniscient: test accuracy after {FLAGS.omniscient_rounds} rounds with {len(attacked)} of '
+        f'{num_clients} clients ({CORRUPT_FRACTION:.0%}) sending the omniscient attack (a simulated '
+        f'attacker that knows every honest update and turns the weighted mean into minus the honest mean).')
+
+
+def _summarize(name: str, rows: list[dict[str, Any]], method: Any, omniscient: Optional[float], chosen: Any,
+               start: float) -> dict[str, Any]:
+  """One method's entry of summary.json (and row of the table); its seconds count from `start` (monotonic)."""
+  accuracy = [r['test/accuracy'] for r in rows]
+  report = audit.audit_computation(method.process)
+  return {
+      'description': registry.METHOD_DESCRIPTIONS.get(name, name),
+      'final_accuracy': float(np.mean(accuracy[-5:])),
+      'best_accuracy': float(np.max(accuracy)),
+      'final_loss': rows[-1]['test/loss'],
+      # FAIL names the intrinsics that reach the server otherwise (e.g. TFF's MeanFactory's plain federated_sum).
+      'audit': 'PASS' if report.ok else f"FAIL ({', '.join(sorted({v.intrinsic for v in report.violations}))})",
+      'audit_violations': [str(v) for v in report.violations],
+      'omniscient_accuracy': omniscient,
+      'hyperparameters': {'client_lr': chosen.config.client_lr, 'server_lr': chosen.config.server_lr,
+                          'tau': chosen.params.tau, 'source': chosen.source},
+      'seconds': time.monotonic() - start,
+      'client_devices': method.client_devices(),  # Where its clients trained.
+  }
+
+
+def _write_metrics(out_dir: str, name: str, rows: list[dict[str, Any]]) -> None:
+  keys = sorted({k for r in rows for k in r}, key=lambda k: (k != 'round', k))
+  with open(os.path.join(out_dir, f'metrics_{name.replace("/", "-")}.csv'), 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def _write_table(out_dir: str, summary: dict[str, dict[str, Any]]) -> None:
+  """Prints the comparison table and writes it (comparison.md) with summary.json."""
+  table = ['| aggregator | final acc. (mean of last 5 rounds) | best acc. | final loss | audit | '
+           f'omniscient {CORRUPT_FRACTION:.0%} | time (s) |', '|---|---|---|---|---|---|---|']
+  for name, s in summary.items():
+    attacked_cell = 'n/a' if s['omniscient_accuracy'] is None else f"{s['omniscient_accuracy']:.4f}"
+    table.append(f"| {name} | {s['final_accuracy']:.4f} | {s['best_accuracy']:.4f} | {s['final_loss']:.4f} | "
+                 f"{s['audit']} | {attacked_cell} | {s['seconds']:.1f} |")
+  print('\n' + '\n'.join(table))
+  with open(os.path.join(out_dir, 'comparison.md'), 'w') as f:
+    f.write('\n'.join(table) + '\n')
+  with open(os.path.join(out_dir, 'summary.json'), 'w') as f:
+    flag_values = {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.modules[__name__])}
+    json.dump({'flags': flag_values, 'aggregators': summary}, f, indent=2)
+
+
+def _methods_to_run(mode: str) -> list[str]:
+  """--aggregators checked against the registry (one usage line if refused), or the defaults that run in `mode`."""
   names = FLAGS.aggregators or [m for m in DEFAULT_METHODS if runs_in(m, mode)]
   for name in names:
     try:
@@ -177,6 +236,16 @@ def main(argv):
   if left_out:
     print(f'--client_execution={mode}: leaving out {", ".join(left_out)} (their client work runs only in the TFF '
           f'worker)')
+  return names
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)
+  command_line.check_output_dir(FLAGS.output_dir)  # Before the training, not after it.
+  mode = FLAGS.client_execution
+  names = _methods_to_run(mode)
   command_line.start_simulation()
   try:
     data = digits.federated_data(FLAGS.partition, FLAGS.num_clients, FLAGS.seed)
@@ -193,65 +262,21 @@ def main(argv):
   is_study_setting = (FLAGS.partition, FLAGS.num_clients, FLAGS.model) == ('label_skew', 10, 'cnn')
   chosen = choose_hyperparameters(names, FLAGS.study_results, is_study_setting)
   attacked = corruption.corrupted_clients(train_data.client_ids, CORRUPT_FRACTION, FLAGS.seed)
-  print(f'Digits ({num_train} train / {len(data.test_y)} test), {FLAGS.partition}, '
-        f'{FLAGS.num_clients} clients (all per round), {FLAGS.model} model, FedAvg (client SGD momentum '
-        f'{_CONFIG.client_momentum}, {_LOCAL_EPOCHS} local epoch, batch {_BATCH_SIZE}), {FLAGS.rounds} rounds, '
-        f'seed {FLAGS.seed}; client metrics through secure sums.')
-  print('Hyperparameters per method:')
-  for name in names:
-    h = chosen[name]
-    tau = f', tau {h.params.tau:g}' if registry.resolve(name)[1].startswith('gma') else ''
-    print(f'  {name}: client lr {h.config.client_lr:g}, server lr {h.config.server_lr:g}{tau} ({h.source})')
-  print(f'audit: the static audit of one round (PASS: client data reaches the server only through means and secure '
-        f'sums). omniscient: test accuracy after {FLAGS.omniscient_rounds} rounds with {len(attacked)} of '
-        f'{len(train_data.client_ids)} clients ({CORRUPT_FRACTION:.0%}) sending the omniscient attack (a simulated '
-        f'attacker that knows every honest update and turns the weighted mean into minus the honest mean).')
+  _print_setup(names, chosen, num_train, len(data.test_y), attacked, len(train_data.client_ids))
   summary = {}
   for name in names:
     start = time.monotonic()
     rows, method = run_one(name, train_data, evaluator, build_keras, model_fn, FLAGS.rounds, FLAGS.seed, mode,
                            chosen[name])
-    accuracy = [r['test/accuracy'] for r in rows]
-    report = audit.audit_computation(method.process)
     omniscient = None
     if FLAGS.omniscient_rounds > 0 and can_be_attacked(name) and mode == client_execution.WORKER:
       attack_rows, _ = run_one(name, train_data, evaluator, build_keras, model_fn, FLAGS.omniscient_rounds,
                                FLAGS.seed, mode, chosen[name], attacked)
       omniscient = attack_rows[-1]['test/accuracy']
-    summary[name] = {
-        'description': registry.METHOD_DESCRIPTIONS.get(name, name),
-        'final_accuracy': float(np.mean(accuracy[-5:])),
-        'best_accuracy': float(np.max(accuracy)),
-        'final_loss': rows[-1]['test/loss'],
-        # FAIL names the intrinsics that reach the server otherwise (e.g. TFF's MeanFactory's plain federated_sum).
-        'audit': 'PASS' if report.ok else f"FAIL ({', '.join(sorted({v.intrinsic for v in report.violations}))})",
-        'audit_violations': [str(v) for v in report.violations],
-        'omniscient_accuracy': omniscient,
-        'hyperparameters': {'client_lr': chosen[name].config.client_lr, 'server_lr': chosen[name].config.server_lr,
-                            'tau': chosen[name].params.tau, 'source': chosen[name].source},
-        'seconds': time.monotonic() - start,
-        'client_devices': method.client_devices(),  # Where its clients trained.
-    }
-    keys = sorted({k for r in rows for k in r}, key=lambda k: (k != 'round', k))
-    with open(os.path.join(out_dir, f'metrics_{name.replace("/", "-")}.csv'), 'w', newline='') as f:
-      writer = csv.DictWriter(f, fieldnames=keys)
-      writer.writeheader()
-      writer.writerows(rows)
-
-  table = ['| aggregator | final acc. (mean of last 5 rounds) | best acc. | final loss | audit | '
-           f'omniscient {CORRUPT_FRACTION:.0%} | time (s) |', '|---|---|---|---|---|---|---|']
-  for name, s in summary.items():
-    attacked_cell = 'n/a' if s['omniscient_accuracy'] is None else f"{s['omniscient_accuracy']:.4f}"
-    table.append(f"| {name} | {s['final_accuracy']:.4f} | {s['best_accuracy']:.4f} | {s['final_loss']:.4f} | "
-                 f"{s['audit']} | {attacked_cell} | {s['seconds']:.1f} |")
-  print('\n' + '\n'.join(table))
-  with open(os.path.join(out_dir, 'comparison.md'), 'w') as f:
-    f.write('\n'.join(table) + '\n')
-  with open(os.path.join(out_dir, 'summary.json'), 'w') as f:
-    flag_values = {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.modules[__name__])}
-    json.dump({'flags': flag_values, 'aggregators': summary}, f, indent=2)
+    summary[name] = _summarize(name, rows, method, omniscient, chosen[name], start)
+    _write_metrics(out_dir, name, rows)
+  _write_table(out_dir, summary)
   print(f'\nFull outputs (per-round metrics CSV, summary.json, comparison.md): {os.path.abspath(out_dir)}')
-
 
 if __name__ == '__main__':
   define_flags()
