@@ -378,7 +378,7 @@ def test_train_model_runs_gma_in_the_async_simulation_context(tmp_path, simulati
   with pytest.raises(TypeError, match='pickle'):
     copy.deepcopy(tff.program.DatasetDataSource([train.create_tf_dataset_for_client(train.client_ids[0])]).iterator())
   initial = process.get_model_weights(process.initialize())  # In the suite's context.
-  workers_before = set(runtime._live_workers)
+  workers_before = set(runtime.state.STATE.live_workers)
   state_manager = tff.program.FileProgramStateManager(str(tmp_path / 'program_state'))
   model_output, train_metrics = tff.program.MemoryReleaseManager(), tff.program.MemoryReleaseManager()
   try:
@@ -390,7 +390,7 @@ def test_train_model_runs_gma_in_the_async_simulation_context(tmp_path, simulati
         train_metrics_manager=train_metrics, evaluation_manager=None, evaluation_periodicity=1))
   finally:
     runtime.set_simulation_context()
-  assert set(runtime._live_workers) == workers_before  # No worker started beside the suite's.
+  assert set(runtime.state.STATE.live_workers) == workers_before  # No worker started beside the suite's.
   metrics = train_metrics.values()
   assert sorted(metrics) == [1, 2]
   for round_metrics in metrics.values():

@@ -75,7 +75,7 @@ def test_local_workers_are_confined_like_the_simulation_worker(two_workers):
     pytest.skip(runtime.confinement_status())
   from tests.tff_gma import netutil  # pylint: disable=g-import-not-at-top
   assert all(t.startswith('unix:') for t in two_workers)
-  for worker in list(runtime._live_workers):  # pylint: disable=protected-access
+  for worker in list(runtime.state.STATE.live_workers):
     assert not netutil.host_listening_ports(worker.pid)
 
 
@@ -150,7 +150,7 @@ target, path = sys.argv[1], sys.argv[2]
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
-from tff_gma import runtime
+from tff_gma.runtime import contexts
 
 @tff.tensorflow.computation
 def write_file():
@@ -163,7 +163,7 @@ os.setgid(65534)
 os.setuid(65534)
 assert os.geteuid() == 65534 and os.getuid() == 65534
 tff.framework.get_context_stack().set_default_context(tff.framework.SyncExecutionContext(
-    executor_fn=runtime._executor_factory(None, 1, target=target), compiler_fn=runtime._compile_for_simulation,
+    executor_fn=contexts.executor_factory(None, 1, target=target), compiler_fn=contexts.compile_for_simulation,
     transform_args=tensorflow_computation.transform_args, transform_result=tensorflow_computation.transform_result))
 # TFF retries a call whose connection fails (UNAVAILABLE is retryable) without end: it gets 15 s.
 threading.Timer(15, lambda: (print('NOT_RUN', flush=True), os._exit(0))).start()
@@ -284,36 +284,36 @@ def test_unix_socket_directory_must_be_the_users_own_and_private(tmp_path):
   opened.mkdir()
   opened.chmod(0o755)
   with pytest.raises(RuntimeError, match=r'has mode 0755; it must be 0700'):
-    runtime._unix_listener(str(opened / 'w.sock'))  # pylint: disable=protected-access
+    runtime.listeners.unix_listener(str(opened / 'w.sock'))
   private = tmp_path / 'private'
   private.mkdir(mode=0o700)
   link = tmp_path / 'link'
   link.symlink_to(private)
   with pytest.raises(RuntimeError, match='not a directory'):
-    runtime._unix_listener(str(link / 'w.sock'))  # pylint: disable=protected-access
+    runtime.listeners.unix_listener(str(link / 'w.sock'))
   if os.geteuid() == 0:
     others = tmp_path / 'others'
     others.mkdir(mode=0o700)
     os.chown(others, NOBODY, NOBODY)
     with pytest.raises(RuntimeError, match=f'belongs to uid {NOBODY}, not to this user'):
-      runtime._unix_listener(str(others / 'w.sock'))  # pylint: disable=protected-access
+      runtime.listeners.unix_listener(str(others / 'w.sock'))
   (private / 'file').write_text('')
   with pytest.raises(RuntimeError, match='is not a socket'):
-    runtime._unix_listener(str(private / 'file'))  # pylint: disable=protected-access
+    runtime.listeners.unix_listener(str(private / 'file'))
   created = tmp_path / 'new' / 'w.sock'  # Missing directory: created 0700.
-  listener = runtime._unix_listener(str(created))  # pylint: disable=protected-access
+  listener = runtime.listeners.unix_listener(str(created))
   try:
     assert oct(os.stat(created.parent).st_mode & 0o777) == '0o700'
     assert oct(os.stat(created).st_mode & 0o777) == '0o600'
     listener.listen()
     with pytest.raises(RuntimeError, match='another process serves on'):
-      runtime._unix_listener(str(created))  # pylint: disable=protected-access
+      runtime.listeners.unix_listener(str(created))
   finally:
     listener.close()
   # A stale socket (nobody listening) is replaced.
-  runtime._unix_listener(str(created)).close()  # pylint: disable=protected-access
+  runtime.listeners.unix_listener(str(created)).close()
   with pytest.raises(RuntimeError, match='at most 107'):
-    runtime._unix_listener(str(tmp_path / ('x' * 120)))  # pylint: disable=protected-access
+    runtime.listeners.unix_listener(str(tmp_path / ('x' * 120)))
 
 
 @pytest.mark.slow
