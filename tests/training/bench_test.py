@@ -21,9 +21,11 @@ from tff_gma import models
 from training import config as config_lib
 from training.bench import cli as bench
 from training.bench import sections
+from training.bench import small_rounds
 from training.bench import timing
 from training.engine import client_execution
 from training.engine import registry
+from training.engine import worker_datasets
 
 _ROOT = tests.ROOT
 
@@ -201,6 +203,7 @@ def test_flags_pick_a_preset_and_override_it():
     (('--aggregators=gma+tau=2',), '--aggregators'),  # The factory checks its settings.
     (('--scaling_aggregators=nope',), '--scaling_aggregators'),
     (('--round_repetitions=0',), '--round_repetitions'),
+    (('--peers_repetitions=0',), '--peers_repetitions'),
     (('--aggregation_sizes=0',), '--aggregation_sizes'),
     (('--aggregation_clients=a',), '--aggregation_clients'),
     (('--scaling_clients=2000',), '--scaling_clients'),
@@ -286,7 +289,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   assert list(result) == ['environment', 'round_time_ratio', 'aggregation_time_ratio', 'scaling', 'details',
                           'round_cpu_ratio', 'pipeline_throughput_ratio', 'iterator_loop_speedup',
                           'compile_seconds', 'client_execution_time_ratio', 'round_to_floor',
-                          'loop_before_speedup', 'targets']
+                          'loop_before_speedup', 'round_parts', 'peer_ratios', 'targets']
   assert result['environment']['mode'] == 'smoke' and 'training.bench' in result['environment']['command']
 
   def positive_finite(x):
@@ -311,6 +314,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   assert all(math.isfinite(r) for r in result['round_to_floor']['logistic'].values())
   markdown = (tmp_path / 'bench.md').read_text()
   assert '| gma |' in markdown and '## Scaling' in markdown and '## Targets' in markdown
+  assert '### logistic 2x20, batch 16' in markdown and '| logistic 2x20, batch 16 |' in markdown
 
 
 def test_client_execution_section_times_both_modes_and_says_where_they_trained(simulation_context):
@@ -388,3 +392,82 @@ def test_floor_section_times_every_entry_as_a_ratio_to_the_floor(simulation_cont
                                 'details': {'floor': section}, 'round_to_floor': section['round_to_floor'],
                                 'targets': []})
   assert '| logistic | 2 x 20, 16 |' in markdown
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Small rounds (issue 37): the breakdown and the plain TF peer.
+
+
+@pytest.mark.parametrize('model', ['cnn', 'lenet'])
+def test_the_plain_tf_peer_computes_the_projects_round(simulation_context, model):
+  # The peer is the project's round as plain TF: from the same model, on the same examples in the same shuffled
+  # order (37 a client: a short last batch), two rounds of the runner's default round (datasets built in the worker,
+  # the in-graph loop) and of the peer agree to float32 rounding, the floor test's tolerance: the weights move by
+  # about 1e-2 a round, the two differ by about 1e-8 (other kernels, Grappler here and none in the worker). The same
+  # peer on the next round's order differs by orders of magnitude more.
+  del simulation_context
+  setup = small_rounds.build_generated_round(model, 3, 37, batch_size=16, seed=0)
+  try:
+    peer = small_rounds.build_plain_tf_round(setup, 16)
+    start = setup.initial_weights()
+    project = {}
+    for round_num in (1, 2):
+      setup.loop.step()
+      ours = [w.numpy() for w in peer.step()]
+      project[round_num] = setup.method.process.get_model_weights(setup.loop.state).trainable
+      for a, b in zip(ours, project[round_num]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+      assert peer.round_num == setup.loop.round_num == round_num
+    assert max(np.max(np.abs(a - s)) for a, s in zip(project[1], start)) > 1e-3  # Trained.
+    other_order = [w.numpy() for w in peer.round(start, 2)]  # From the initial model on round 2's order.
+    assert max(np.max(np.abs(a - b)) for a, b in zip(other_order, project[1])) > 1e-4
+  finally:
+    setup.close()
+
+
+def _small_markdown(section_name, section):
+  return bench.to_markdown({'environment': dict(mode='smoke', date='d', command='c', cpus=2, load_before=[],
+                                                load_after=[], tff='0.87.0'),
+                            'details': {section_name: section}, 'targets': []})
+
+
+def test_breakdown_section_times_every_probe_and_derives_the_parts(simulation_context):
+  section = small_rounds.bench_breakdown(sections.SMOKE, [simulation_context.pid])
+  assert list(section['round_parts']) == ['logistic 2x20']
+  case = section['cases']['logistic 2x20']
+  probes = {'round_step', 'next', 'state_in_out', 'get_model_weights', 'dispatch', 'client_data', 'client_work',
+            'client_work_and_aggregation', 'client_inputs_python', 'checkpoint_save', 'csv_release'}
+  if hasattr(worker_datasets.ClientSources, 'batches'):
+    probes.add('client_data_batches')
+  assert set(case['timings']) == set(case['compile_seconds']) == probes
+  assert all(t['seconds'] > 0 and t['repetitions'] == 1 for t in case['timings'].values())
+  for part, whole, inner in small_rounds.PARTS:
+    assert case['parts'][part] == case['timings'][whole]['seconds'] - case['timings'][inner]['seconds']
+  assert case['setup']['clients'] == 2 and case['setup']['examples_per_client'] == 20
+  markdown = _small_markdown('breakdown', section)
+  assert '### logistic 2x20, batch 16' in markdown and '| part: aggregation (' in markdown
+
+
+def test_peers_section_times_the_three_rounds_as_ratios(simulation_context):
+  section = small_rounds.bench_peers(sections.SMOKE, [simulation_context.pid])
+  ratios = section['peer_ratios']['logistic 2x20']
+  assert set(ratios) == {'project_to_plain_tf', 'project_to_floor', 'plain_tf_to_floor', 'project_to_plain_tf_cpu',
+                         'project_to_floor_cpu'}
+  assert all(math.isfinite(r) and r > 0 for name, r in ratios.items() if not name.endswith('_cpu'))
+  assert set(section['cases']['logistic 2x20']['timings']) == set(small_rounds.PEER_ENTRIES)
+  assert '| logistic 2x20, batch 16 |' in _small_markdown('peers', section)
+
+
+def test_issue_37_targets_are_checked_for_their_cases():
+  def case(model, examples, to_plain_tf, to_floor):
+    return {'setup': dict(model=model, clients=10, examples_per_client=examples),
+            'ratios': dict(project_to_plain_tf=to_plain_tf, project_to_floor=to_floor, project_to_plain_tf_cpu=1.0,
+                           project_to_floor_cpu=1.0)}
+
+  cases = {'lenet 10x120': case('lenet', 120, 1.1, 3.0), 'lenet 10x600': case('lenet', 600, 1.06, 1.0),
+           'cnn 10x144': case('cnn', 144, 9.0, 1.4), 'logistic 10x20': case('logistic', 20, 9.0, 9.0)}
+  targets = bench.check_targets({'details': {'peers': {'cases': cases}}})
+  assert [(t['target'], t['met']) for t in targets] == [
+      ('project round (lenet 10x120) <= 1.15x plain TF', True),
+      ('project round (lenet 10x600) <= 1.05x plain TF', False),
+      ('project round (cnn 10x144) <= 1.50x its in-graph floor', True)]

@@ -38,6 +38,8 @@ beside it (bench.md):
   10 clients x 300; `--client_execution_examples` makes it smaller): `client_execution_time_ratio[model]` =
   local round time / worker round time (< 1: local is faster), with the TensorFlow devices each mode trained on
   and local mode's device line. Without a GPU, local trains on this process's CPU.
+* breakdown, peers (`training.bench.small_rounds`): a small round's time per TFF invocation (`round_parts`), and the
+  round against the same round as plain TF in this process and against its floor (`peer_ratios`).
 
 Method: everything is compiled first (the first call of each computation, timed and reported as
 compile_seconds), then the candidates run in interleaved sweeps (order rotated each sweep) on the same inputs,
@@ -72,6 +74,7 @@ import tensorflow_federated as tff
 from tff_gma import models
 from training import command_line
 from training.bench import sections
+from training.bench import small_rounds
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,6 +105,7 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     targets.append(dict(target=f'project round ({model}) >= {sections.LOOP_SPEEDUP_TARGET:.1f}x the throughput of '
                         'the loop before (sent datasets, iterator loop)', value=value,
                         met=value >= sections.LOOP_SPEEDUP_TARGET))
+  targets += small_rounds.check_targets(result)
   return targets
 
 
@@ -190,6 +194,7 @@ def to_markdown(result: dict[str, Any]) -> str:
                    f'{_fmt(section["client_execution_cpu_ratio"][model], 2)} | '
                    f'{"; ".join(row["client_devices"]["worker"])} | {"; ".join(row["client_devices"]["local"])} |')
     lines.append('')
+  lines += small_rounds.markdown(result)
   if result['targets']:
     lines += ['## Targets', '', 'Wall-time ratios decide; the CPU-time ratio (Python + worker) is shown beside them '
               'because it is less disturbed by other work on the machine.', '',
@@ -212,7 +217,8 @@ def _json_default(value):
 FLAGS = flags.FLAGS
 _INT_LISTS = ('aggregation_sizes', 'aggregation_clients', 'scaling_clients')
 _REPETITIONS = ('round_repetitions', 'aggregation_repetitions', 'scaling_repetitions',
-                'client_execution_repetitions', 'client_execution_clients', 'client_execution_examples')
+                'client_execution_repetitions', 'client_execution_clients', 'client_execution_examples',
+                'breakdown_repetitions', 'peers_repetitions')
 
 
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
@@ -244,6 +250,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                        'section (smaller: faster).', flag_values=f)
   flags.DEFINE_integer('client_execution_repetitions', None, 'Interleaved sweeps of the client_execution section.',
                        flag_values=f)
+  flags.DEFINE_integer('breakdown_repetitions', None, 'Interleaved sweeps of the breakdown section.', flag_values=f)
+  flags.DEFINE_integer('peers_repetitions', None, 'Interleaved sweeps of the peers section.', flag_values=f)
   flags.DEFINE_list('profile', [], 'Round-section processes to profile with cProfile (the Python main thread: it '
                     'shows how long Python waits for the worker), e.g. rfa.', flag_values=f)
   flags.DEFINE_integer('seed', None, 'Seed of the partition, the initial model and the client order (default 0).',
@@ -340,6 +348,14 @@ def run(settings: sections.Settings, mode: str, profile: Sequence[str] = (), com
     result['round_to_floor'] = section['round_to_floor']
     result['loop_before_speedup'] = section['loop_before_speedup']
     result['details']['floor'] = section
+  if 'breakdown' in settings.sections:
+    section = small_rounds.bench_breakdown(settings, [worker.pid])
+    result['round_parts'] = section['round_parts']
+    result['details']['breakdown'] = section
+  if 'peers' in settings.sections:
+    section = small_rounds.bench_peers(settings, [worker.pid])
+    result['peer_ratios'] = section['peer_ratios']
+    result['details']['peers'] = section
   result['targets'] = check_targets(result)
   result['environment']['load_after'] = [round(x, 2) for x in os.getloadavg()]
   result['environment']['seconds'] = time.monotonic() - started

@@ -7,6 +7,9 @@
 * `floor`: a FedAvg round of the project (datasets built in the worker, and sent), TFF's stock FedAvg and the
   in-graph floor (`training.bench.floor`: the same arithmetic as plain TF in this process), as ratios to the floor.
 
+Two more, `breakdown` and `peers` (a small round's time per TFF invocation; the round against plain TF), are in
+`training.bench.small_rounds`, with this module's settings.
+
 `training.bench.cli` runs them, checks the targets and writes JSON and Markdown; `training.bench.timing` has the
 timing tools. See `training.bench.cli` for the command line.
 """
@@ -49,7 +52,7 @@ BASELINE = 'mean'
 VARIANTS = ('gma+secure', 'gma_binary+secure', 'rfa+num_passes=1', 'rfa+num_passes=5')
 AGGREGATORS = tuple(registry.AGGREGATORS) + VARIANTS
 PIPELINE = ('stock_fedavg', 'stock_fedavg_iterator', 'project_pipeline')
-SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution', 'floor')
+SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution', 'floor', 'breakdown', 'peers')
 GIB = 1024**3
 MEMORY_LIMIT_GIB = 24.0
 # Targets of issue 8 (ratios to `mean` in the same run).
@@ -94,6 +97,13 @@ class Settings:
   floor_examples: tuple[int, ...] = (144, 600)  # Per model: the digits' 1,437 / 10; Fashion-MNIST's 6,000 / 10.
   floor_batch_size: int = 16
   floor_repetitions: int = 7
+  # breakdown and peers (`training.bench.small_rounds`): (model, generated examples per client) cases, on the floor's
+  # shapes and batch; clients; sweeps.
+  breakdown_cases: tuple[tuple[str, int], ...] = (('lenet', 120), ('cnn', 144))
+  peers_cases: tuple[tuple[str, int], ...] = (('lenet', 120), ('lenet', 600), ('cnn', 144))
+  small_rounds_clients: int = 10
+  breakdown_repetitions: int = 9
+  peers_repetitions: int = 7
   seed: int = 0
 
 
@@ -108,6 +118,8 @@ QUICK = Settings(
     client_execution_examples=100,
     client_execution_repetitions=2,
     floor_repetitions=3,
+    breakdown_repetitions=5,
+    peers_repetitions=5,
 )
 # For the tests: every section and key, on sizes that take seconds.
 SMOKE = Settings(
@@ -129,6 +141,11 @@ SMOKE = Settings(
     floor_clients=2,
     floor_examples=(20,),
     floor_repetitions=1,
+    breakdown_cases=(('logistic', 20),),
+    peers_cases=(('logistic', 20),),
+    small_rounds_clients=2,
+    breakdown_repetitions=1,
+    peers_repetitions=1,
 )
 MODES = {'full': Settings(), 'quick': QUICK, 'smoke': SMOKE}
 
