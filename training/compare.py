@@ -59,8 +59,9 @@ _MAX_PLOT_BYTES = 16 << 20
 # summary.json's accuracies (a number in [0, 1], or null).
 _ACCURACY_KEYS = ('final_accuracy', 'best_accuracy', 'final_validation_accuracy', 'best_validation_accuracy')
 # The settings in which the runs of one group may differ: the seed, and where a run's files and datasets were
-# (they change nothing it computes: data_dir, workers, dataset_placement, client_loop).
-_PER_RUN = ('seed', 'output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop')
+# and how often it saved (they change nothing it computes: data_dir, workers, dataset_placement, client_loop,
+# checkpoint_every).
+_PER_RUN = ('seed', 'output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop', 'checkpoint_every')
 
 
 class CompareError(ValueError):

@@ -190,6 +190,11 @@ class ExperimentConfig:
                                    'part of an evaluation).', True)
   seed: int = _help('Seed of the partition, initial model, client sampling and data order.', 0)
   output_dir: str = _help('Output directory (reused to resume).', 'outputs/run')
+  checkpoint_every: int = _help(
+      'Save the state, and write the rounds\' metrics.csv/TensorBoard rows, after every this many rounds and after '
+      'the last (and when training stops). A run killed in between (even by SIGKILL) loses at most this many '
+      'rounds: it resumes from its newest checkpoint, trains them again and ends bit-identical to an uninterrupted '
+      'run. Changes what an interruption costs, never what a run computes.', 10)
   audit: bool = _help('Write audit.md: the privacy audit of the round computation.', False)
   corruption: str = _help('Simulated corruption of a fixed seeded set of clients: poisoned data (data_negate: '
                           'x -> 1 - x; data_flip_labels: y -> C - 1 - y) or updates (gaussian noise; omniscient: '

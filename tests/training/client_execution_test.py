@@ -219,7 +219,7 @@ def test_local_mode_refuses_what_it_does_not_run(algorithm, aggregator, corrupti
 # The runner: --client_execution=local resumes bit-exactly, records its devices; older runs resume unchanged.
 
 _TOY = dict(dataset='digits', partition='label_skew', num_clients=4, clients_per_round=3, model='logistic',
-            batch_size=32, seed=3)
+            batch_size=32, seed=3, checkpoint_every=1)
 
 
 def test_a_local_run_interrupted_and_resumed_equals_the_uninterrupted_one(tmp_path):

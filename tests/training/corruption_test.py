@@ -20,7 +20,7 @@ from training.runner import round_loop
 
 _TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='iid', num_clients=6, clients_per_round=4, rounds=1, model='logistic',
-    batch_size=32, client_lr=0.1, client_momentum=0.0, seed=5)
+    batch_size=32, client_lr=0.1, client_momentum=0.0, seed=5, checkpoint_every=1)
 
 
 # ------------------------------------------------------------------------------------------- which clients

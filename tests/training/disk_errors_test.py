@@ -79,7 +79,8 @@ def test_a_disk_that_fills_under_a_run_says_how_to_resume_and_the_same_command_r
   mounts.require()
   mnt = tmp_path / 'small'
   out = mnt / 'run'
-  flags = ['--rounds=4', '--model=logistic', '--num_clients=3', '--clients_per_round=3', f'--output_dir={out}']
+  flags = ['--rounds=4', '--model=logistic', '--num_clients=3', '--clients_per_round=3', '--checkpoint_every=1',
+           f'--output_dir={out}']
   first_err = tmp_path / 'first.stderr'  # Outside the tmpfs: read after the namespace is gone.
   script = (f'{_python("training.run", *flags)} 2>{shlex.quote(str(first_err))}\n'
             f'echo "first exit $?"\n'

@@ -13,7 +13,7 @@ from training.runner import experiment
 
 _TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='label_skew', num_clients=5, clients_per_round=3, rounds=2, model='logistic',
-    batch_size=32, client_lr=0.1, algorithm='personalized', aggregator='rfa', seed=2)
+    batch_size=32, client_lr=0.1, algorithm='personalized', aggregator='rfa', seed=2, checkpoint_every=1)
 
 
 def test_update_corruption_is_refused_for_personalized_rfa():

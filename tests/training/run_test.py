@@ -70,7 +70,7 @@ def _wait_for(path, process, timeout=240):
 def test_a_second_run_is_refused_and_ctrl_c_says_how_to_resume(tmp_path):
   out = tmp_path / 'out'
   flags = [f'--output_dir={out}', '--rounds=8', '--model=logistic', '--num_clients=4', '--clients_per_round=3',
-           '--eval_every=4']
+           '--eval_every=4', '--checkpoint_every=1']
   first = subprocess.Popen([sys.executable, '-m', 'training.run', *flags], cwd=tests.ROOT, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_ENV)
   try:
@@ -125,7 +125,8 @@ def test_sigterm_says_how_to_resume_and_exits_143(tmp_path):
   out = tmp_path / 'out'
   # Far more rounds than the signal takes to arrive: 8 logistic rounds could all finish between the poll that sees
   # round 2's checkpoint and the signal (seen once, on a loaded machine: exit 0).
-  flags = [f'--output_dir={out}', '--rounds=500', '--model=logistic', '--num_clients=4', '--clients_per_round=3']
+  flags = [f'--output_dir={out}', '--rounds=500', '--model=logistic', '--num_clients=4', '--clients_per_round=3',
+           '--checkpoint_every=1']
   process = subprocess.Popen([sys.executable, '-m', 'training.run', *flags], cwd=tests.ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_ENV)
   try:
@@ -271,3 +272,36 @@ def test_seeds_run_into_sibling_directories_resume_and_compare_groups_them(tmp_p
   assert (f'| {out} | 2 | 0,1 | {100 * np.mean(finals):.2f} ± {100 * np.std(finals, ddof=1):.2f} |'
           in process.stdout), process.stdout
   assert (out / 'compare.png').is_file()
+
+
+@pytest.mark.slow
+def test_a_run_killed_by_sigkill_loses_at_most_checkpoint_every_rounds_and_resumes_bit_exactly(tmp_path):
+  # The guarantee --checkpoint_every states: a run killed at any point (here by SIGKILL, no handler runs) resumes
+  # from its newest checkpoint, trains the rounds after it again, and ends as the uninterrupted run.
+  flags = ['--rounds=7', '--model=logistic', '--num_clients=4', '--clients_per_round=3', '--checkpoint_every=3']
+  whole = subprocess.run([sys.executable, '-m', 'training.run', f'--output_dir={tmp_path / "whole"}', *flags],
+                         cwd=tests.ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                         env=_ENV)
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  out = tmp_path / 'killed'
+  command = [sys.executable, '-m', 'training.run', f'--output_dir={out}', *flags]
+  first = subprocess.Popen(command, cwd=tests.ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           stdin=subprocess.DEVNULL, env=_ENV)
+  try:
+    _wait_for(out / 'checkpoints' / 'program_state_3', first)
+    first.kill()
+    first.communicate(timeout=60)
+  finally:
+    if first.poll() is None:
+      first.kill()
+      first.wait()
+  with open(out / 'metrics.csv') as f:  # Written with the checkpoints: rounds 1-3 (or 1-6 if it got that far).
+    written = [int(row.split(',')[0]) for row in f.read().splitlines()[1:]]
+  assert written in ([1, 2, 3], [1, 2, 3, 4, 5, 6]), written
+  resumed = subprocess.run(command, cwd=tests.ROOT, capture_output=True, text=True, timeout=300,
+                           stdin=subprocess.DEVNULL, env=_ENV)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert (out / 'metrics.csv').read_text() == (tmp_path / 'whole' / 'metrics.csv').read_text()
+  summaries = [json.loads((d / 'summary.json').read_text()) for d in (out, tmp_path / 'whole')]
+  assert summaries[0]['final_accuracy'] == summaries[1]['final_accuracy']
+  assert summaries[0]['rounds_completed'] == 7

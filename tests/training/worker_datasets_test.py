@@ -137,7 +137,7 @@ def test_the_worker_iterates_the_batches_python_built():
     walk_source = tff.tensorflow.computation(lambda s: walk(sources.dataset(s)), sources.source_type)
     built = tff.federated_computation(lambda s: tff.federated_map(walk_source, s),
                                       tff.FederatedType(sources.source_type, tff.CLIENTS))
-    for ours, theirs, size in zip(built(placement.sources(ids, 3)), sent(datasets), (13, 17)):
+    for ours, theirs, size in zip(built(placement.sources(ids, 3)), sent(list(datasets)), (13, 17)):
       assert len(ours[1]) == 2 * size and list(ours[2][:-1]) == [4] * (len(ours[2]) - 1)
       for u, v in zip(ours, theirs):
         np.testing.assert_array_equal(u, v)
@@ -177,3 +177,29 @@ def test_cnn_and_lenet_train_exactly_as_with_sent_datasets(tmp_path, model, data
     results[placement] = experiment.run(config, show_progress=False)
   for a, b in zip(_weights(results['worker']), _weights(results['driver'])):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('sizes,local_epochs,batch_size', [((13, 17), 2, 4), ((1, 6), 3, 4), ((5, 9), 1, 16)])
+def test_batches_from_sources_are_the_datasets_batches(sizes, local_epochs, batch_size):
+  # `ClientSources.batches` (indices shuffled, examples gathered) against the dataset built from the same source,
+  # read batch by batch (`in_graph.read_batches`): the same examples, order and batch boundaries, including a
+  # client of one example, a client smaller than a batch and batches that cross an epoch's end.
+  from tff_gma.learning import in_graph  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  total = sum(sizes)
+  data = client_data.from_partition(rng.normal(size=(total, 2, 3)).astype(np.float32),
+                                    rng.integers(0, 5, total).astype(np.int32),
+                                    [np.arange(0, sizes[0]), np.arange(sizes[0], total)])
+  placement = worker_datasets.WorkerDatasets(round_loop.ClientInputs(data, 2, local_epochs, batch_size, seed=3))
+  try:
+    sources = placement.client_sources
+    # In a graph, as in the client's computation (TensorArray reads of datasets are graph code there).
+    both = tf.function(lambda source: (sources.batches(source), in_graph.read_batches(sources.dataset(source))))
+    for source, size in zip(placement.sources(list(data.client_ids), 2), sizes):
+      (examples, offsets), (expected, expected_offsets) = both(source)
+      assert offsets.numpy()[-1] == size * local_epochs
+      np.testing.assert_array_equal(offsets, expected_offsets)
+      for leaf in ('x', 'y'):
+        np.testing.assert_array_equal(examples[leaf], expected[leaf])
+  finally:
+    placement.close()

@@ -130,7 +130,7 @@ def build_in_graph_update(
   """
   on_examples = _update_on_examples(model_fn, functional_model, weighting, proximal_strength)
 
-  @tf.function
+  @tf.function(autograph=False)  # Graph code as written (module doc): AutoGraph cost seconds at every build.
   def client_update(optimizer, initial_weights, data, optimizer_hparams=None):
     examples, offsets = read_batches(data)
     return on_examples(optimizer, initial_weights, examples, offsets, optimizer_hparams)
@@ -150,7 +150,7 @@ def build_examples_update(
   unfinalized metrics). For callers that hold the examples as tensors (e.g. fed to a TF1 session: TFF 0.87's
   functional Keras model predicts only inside a graph, never under eager TF).
   """
-  return tf.function(_update_on_examples(model_fn, functional_model, weighting, proximal_strength))
+  return tf.function(_update_on_examples(model_fn, functional_model, weighting, proximal_strength), autograph=False)
 
 
 def _update_on_examples(model_fn, functional_model, weighting, proximal_strength):
@@ -193,13 +193,18 @@ def _update_on_examples(model_fn, functional_model, weighting, proximal_strength
       weight = tf.cond(tf.equal(non_finite, 0), lambda: tf.cast(num_examples, tf.float32), lambda: 0.0)
     else:
       weight = tf.cond(tf.equal(non_finite, 0), lambda: 1.0, lambda: 0.0)
-    if non_finite > 0:
-      model.reset_metrics()
+    tf.cond(non_finite > 0, lambda: _reset_metrics(model), lambda: tf.constant(False))
     return (tff.learning.templates.ClientResult(
         update=tf.nest.pack_sequence_as(initial_weights.trainable, update), update_weight=weight),
             model.report_local_unfinalized_metrics())
 
   return client_update
+
+
+def _reset_metrics(model: tff.learning.models.VariableModel) -> tf.Tensor:
+  """Zeroes the model's metrics (a non-finite client reports none, as TFF's client work); a `tf.cond` branch."""
+  model.reset_metrics()
+  return tf.constant(True)
 
 
 def _zero_if_non_finite(values: tuple[tf.Tensor, ...]) -> tuple[tuple[tf.Tensor, ...], tf.Tensor]:

@@ -9,6 +9,7 @@ and the RFA weight replay (`training.engine.rfa_weights`) are all built. The rou
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -99,6 +100,20 @@ def client_loop(model_fn: Callable[[], tff.learning.models.VariableModel], confi
   (`training.engine.client_execution` runs the in-graph update in a TF1 session of its own in `local` mode)."""
   if config.client_loop == 'iterator':
     return ClientLoop('iterator')
+  try:  # The answer for this model, if asked before (building its functional twin took ~0.5 s).
+    return _in_graph_loops[model_fn]
+  except KeyError:
+    _in_graph_loops[model_fn] = loop = _in_graph_loop(model_fn)
+    return loop
+  except TypeError:  # A model function that cannot be referred to weakly: asked anew.
+    return _in_graph_loop(model_fn)
+
+
+# `client_loop`'s in-graph answers by model function: a run asks when it builds its process and again for its summary.
+_in_graph_loops: 'weakref.WeakKeyDictionary[Callable, ClientLoop]' = weakref.WeakKeyDictionary()
+
+
+def _in_graph_loop(model_fn: Callable[[], tff.learning.models.VariableModel]) -> ClientLoop:
   build_functional = getattr(model_fn, 'functional_model', None)
   functional = build_functional() if callable(build_functional) else None
   reason = in_graph.in_graph_support(model_fn, functional)
@@ -167,6 +182,14 @@ def build_client_work(
   dataset = (lambda data: data) if client_sources is None else client_sources.dataset
 
   def build_update():
+    if loop.name == 'in_graph' and client_sources is not None:
+      # The batches straight from the sources (`ClientSources.batches`: the same ones, without walking the
+      # examples through tf.data), into the in-graph loop's update on examples.
+      update = in_graph.build_examples_update(model_fn, loop.functional_model, weighting=CLIENT_WEIGHTING,
+                                              proximal_strength=proximal_strength(config))
+      keeps_hparams = config.name != 'fedprox'  # FedProx's optimizer keeps its own (as `build_client_update`).
+      return lambda opt, hparams, weights, data: update(opt, weights, *client_sources.batches(data),
+                                                        hparams if keeps_hparams else None)
     update = build_client_update(model_fn, config, loop)
     return lambda opt, hparams, weights, data: update(opt, hparams, weights, dataset(data))
 

@@ -87,6 +87,7 @@ from training.engine import rfa_weights
 from training.engine import worker_datasets
 from training.runner import checkpoints
 from training.runner import dir_lock
+from training.runner import evaluations as evaluations_lib
 from training.runner import progress
 from training.runner import round_loop
 
@@ -145,7 +146,7 @@ def _check(config: config_lib.ExperimentConfig) -> None:
   for build_part in (config.algorithm_config, config.aggregator_params, config.method_params):
     build_part()
   positive_ints = ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size', 'eval_every',
-                   'classes_per_client')
+                   'classes_per_client', 'checkpoint_every')
   for name in positive_ints:
     try:
       checks.check_positive_int(getattr(config, name), name)
@@ -214,9 +215,9 @@ def _check_validation(config: config_lib.ExperimentConfig) -> None:
 
 
 # Settings a resumed run may change: they do not alter the state or what a round computes.
-_RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last_rounds', 'output_dir', 'audit', 'data_dir', 'workers', 'rfa_weight_bound',
-                      'membership_inference', 'participation_eval', 'dataset_placement', 'client_loop',
-                      'worker_intra_op_threads')
+_RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last_rounds', 'output_dir', 'audit', 'data_dir', 'workers',
+                      'rfa_weight_bound', 'membership_inference', 'participation_eval', 'dataset_placement',
+                      'client_loop', 'worker_intra_op_threads', 'checkpoint_every')
 # dataset_placement and client_loop change how, not what: the runs are bit-identical either way in the TFF worker
 # (tested); with --client_execution=local the two loops agree to float32 rounding (a log line says so on resume).
 # worker_intra_op_threads changes the last bits of what some kernels sum, as the machine's core count does under
@@ -408,7 +409,13 @@ def _pooled(data, client_ids):
 def evaluate(setup: Setup, state, participants: list[str]) -> dict[str, float]:
   """Central test split (the validation split instead, in a validation run); OOD clients where the partition has
   them; this round's participants vs the rest."""
-  weights = setup.process.get_model_weights(state)
+  return evaluate_weights(setup, setup.process.get_model_weights(state), participants)
+
+
+def evaluate_weights(setup: Setup, weights: tff.learning.models.ModelWeights, participants: list[str]
+                     ) -> dict[str, float]:
+  """`evaluate` of the model `weights` (no TFF call: it may run beside the next round, `training.runner.
+  evaluations`)."""
   central = 'validation' if setup.validation is not None else 'test'
   out = {f'{central}/{k}': v for k, v in setup.evaluator(weights).items()}
   if setup.data.ood_test is not None:
@@ -558,7 +565,7 @@ class RunResult:
 
 
 def run(config: config_lib.ExperimentConfig, *, show_progress: bool = True,
-        on_round: Optional[Callable[[int, Any], None]] = None, checkpoint_every: int = 1) -> RunResult:
+        on_round: Optional[Callable[[int, Any], None]] = None) -> RunResult:
   """Trains (or resumes) the experiment; returns the summary (also written to summary.json) and the final model.
 
   Raises `ConfigError` before anything is written when a setting is invalid; then holds `config.output_dir`
@@ -568,12 +575,11 @@ def run(config: config_lib.ExperimentConfig, *, show_progress: bool = True,
   `tf.errors.OpError`). `on_round(round_num, state)` is called
   after each round (after its checkpoint, on a round that saves one; tests use it to interrupt).
 
-  `checkpoint_every`: the state is saved after every `checkpoint_every`-th round and after the last. It does not
-  change what a run computes (a resumed run re-runs the rounds after its newest checkpoint, and drops their
-  `metrics.csv` rows first), only how much an interruption costs; saving TFF's state costs ~0.2 s a round for the
-  digits CNN, so long studies of cheap rounds pass more than 1.
+  The state is saved, and the rounds' metrics rows written, after every `config.checkpoint_every`-th round and
+  after the last (the rows also when training stops): what an interruption costs, never what the run computes. A
+  resumed run re-runs the rounds after its newest checkpoint (dropping any rows of theirs first), so a run killed
+  at any point loses at most `checkpoint_every` rounds and ends bit-identical to an uninterrupted one.
   """
-  checkpoint_every = checks.check_positive_int(checkpoint_every, 'checkpoint_every')
   prepare(config)
   with dir_lock.DirectoryLock(config.output_dir) as lock:
     if lock.stale_holder:
@@ -582,7 +588,7 @@ def run(config: config_lib.ExperimentConfig, *, show_progress: bool = True,
     # Again under the lock: another run may have written into the directory since `prepare` read it.
     check_resumable(config)
     try:
-      return _run_locked(config, show_progress, on_round, checkpoint_every)
+      return _run_locked(config, show_progress, on_round)
     except tf.errors.OpError as e:  # A write through TensorFlow (TFF's checkpoints and releases) that failed.
       os_error = safe_files.os_error_of(e)
       if os_error is None:
@@ -591,7 +597,7 @@ def run(config: config_lib.ExperimentConfig, *, show_progress: bool = True,
 
 
 def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
-                on_round: Optional[Callable[[int, Any], None]], checkpoint_every: int) -> RunResult:
+                on_round: Optional[Callable[[int, Any], None]]) -> RunResult:
   try:
     setup = build_setup(config)
   except ConfigError:
@@ -692,12 +698,37 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     if config.corruption != corruption_lib.NONE:
       done.row['corrupted_participants'] = float(sum(c in setup.corrupted for c in done.participants))
 
+  unreleased = []  # The rows of the rounds since the last checkpoint, written with the next one.
+
+  def release_rows() -> None:
+    for number, row in unreleased:
+      _run_async(csv_release.release(row, number))
+      _run_async(tb_release.release(row, number))
+    unreleased.clear()
+
+  # Beside the next round (module `evaluations`), unless the evaluation reads what the next round changes (the
+  # clients' own values) or the next round trains in this process too.
+  evaluations = evaluations_lib.Evaluations(
+      background=setup.method.client_state is None and setup.method.client_execution == client_execution_lib.WORKER)
+
+  def evaluate_round(done: round_loop.Round) -> None:
+    if round_loop.evaluation_due(done.number, config.eval_every, config.rounds, config.eval_last_rounds):
+      weights, participants = setup.process.get_model_weights(done.state), done.participants
+      evaluations.submit(done.row, lambda: evaluate_weights(setup, weights, participants))
+
+  def saves(round_num: int) -> bool:
+    return round_num % config.checkpoint_every == 0 or round_num == config.rounds
+
+  def join_evaluations(done: round_loop.Round) -> None:
+    if saves(done.number):  # The rows written with the checkpoint hold their evaluations.
+      evaluations.wait()
+
   def release_and_save(done: round_loop.Round) -> None:
-    # Release the round's row before its checkpoint: a crash in between re-runs the round on resume, and the
-    # CSV release of that round replaces the row (it drops rows with keys >= the released key).
-    _run_async(csv_release.release(done.row, done.number))
-    _run_async(tb_release.release(done.row, done.number))
-    if done.number % checkpoint_every == 0 or done.number == config.rounds:
+    unreleased.append((done.number, done.row))
+    if saves(done.number):
+      # The rows before the checkpoint: a crash in between re-runs their rounds on resume, and the CSV release of
+      # a round replaces its row (it drops rows with keys >= the released key).
+      release_rows()
       # Before the server state: every saved state then has its clients' values (SCAFFOLD, personalized RFA).
       setup.method.checkpoint_client_state(config.output_dir, done.number)
       _run_async(state_manager.save(done.state, done.number))
@@ -709,7 +740,7 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
   inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs, config.batch_size,
                                config.seed)
   placement = _place_datasets(setup.method, inputs)
-  seconds = {'train': 0.0, 'evaluate': 0.0, 'release_and_checkpoint': 0.0}
+  seconds = {'train': 0.0, 'release_and_checkpoint': 0.0}
 
   def timed(part: str, callback: Callable[[round_loop.Round], None]) -> Callable[[round_loop.Round], None]:
     def run_timed(done: round_loop.Round) -> None:
@@ -721,21 +752,23 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
   def count_training(done: round_loop.Round) -> None:
     seconds['train'] += done.seconds
 
-  evaluate_round = timed('evaluate', round_loop.evaluate_every(
-      config.eval_every, config.rounds, lambda done: evaluate(setup, done.state, done.participants),
-      last_rounds=config.eval_last_rounds))
   loop = round_loop.RoundLoop(setup.method, state, inputs, round_num=start_round, before_round=before_round,
-                          after_round=(count_training, check_round, evaluate_round,
-                                       timed('release_and_checkpoint', release_and_save)))
+                              after_round=(count_training, check_round, evaluate_round, join_evaluations,
+                                           timed('release_and_checkpoint', release_and_save)))
   started = time.monotonic()
   stopped = None
   try:
     state = loop.run(config.rounds)
   except TrainingStopped as e:
     stopped, state = e, loop.state
+    evaluations.wait()
+    release_rows()  # The rounds it ran are its result (a resume would re-run those after the checkpoint).
   finally:
+    evaluations.close()
     if placement is not None:
       placement.close()
+  # Evaluations: their own time (beside training where they ran in the background) and the time rounds waited.
+  seconds.update(evaluate=evaluations.seconds, evaluate_waited=evaluations.waited)
 
   rows = [r for r in _read_rows(csv_path) if r.get('round', 0) <= config.rounds]
   evaluated = [r for r in rows if accuracy_key in r]
@@ -746,7 +779,8 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       'rounds_completed': int(max((r['round'] for r in rows), default=0)),
       'seconds_this_run': time.monotonic() - started,
       # Where this run's time went, in seconds summed over its rounds: the method's round (client training and
-      # aggregation), evaluations, metrics releases with checkpoints (the rest: setup, the summary).
+      # aggregation), metrics releases with checkpoints, evaluations (`evaluate`: their own time, which overlaps
+      # training where they ran beside it; `evaluate_waited`: the rounds' wait for them), the rest: setup, summary.
       'seconds_by_part': {**{k: round(v, 3) for k, v in seconds.items()}, 'rounds': loop.round_num - start_round},
       # Where this run's client training ran: TensorFlow devices of this process (local), or the TFF worker's CPU.
       'client_execution': setup.method.client_execution,

@@ -45,7 +45,7 @@ Protocol (the paper's, within this machine's budget):
 Budget (measured on this 2-core machine with two shards side by side: about 1 s per round and shard for the
 10-client CNN settings; 0.5-0.6 s for the 10-of-50/100 CNN rounds and ~0.3 s for the convex ones, measured with a
 test suite running beside them, after the evaluator kept its Keras copy and the state was saved every
-`CHECKPOINT_EVERY` rounds, which had cost ~0.4 and ~0.2 s of every sampled round): tuning 306 runs (per CNN
+10 rounds (now the runner's default `checkpoint_every`), which had cost ~0.4 and ~0.2 s of every sampled round): tuning 306 runs (per CNN
 label/feature setting 9 methods: 6 stage-1 runs each, plus 2 stage-2 runs for each of the 5 GMA methods = 64; 22
 for dirichlet10, 14 per convex setting), final 172 runs (43 cells x 4 seeds); rounds 100 (CNN, 10 clients), 150
 (sampled), 500 (convex): about 75,000 rounds in all, 7-8 hours of wall time as two shards (`--shard=0/2`,
@@ -97,9 +97,8 @@ PLATEAU_POINTS = 0.5
 TIE_POINTS = 0.5  # A GMA-AVG difference of the mean best accuracies within this many points counts as a tie.
 # Why 0.5: one of the 359 test digits is 0.28 points, so 0.5 is under two examples, and the seed-to-seed std of
 # the tuned cells' best accuracy is 0.1-1 point (most 0.3-0.5): a smaller gap is not a measured difference.
-# The state is saved every 10th round (and after the last): what a run computes is the same, and saving TFF's state
-# every round cost ~0.2 s of the ~0.6 s a 10-of-100 CNN round took here; an interrupted run re-runs <= 9 rounds.
-CHECKPOINT_EVERY = 10
+# Runs save their state every 10th round (and after the last): the runner's default `checkpoint_every`, which this
+# study set before it was the default (saving TFF's state every round cost ~0.2 s of a ~0.6 s 10-of-100 CNN round).
 LAST_EVALS = experiment.LAST_EVALS_FOR_FINAL  # 10: the paper's "last 10 rounds".
 # Ten classes: a model that predicts one class scores 10% on a balanced split (exactly on Fashion-MNIST's test split,
 # 1,000 images a class; within a point on digits and on the validation splits). An accuracy within CHANCE_POINTS of
@@ -344,7 +343,7 @@ def run_all(study: Study, stages: str, shard: int, num_shards: int, poll_seconds
       continue
     for run in todo:
       try:
-        summary = experiment.run(study.config(run), show_progress=False, checkpoint_every=CHECKPOINT_EVERY).summary
+        summary = experiment.run(study.config(run), show_progress=False).summary
       except experiment.TrainingStopped as e:  # A diverged run: finished, scored on the rounds it ran.
         print(f'{run.name}: {e}', flush=True)
         summary = study.summary(run)

@@ -80,7 +80,6 @@ VALIDATION_FRACTION = 0.2
 STAGE1_TAU = 0.4  # The paper's default threshold.
 TAUS = (0.2, 0.6)  # Stage 3, besides STAGE1_TAU.
 LAST_EVALS = gma_study.LAST_EVALS
-CHECKPOINT_EVERY = gma_study.CHECKPOINT_EVERY
 
 # The paper's grid (App. D.4) with one step beyond each end, for the edge rule.
 CLIENT_LR_LADDER = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.2)

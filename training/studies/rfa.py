@@ -187,7 +187,8 @@ def finished_summary(config: config_lib.ExperimentConfig) -> Optional[dict[str, 
   # where the run's files were (a study's archived cells extracted elsewhere) does not change what it computed.
   # Change nothing a run computes, or (the worker's intra-op threads) only its last bits, as the machine's core
   # count does: an archived run is the same run under any of them.
-  where = ('output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop', 'worker_intra_op_threads')
+  where = ('output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop', 'worker_intra_op_threads',
+           'checkpoint_every')
   saved = json.loads(json.dumps(experiment.completed_config(summary.get('config', {}))))
   wanted = json.loads(json.dumps(dataclasses.asdict(config)))
   same_config = all(saved.get(k) == v for k, v in wanted.items() if k not in where)
