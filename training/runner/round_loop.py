@@ -62,13 +62,17 @@ def round_pipeline(examples: tf.data.Dataset, seed, seed2, *, local_epochs: int,
   another global seed (and a seed of 0 cannot be paired inside a graph); the datasets built here and those built
   in the TFF worker (`training.engine.worker_datasets`) shuffle alike.
   """
+  return shuffled(examples, seed, seed2).repeat(local_epochs).batch(batch_size)
+
+
+def shuffled(examples: tf.data.Dataset, seed, seed2) -> tf.data.Dataset:
+  """`examples` as `round_pipeline` shuffles them (reshuffled each epoch), before the epochs and the batches."""
   spec = tf.nest.flatten(examples.element_spec)
   variant = tf.raw_ops.ShuffleDatasetV3(
       input_dataset=tf.data.experimental.to_variant(examples), buffer_size=tf.constant(SHUFFLE_BUFFER, tf.int64),
       seed=tf.cast(seed, tf.int64), seed2=tf.cast(seed2, tf.int64), seed_generator=tf.raw_ops.DummySeedGenerator(),
       output_types=[s.dtype for s in spec], output_shapes=[s.shape for s in spec], reshuffle_each_iteration=True)
-  shuffled = tf.data.experimental.from_variant(variant, examples.element_spec)
-  return shuffled.repeat(local_epochs).batch(batch_size)
+  return tf.data.experimental.from_variant(variant, examples.element_spec)
 
 
 def client_dataset(
