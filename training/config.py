@@ -150,6 +150,11 @@ class ExperimentConfig:
   classes_per_client: int = _help('label_skew/mixed_skew: classes per client.', partition_lib.DEFAULT_CLASSES_PER_CLIENT)
   alpha: float = _help('dirichlet: label concentration (smaller = more skew).', partition_lib.DEFAULT_ALPHA)
   beta: float = _help('quantity_skew: size concentration (paper: 0.5).', partition_lib.DEFAULT_BETA)
+  train_subset_fraction: float = _help(
+      'In (0, 1]. < 1: train on a class-stratified subset of the training split, round(fraction * n) examples of '
+      'each class of n, drawn from a fixed seed (tff_gma.data.federated.SUBSET_SEED, independent of --seed: every '
+      'arm and every seed of a study cell trains on the same examples) before partitioning and colouring; the test '
+      'split (and the OOD test clients) stays whole. 1: every training example.', 1.0)
   num_clients: int = _help('Clients in the federation.', 10)
   clients_per_round: int = _help('Clients sampled per round.', 10)
   rounds: int = _help('Total rounds (a resumed run continues up to this).', 20)

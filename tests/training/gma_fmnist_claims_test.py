@@ -31,6 +31,19 @@ def test_every_cell_and_method_validates():
   assert [claims.SETTINGS[f'epochs{e}'].config['local_epochs'] for e in (1, 3, 5, 10, 20)] == [1, 3, 5, 10, 20]
 
 
+def test_the_ten_client_cells_and_only_they_train_the_stated_subset():
+  study = claims.Study(list(claims.SETTINGS), [], claims.TUNE_SEEDS, claims.FINAL_SEEDS, '/tmp/unused')
+  for setting, cell in claims.SETTINGS.items():
+    method = cell.methods[0]
+    fractions = {study.config(claims.Run(setting, method.algorithm, method.aggregator, 0.01, 1.0, 0.4, None, seed,
+                                         tuning)).train_subset_fraction
+                 for seed in (0, 7) for tuning in (True, False)}
+    ten_clients = cell.config['num_clients'] == 10
+    assert fractions == {claims.TEN_CLIENT_SUBSET if ten_clients else 1.0}, setting
+  assert claims.TEN_CLIENT_SUBSET == 0.1
+  assert sum(s.config['num_clients'] == 10 for s in claims.SETTINGS.values()) == 7  # cfm10_* and epochs*.
+
+
 def test_paper_tables_have_their_shape_and_the_issues_numbers():
   assert sorted(claims.PAPER_TABLE3) == sorted((m, n) for m in ('Yes', 'No') for n in (500, 100, 10))
   for row in claims.PAPER_TABLE3.values():

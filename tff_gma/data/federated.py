@@ -3,6 +3,12 @@
 Array datasets (the embedded digits, the TFDS images, pooled EMNIST) go through `from_arrays`, which handles every
 partition over labelled pools: the label/quantity partitions of `partition`, and the FedCMNIST-style feature
 and mixed skews of `colored`, which also produce held-out out-of-distribution (OOD) test clients.
+
+`from_arrays(..., train_subset_fraction=f)` first keeps a class-stratified subset of the training pool
+(`stratified_subset`: round(f * n) examples of each class of n, at least one, drawn with `SUBSET_SEED`, in their
+original order), then partitions and colours that subset; the test split (and the OOD test clients made from it)
+stays whole. The seed is fixed, not the partition's: every seed, method and partition of a study trains on the same
+examples. The default 1.0 keeps the pool as it is (the same arrays, untouched).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from tff_gma import checks
 from tff_gma.data import client_data
 from tff_gma.data import colored
 from tff_gma.data import partition as partition_lib
@@ -35,6 +42,9 @@ PARTITION_KWARGS = {
     'test_correlation': ALL_COLOR_PARTITIONS,
 }
 _COLOR_STREAM = 1  # Seeds the colouring's generator as (seed, _COLOR_STREAM): independent of the partition's.
+# Seeds `stratified_subset`'s draw. Fixed, not the run's seed: every seed and method of a study cell trains on the
+# same subset, so seeds vary the partition and the model, never which examples exist.
+SUBSET_SEED = 20_261_125
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +93,19 @@ class FederatedDataset:
         (k, tf.TensorSpec([None, *s.shape], s.dtype)) for k, s in self.element_spec.items())
 
 
+def stratified_subset(labels: np.ndarray, fraction: float, seed: int = SUBSET_SEED) -> np.ndarray:
+  """Indices, ascending, of a class-stratified subset of `labels`: of each class's n examples, round(fraction * n)
+  (at least one), drawn without replacement by a NumPy generator seeded with `seed`, one class after another."""
+  fraction = checks.check_fraction(fraction, 'train_subset_fraction', low_open=True)
+  labels = np.asarray(labels)
+  rng = np.random.default_rng(seed)
+  kept = []
+  for label in np.unique(labels):
+    members = np.flatnonzero(labels == label)
+    kept.append(rng.choice(members, size=max(1, round(fraction * len(members))), replace=False))
+  return np.sort(np.concatenate(kept))
+
+
 def from_arrays(
     dataset: str,
     x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, *,
@@ -93,6 +116,7 @@ def from_arrays(
     num_test_clients: int = DEFAULT_NUM_TEST_CLIENTS,
     train_correlation: tuple[float, float] = colored.DEFAULT_TRAIN_CORRELATION,
     test_correlation: float = colored.DEFAULT_TEST_CORRELATION,
+    train_subset_fraction: float = 1.0,
 ) -> FederatedDataset:
   """Partitions a labelled train pool over `num_clients` clients as `partition` names (`ARRAY_PARTITIONS`).
 
@@ -103,10 +127,16 @@ def from_arrays(
   and the same test images, dealt iid over `num_test_clients` held-out clients with colourings no train client
   has, as `ood_test`. Deterministic given `seed`. `feature_skew_shared` and `mixed_skew_shared` are the same with
   colored MNIST's shared colouring (`colored.Coloring.create_shared`).
+
+  `train_subset_fraction` < 1 partitions (and colours) only `stratified_subset(y_train, train_subset_fraction)` of
+  the training pool; the test split is used whole.
   """
   if partition not in ARRAY_PARTITIONS:
     raise ValueError(f'unknown partition {partition!r} for dataset {dataset!r}; expected one of {ARRAY_PARTITIONS}')
   x_train, y_train = np.asarray(x_train), np.asarray(y_train)
+  if checks.check_fraction(train_subset_fraction, 'train_subset_fraction', low_open=True) < 1:
+    kept = stratified_subset(y_train, train_subset_fraction)
+    x_train, y_train = x_train[kept], y_train[kept]
   x_test, y_test = np.asarray(x_test), np.asarray(y_test)
   if partition not in ALL_COLOR_PARTITIONS:
     parts = partition_lib.split(

@@ -17,6 +17,10 @@
   (`tff_gma.data.shakespeare`). `by_writer` keeps the natural clients; `iid` and `quantity_skew` deal the pooled
   sequences anew. Label partitions do not apply (targets are sequences).
 
+`train_subset_fraction` < 1 (`load_federated_data`) partitions a class-stratified subset of the training pool drawn
+with a fixed seed (`federated.stratified_subset`, `federated.SUBSET_SEED`); the test split stays whole. It applies to
+the array pools (every data set but Shakespeare, and EMNIST's `by_writer`, whose clients are the writers).
+
 For the natural-client partitions, `num_clients` below the number of writers/roles selects that many of them at
 random (seeded); the central test split is then the selected clients' test examples.
 The loaders of TFF data sets take the TFF loading function as an argument (`load_fn`, default: TFF's own,
@@ -33,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import checks
 from tff_gma.data import client_data
 from tff_gma.data import digits
 from tff_gma.data import federated
@@ -82,6 +87,15 @@ def check_config(dataset: str, partition: str, partition_kwargs: Sequence[str] =
       raise ValueError(f'unknown partition argument {name!r}; expected one of {sorted(federated.PARTITION_KWARGS)}')
 
 
+def check_train_subset(dataset: str, partition: str, fraction: float) -> None:
+  """Raises `ValueError` naming `train_subset_fraction` unless it is in (0, 1], or below 1 where the training
+  examples are not one array pool (Shakespeare; EMNIST's writers, `by_writer`)."""
+  fraction = checks.check_fraction(fraction, 'train_subset_fraction', low_open=True)
+  if fraction < 1 and (dataset == 'shakespeare' or partition == NATURAL_PARTITION):
+    raise ValueError(f'train_subset_fraction applies to array pools, not dataset={dataset!r} with '
+                     f'partition={partition!r}; got {fraction!r}')
+
+
 def _select_clients(ids: Sequence[str], num_clients: int, seed: int) -> list[str]:
   """All of `ids` (sorted) if `num_clients` equals their number, else a seeded random subset, sorted."""
   ids = sorted(ids)
@@ -115,7 +129,7 @@ def tfds_arrays(name: str, split: str, data_dir: Optional[str] = None) -> tuple[
 
 def load_tfds(
     name: str, partition: str, num_clients: int, seed: int, data_dir: Optional[str] = None, *,
-    fashion_mnist_source: str = IDX_SOURCE, **partition_kwargs,
+    fashion_mnist_source: str = IDX_SOURCE, train_subset_fraction: float = 1.0, **partition_kwargs,
 ) -> FederatedDataset:
   """TFDS `name` (one of `TFDS_DATASETS`): the `train` split partitioned, the `test` split central.
 
@@ -133,7 +147,7 @@ def load_tfds(
     x_test, y_test, _ = tfds_arrays(name, 'test', data_dir)
   return federated.from_arrays(
       name, x_train, y_train, x_test, y_test, num_classes=num_classes, partition=partition,
-      num_clients=num_clients, seed=seed, **partition_kwargs)
+      num_clients=num_clients, seed=seed, train_subset_fraction=train_subset_fraction, **partition_kwargs)
 
 
 # --------------------------------------------------------------------------------------------------------- EMNIST
@@ -159,7 +173,7 @@ def _emnist_arrays(
 
 def load_emnist(
     partition: str, num_clients: int, seed: int, data_dir: Optional[str] = None, only_digits: bool = True,
-    load_fn: Optional[TffLoadFn] = None, **partition_kwargs,
+    load_fn: Optional[TffLoadFn] = None, train_subset_fraction: float = 1.0, **partition_kwargs,
 ) -> FederatedDataset:
   """Federated EMNIST (10 digit classes, or 62 with `only_digits=False`), partitioned as `partition`."""
   check_config('emnist', partition, partition_kwargs)
@@ -171,7 +185,7 @@ def load_emnist(
     x_test, y_test, _ = _emnist_arrays(test, sorted(test.client_ids))
     return federated.from_arrays(
         'emnist', x_train, y_train, x_test, y_test, num_classes=num_classes, partition=partition,
-        num_clients=num_clients, seed=seed, **partition_kwargs)
+        num_clients=num_clients, seed=seed, train_subset_fraction=train_subset_fraction, **partition_kwargs)
   writers = _select_clients(train.client_ids, num_clients, seed)
   x_train, y_train, owner = _emnist_arrays(train, writers)
   # flat_map keeps the writers' order, so the pool is already grouped by writer.
@@ -232,7 +246,7 @@ def load_shakespeare(
 def load_federated_data(
     dataset: str, partition: str, num_clients: int, seed: int, data_dir: Optional[str] = None, *,
     only_digits: bool = True, sequence_length: int = shakespeare.DEFAULT_SEQUENCE_LENGTH,
-    fashion_mnist_source: str = IDX_SOURCE, **partition_kwargs,
+    fashion_mnist_source: str = IDX_SOURCE, train_subset_fraction: float = 1.0, **partition_kwargs,
 ) -> FederatedDataset:
   """The federated data set `dataset` (one of `DATASETS`) partitioned as `partition` over `num_clients` clients.
 
@@ -247,6 +261,9 @@ def load_federated_data(
     only_digits: EMNIST's 10 digit classes (True) or all 62 classes.
     sequence_length: Shakespeare's sequence length.
     fashion_mnist_source: 'idx' (its IDX files, offline) or 'tfds' (TFDS's copy, downloaded when missing).
+    train_subset_fraction: in (0, 1]; below 1, only a class-stratified subset of the training pool is partitioned
+      (`federated.stratified_subset`: the same examples for every `seed`); the test split stays whole. Array pools
+      only: Shakespeare and EMNIST's `by_writer` refuse a value below 1.
     **partition_kwargs: `classes_per_client`, `alpha`, `beta`, `num_test_clients`, `train_correlation`,
       `test_correlation` (see `federated.from_arrays`); those the partition does not use are ignored.
 
@@ -257,12 +274,15 @@ def load_federated_data(
     idx.IdxError: naming the file, when Fashion-MNIST's IDX files are missing, damaged or inconsistent.
   """
   check_config(dataset, partition, partition_kwargs, fashion_mnist_source)
+  check_train_subset(dataset, partition, train_subset_fraction)
   if dataset == 'digits':
-    return digits.federated_data(partition, num_clients, seed, **partition_kwargs)
+    return digits.federated_data(partition, num_clients, seed, train_subset_fraction=train_subset_fraction,
+                                 **partition_kwargs)
   if dataset in TFDS_DATASETS:
     return load_tfds(dataset, partition, num_clients, seed, data_dir, fashion_mnist_source=fashion_mnist_source,
-                     **partition_kwargs)
+                     train_subset_fraction=train_subset_fraction, **partition_kwargs)
   if dataset == 'emnist':
-    return load_emnist(partition, num_clients, seed, data_dir, only_digits=only_digits, **partition_kwargs)
+    return load_emnist(partition, num_clients, seed, data_dir, only_digits=only_digits,
+                       train_subset_fraction=train_subset_fraction, **partition_kwargs)
   return load_shakespeare(partition, num_clients, seed, data_dir, sequence_length=sequence_length,
                           **partition_kwargs)

@@ -152,6 +152,10 @@ def _check(config: config_lib.ExperimentConfig) -> None:
       checks.check_positive_int(getattr(config, name), name)
     except ValueError as e:
       raise ConfigError(str(e)) from None
+  try:  # Before the finite-floats check, so that NaN gets the interval too.
+    loaders.check_train_subset(config.dataset, config.partition, config.train_subset_fraction)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   last = config.eval_last_rounds
   if isinstance(last, bool) or not isinstance(last, (int, np.integer)) or last < 0:
     raise ConfigError(f'eval_last_rounds must be an integer >= 0, got {last!r}')
@@ -355,7 +359,8 @@ def build_setup(config: config_lib.ExperimentConfig) -> Setup:
   """The data (partitioned; poisoned or held out where the settings say), the model and the method."""
   data = loaders.load_federated_data(
       config.dataset, config.partition, config.num_clients, config.seed, data_dir=config.data_dir,
-      fashion_mnist_source=config.fashion_mnist_source, **config.partition_kwargs())
+      fashion_mnist_source=config.fashion_mnist_source, train_subset_fraction=config.train_subset_fraction,
+      **config.partition_kwargs())
   validation = None
   if config.validation_fraction > 0:
     data, validation = _split_validation(data, config.validation_fraction, config.seed)

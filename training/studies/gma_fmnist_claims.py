@@ -22,36 +22,46 @@ clients). Measured 2026-11-25 (in-distribution / OOD %, gap in points):
 | mixed_skew (the same, label skew k = 2) | 90.63 / 73.73 (+16.9) | 86.67 / 86.76 (-0.1) |
 | feature_skew_shared (colored MNIST's: one shared permutation) | 94.48 / 71.21 (+23.3) | 94.99 / 76.26 (+18.7) |
 | mixed_skew_shared | 94.96 / 73.33 (+21.6) | 94.33 / 74.48 (+19.9) |
-The per-client permutations do not bite (pooled over 10 or 100 clients the colour says little about the label; only
-10 clients with 2 classes each leave enough of an association): a model need not learn colour, so an OOD test on them
-cannot show the AND-mask's invariance. The `*_shared` partitions (`colored.Coloring.create_shared`) bite by 19-23
-points and are the cells' data. What the papers state, and how ours differs: the GMA paper (Sec. 5.3) gives each train
-client "a spurious mechanism unique to itself", tests on one "not present in any of the train clients", uses
-FedCMNIST (Francis et al. 2021; "the color is digit specific to induce correlation to the label") and gives no
+The per-client permutations do not bite (pooled over 10 or 100 clients the colour says little about the label; only 10
+clients with 2 classes each leave enough of an association): a model need not learn colour, so an OOD test on them
+cannot show the AND-mask's invariance. The `*_shared` partitions (`colored.Coloring.create_shared`) bite by 19-23 points
+and are the cells' data. On the 10-client cells' subset (`TEN_CLIENT_SUBSET`, 6,000 examples; measured 2026-11-26) they
+bite as much: feature_skew_shared 93.95 / 72.89 (+21.1), mixed_skew_shared 93.59 / 71.01 (+22.6) with
+`--check_epochs=20` (the full data's 2 epochs in steps); at 2 epochs, 90.73 / 58.15 (+32.6) and 87.92 / 53.36 (+34.6):
+the colour bites at 10 clients on 6,000 examples. What the papers state, and how ours differs: the GMA paper (Sec. 5.3)
+gives each train client "a spurious mechanism unique to itself", tests on one "not present in any of the train clients",
+uses FedCMNIST (Francis et al. 2021; "the color is digit specific to induce correlation to the label") and gives no
 correlation strengths; the FedGMA workshop paper follows colored MNIST (Arjovsky et al.): the same colour-label
-direction at every train client with strengths 0.8-0.9 varying by client, the test environment's correlation
-reversed (binary), or for 10 classes colours unique to each class in training and colours independent of them at
-test. Ours: the palette's 10 colours paint the garment (background black); one class -> colour permutation shared
-by all train clients, each client's strength p evenly spaced over [0.8, 0.9] (its mechanism: the strength, not the
-direction), every test client (5) a distinct derangement of it at p = 0.9 (no class keeps its training colour:
-colour-label correlations never seen in training, the multiclass form of the reversed colours); the grey garment is
-the invariant mechanism. Unlike FedCMNIST we do not give each train client its own direction (that version is the
-one that does not bite here).
+direction at every train client with strengths 0.8-0.9 varying by client, the test environment's correlation reversed
+(binary), or for 10 classes colours unique to each class in training and colours independent of them at test. Ours: the
+palette's 10 colours paint the garment (background black); one class -> colour permutation shared by all train clients,
+each client's strength p evenly spaced over [0.8, 0.9] (its mechanism: the strength, not the direction), every test
+client (5) a distinct derangement of it at p = 0.9 (no class keeps its training colour: colour-label correlations never
+seen in training, the multiclass form of the reversed colours); the grey garment is the invariant mechanism. Unlike
+FedCMNIST we do not give each train client its own direction (that version is the one that does not bite here).
 
 Cells (`SETTINGS`, in the issue's order; LeNet with 'same' convolutions (`lenet`) as the archived study, batch 16, 1
 local epoch, 100 rounds, evaluated every 5th round and the last 10):
 * item 1, `rerun_label500` (150 rounds), `rerun_label100`, `rerun_iid100`: the archived cells' configs; FedProx AVG /
   GMA with mu tuned, FedAdam / FedYogi AVG, GMA (Algorithm 2) and the drop-in, with Reddi's optimizer;
-* item 2, `cfm10_feature`, `cfm10_mixed` (10 clients, all per round), `cfm100_feature`, `cfm100_mixed` (100 clients,
-  10 a round; mixed = label skew k = 2): FedAvg, FedProx, FedAdam, FedYogi, AVG and GMA; primary accuracy the OOD
-  test clients', in-distribution beside it; the paper's Table 3 row beside (`PAPER_TABLE3`);
-* item 3, `epochs1`, `epochs3`, `epochs5`, `epochs10`, `epochs20` (label skew k = 2, 10 clients, all per round):
-  FedAvg AVG, GMA with tau tuned and GMA at tau 0.4; learning rates (and tau) tuned at E = 1 and taken by the other
-  E; at E = 20 the E = 1 choice and its client-lr neighbours are scored again on the validation split (`check` in the
-  record); 3 final seeds for E >= 10 (`FINAL_SEEDS_LONG_EPOCHS`, the issue's floor); `PAPER_TABLE9` beside;
+* item 2, `cfm10_feature`, `cfm10_mixed` (10 clients, all per round, on the subset below), `cfm100_feature`,
+  `cfm100_mixed` (100 clients, 10 a round; mixed = label skew k = 2): FedAvg, FedProx, FedAdam, FedYogi, AVG and
+  GMA; primary accuracy the OOD test clients', in-distribution beside it; the paper's Table 3 row beside
+  (`PAPER_TABLE3`);
+* item 3, `epochs1`, `epochs3`, `epochs5`, `epochs10`, `epochs20` (label skew k = 2, 10 clients, all per round, on
+  the subset below): FedAvg AVG, GMA with tau tuned and GMA at tau 0.4; learning rates (and tau) tuned at E = 1
+  and taken by the other E; at E = 20 the E = 1 choice and its client-lr neighbours are scored again on the
+  validation split (`check` in the record); 3 final seeds for E >= 10 (`FINAL_SEEDS_LONG_EPOCHS`, the issue's
+  floor); `PAPER_TABLE9` beside;
 * item 4, `horizon_label100`: FedAvg (the archived study's choices) and FedYogi (the re-run's), AVG and GMA, 300 rounds;
 * item 5, `batch64_label100`: FedAvg AVG and GMA at batch 64 at the batch-16 choices (batch 16 is the archived
   study's fmnist_label100 FedAvg rows: the same configs).
+The 10-client cells (`cfm10_*`, `epochs*`) train the issue's "stated stratified subset" (`TEN_CLIENT_SUBSET`,
+`--train_subset_fraction=0.1`): 6,000 of the 60,000 training examples, 600 of each class, drawn once from a fixed
+seed (`federated.SUBSET_SEED`, not the run's), the same examples for both arms, every seed and every E, before
+partitioning and colouring; 600 a client on average (exactly 600 under feature skew; 300-900 under label skew k = 2,
+a tenth of the full data's 3,000-9,000). The test split and the OOD test clients stay whole. The cells at 100 and
+500 clients train all 60,000.
 
 Measured rounds (2026-11-25 02:15-02:22 UTC, `python -m training.run` with each cell's flags, 2-5 rounds, every
 round evaluated; load average 1.8-4.7 on the 2 cores: a full test suite and other helpers ran beside; the first
@@ -61,6 +71,10 @@ cfm100_feature FedAvg-GMA 1.49 / 0.66 / 0.11; cfm100_mixed FedAdam-GMA 1.73 / 0.
 17.0 / 1.02 / 0.20; epochs1 12.3 / 0.37 / 0.27; epochs3 22.7 (2 rounds) / 0.35 / 0.11; rerun_label100 FedProx-GMA
 1.47 / 0.26 / 0.10, FedYogi-GMA 2.25 / 0.36 / 0.38; rerun_label500 FedAdam-GMA 0.77 / 0.27 / 0.20; batch64_label100
 FedAvg-GMA 1.24 / 0.26 / 0.11.
+With the subset (2026-11-26 16:07-16:15 UTC, the same flags, load average 1.9-2.5, then 3.7-5.8 from 16:11: other
+runs beside), train / evaluate a round: epochs1 1.89 / 0.39 and cfm10_feature FedAvg-GMA 1.77 / 1.03 (rounds 4-8
+of 8; the evaluation runs beside the next round, which waited 0.00 / 0.04 s for it); epochs3 2.33 (4 rounds, load
+2.4); epochs5 6.7 and epochs10 11.1-14.4 (3 rounds, load 3.7-5.8: not the rounds' own cost).
 
 Budget plan (machine-hours = run hours / 2: two shards side by side, as the archived study measured; per-run times
 from the archive's `seconds_this_run` where the cell's round matches one, scaled by the measured ratio otherwise; run
@@ -71,21 +85,20 @@ counts with no edge extension, each extension 2 more runs):
 | rerun_iid100 | 152 + 40 | ~95 (archive: 6.5 h / 248 runs) | 2.5 |
 | rerun_label500 | 152 + 40 | ~127 (archive: 8.3 h / 236 runs) | 3.4 |
 | cfm100_feature, cfm100_mixed | 156 + 40 each | ~115 (label100's round + OOD evaluation) | 3.1 each |
-| cfm10_feature, cfm10_mixed | 156 + 40 each | ~1,100 (60,000 examples a round) | ~30 each |
-| epochs1 .. epochs20 (all data) | 52 + 63 | ~750 x E | ~71 (E = 20: 44) |
+| cfm10_feature, cfm10_mixed (the subset) | 156 + 40 each | ~115 (a cfm100 cell's) | 3.1 each |
+| epochs1 .. epochs20 (the subset) | 52 + 63 | ~75 x E + 30 | 7.6 (E = 20: 4.5) |
 | horizon_label100 | 0 + 20 | ~330 | 0.9 |
 | batch64_label100 | 0 + 10 | ~90 | 0.1 |
-The list does not fit the issue's ~12 hours. At full data the 10-client cells cost days (60,000 examples a round):
-they need the issue's "stated stratified subset" (one fixed, class-stratified subset of the training pool for both
-arms and every E), which needs an ExperimentConfig field the runner does not have (see the report; not added here).
-With a tenth (6,000 examples, 600 a client) a cfm10 cell costs about a cfm100 cell (3.1 h) and Table 9's runs about
-75 x E + 30 s: machine-hours E = 1 (tuning and finals) 0.8, E = 3 0.5, E = 5 0.8, E = 10 1.0, E = 20 4.5 (its check
-and finals), 7.6 in all. (The 10-client rounds above are the measured ones scaled by 0.61, the archive's label100
-round over ours.)
+The list does not fit the issue's ~12 hours. At full data the 10-client cells would cost days (60,000 examples a
+round: ~1,100 s a cfm10 run, ~30 machine-hours a cfm10 cell; ~750 x E s a Table 9 run, ~71 machine-hours): hence the
+subset. With it a cfm10 cell costs about a cfm100 cell (3.1 h) and Table 9's runs about 75 x E + 30 s:
+machine-hours E = 1 (tuning and finals) 0.8, E = 3 0.5, E = 5 0.8, E = 10 1.0, E = 20 4.5 (its check and finals),
+7.6 in all. (The 10-client rounds are the measured ones scaled by 0.61, the archive's label100 round over ours;
+the subset's measured E = 1 and cfm10 rounds, 1.8-1.9 s of training at load ~2.4, agree: ~1.1 s scaled.)
 What fits in 12 machine-hours, in the issue's order with its cuts from the end: rerun_label100 and rerun_iid100
 (5.3 h), cfm100_mixed and cfm100_feature (6.2 h): 11.5 h; cut: rerun_label500 (3.4 h; the only cell at 500 clients,
 FedProx's and the adaptive rows there stay the archived, anti-proximal / TFF-optimizer ones), the cfm10 cells and
-Table 9 (until the subset field exists; then ~3.1 h per cfm10 cell and ~7.6 h for Table 9, E = 20 first to go),
+Table 9 (with the subset ~3.1 h per cfm10 cell and ~7.6 h for Table 9, E = 20 first to go),
 items 4 and 5 (1 h). Seeds: 5 finals everywhere (3 for E >= 10), 2 tuning partitions; cutting finals to 3 saves 8%
 of a cell, so cells are cut whole instead.
 
@@ -96,8 +109,9 @@ call without --shard collects):
     nohup .venv/bin/python -m training.studies.gma_fmnist_claims --settings=$S --shard=1/2 > claims1.log 2>&1 &
     .venv/bin/python -m training.studies.gma_fmnist_claims --settings=$S --stage=collect
 then, budget permitting, `--settings=rerun_label500,horizon_label100,batch64_label100` the same way, and the 10-client
-cells once the subset exists. Writes `results.md` and `results.json` under --output_dir (the report stage, figures
-and docs of issue 38's item 6 are still to build on them).
+cells (`--settings=cfm10_mixed,cfm10_feature,epochs1,epochs3,epochs5,epochs10,epochs20`, on the subset). Writes
+`results.md` and `results.json` under --output_dir (the report stage, figures and docs of issue 38's item 6 are still
+to build on them).
 """
 
 from __future__ import annotations
@@ -203,7 +217,12 @@ EPOCH_METHODS = (Method('fedavg', 'mean'), Method('fedavg', 'gma'), Method('feda
 _LENET = dict(dataset='fashion_mnist', model='lenet', local_epochs=1, batch_size=16, eval_every=gma_fmnist.EVAL_EVERY,
               eval_last_rounds=LAST_EVALS, participation_eval=False, clients_per_round=10)
 _LABEL = dict(_LENET, partition='label_skew', classes_per_client=2)
-_FULL10 = dict(num_clients=10, clients_per_round=10)
+# The 10-client cells train a tenth of the training split: 60,000 examples a round (~17 s a round, days a cell) do not
+# fit the budget. One class-stratified subset (6,000 examples, 600 of each class, drawn from a fixed seed:
+# `federated.SUBSET_SEED`) for both arms, every seed and every E, as the issue allows ("one stated stratified
+# subset"); the test split and the OOD test clients stay whole. The cells at 100 and 500 clients train all of it.
+TEN_CLIENT_SUBSET = 0.1
+_FULL10 = dict(num_clients=10, clients_per_round=10, train_subset_fraction=TEN_CLIENT_SUBSET)
 # The archived study's fmnist_label100 choices (docs/gma_fmnist_study.json) for the horizon and batch cells' FedAvg.
 _LABEL100_FEDAVG = {'fedavg/mean': Point(0.01, 1.0, STAGE1_TAU, None), 'fedavg/gma': Point(0.01, 1.5, 0.2, None)}
 
@@ -244,14 +263,16 @@ SETTINGS = _settings()
 
 
 def check_construction(partition: str, num_clients: int, seed: int = 0, epochs: int = 2, batch_size: int = 64,
-                       model: str = 'lenet', data_dir: Optional[str] = None) -> dict[str, Any]:
+                       model: str = 'lenet', data_dir: Optional[str] = None,
+                       train_subset_fraction: float = 1.0) -> dict[str, Any]:
   """Does a coloured Fashion-MNIST construction bite? Trains `model` centrally (plain Keras, Adam, `epochs` epochs)
   on the union of the training clients' coloured examples and returns its accuracy on the in-distribution test
   split and on the held-out OOD test clients, with the gap in points (in-distribution minus OOD). A construction
   bites when the gap is clearly positive: the model learnt the colour where the training clients' colour predicts
-  the label, and the OOD clients' colourings punish it."""
+  the label, and the OOD clients' colourings punish it. `train_subset_fraction`: the cell's training subset."""
   kwargs = {'classes_per_client': 2} if partition.startswith('mixed') else {}
-  data = loaders.load_federated_data('fashion_mnist', partition, num_clients, seed, data_dir, **kwargs)
+  data = loaders.load_federated_data('fashion_mnist', partition, num_clients, seed, data_dir,
+                                     train_subset_fraction=train_subset_fraction, **kwargs)
   if data.ood_test is None:
     raise ValueError(f'partition {partition!r} has no OOD test clients; expected a colour partition')
   x, y = data.train.pooled_arrays()
@@ -264,7 +285,8 @@ def check_construction(partition: str, num_clients: int, seed: int = 0, epochs: 
   in_distribution = float(net.evaluate(data.test_x, data.test_y, batch_size=1000, verbose=0)[1])
   ood = float(net.evaluate(data.ood_test_x, data.ood_test_y, batch_size=1000, verbose=0)[1])
   return {'partition': partition, 'num_clients': num_clients, 'seed': seed, 'epochs': epochs, 'model': model,
-          'in_distribution': in_distribution, 'ood': ood, 'gap_points': 100 * (in_distribution - ood)}
+          'train_examples': len(y), 'in_distribution': in_distribution, 'ood': ood,
+          'gap_points': 100 * (in_distribution - ood)}
 
 
 # The paper's Table 3 (001_*.txt; 000_*.txt's extraction agrees), FedCMNIST block, best test accuracy %: (mean, std)
@@ -538,8 +560,9 @@ def main(argv):
   if FLAGS.check_construction:
     for setting in [s for s in study.settings if SETTINGS[s].ood]:
       config = SETTINGS[setting].config
-      print(setting, json.dumps(check_construction(config['partition'], config['num_clients'],
-                                                   epochs=FLAGS.check_epochs)), flush=True)
+      print(setting, json.dumps(check_construction(
+          config['partition'], config['num_clients'], epochs=FLAGS.check_epochs,
+          train_subset_fraction=config.get('train_subset_fraction', 1.0))), flush=True)
     return
   if FLAGS.stage != 'collect':
     command_line.start_simulation()

@@ -167,7 +167,8 @@ def test_partition_kwargs_are_the_keywords_of_from_arrays():
   parameters = inspect.signature(federated.from_arrays).parameters
   keywords = {name for name, p in parameters.items()
               if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty}
-  assert set(federated.PARTITION_KWARGS) == keywords
+  # train_subset_fraction is no partition's keyword: it thins the pool before any partition.
+  assert set(federated.PARTITION_KWARGS) | {'train_subset_fraction'} == keywords
   for users in federated.PARTITION_KWARGS.values():
     assert users and set(users) <= set(federated.ARRAY_PARTITIONS)
   # Every partition with a hyperparameter has it listed.
@@ -219,3 +220,59 @@ def test_colour_partitions_need_grey_images(partition):
     with pytest.raises(ValueError, match='grey-scale'):
       federated.from_arrays('toy', x, Y_TRAIN, X_TEST, Y_TEST, num_classes=NUM_CLASSES, partition=partition,
                             num_clients=4, seed=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The training pool's stratified subset (train_subset_fraction).
+
+
+def test_stratified_subset_keeps_a_rounded_share_of_each_class_in_order():
+  labels = np.random.default_rng(0).permutation(np.repeat([0, 1, 2, 3], [10, 3, 1, 7]))
+  kept = federated.stratified_subset(labels, 0.3)
+  assert np.all(np.diff(kept) > 0)  # Ascending and distinct: the examples keep their original order.
+  # round(3.0), round(0.9), round(0.3) raised to one, round(2.1).
+  assert np.bincount(labels[kept], minlength=4).tolist() == [3, 1, 1, 2]
+  np.testing.assert_array_equal(kept, federated.stratified_subset(labels, 0.3))  # SUBSET_SEED: always the same.
+  assert not np.array_equal(kept, federated.stratified_subset(labels, 0.3, seed=federated.SUBSET_SEED + 1))
+  np.testing.assert_array_equal(federated.stratified_subset(labels, 1.0), np.arange(len(labels)))
+
+
+@pytest.mark.parametrize('partition', federated.ARRAY_PARTITIONS)
+def test_the_default_fraction_keeps_the_pool(partition):
+  default = _fingerprint(_from_arrays(partition, num_test_clients=2))
+  assert _same(default, _fingerprint(_from_arrays(partition, num_test_clients=2, train_subset_fraction=1.0)))
+  assert not _same(default, _fingerprint(_from_arrays(partition, num_test_clients=2, train_subset_fraction=0.5)))
+
+
+@pytest.mark.parametrize('partition', partition_lib.PARTITIONS)
+def test_a_subset_is_dealt_as_a_pool_of_its_own(partition):
+  fd = _from_arrays(partition, classes_per_client=3, alpha=0.7, beta=0.9, train_subset_fraction=0.5)
+  kept = federated.stratified_subset(Y_TRAIN, 0.5)
+  x_pool, y_pool = X_TRAIN[kept], Y_TRAIN[kept]
+  parts = partition_lib.split(y_pool, partition, 4, 3, classes_per_client=3, alpha=0.7, beta=0.9)
+  for cid, part in zip(fd.train.client_ids, parts):
+    x, y = fd.train.client_arrays(cid)
+    np.testing.assert_array_equal(x, x_pool[part])
+    np.testing.assert_array_equal(y, y_pool[part])
+  np.testing.assert_array_equal(fd.test_x, X_TEST)  # The test split is whole.
+  np.testing.assert_array_equal(fd.test_y, Y_TEST)
+
+
+@pytest.mark.parametrize('partition', federated.ARRAY_PARTITIONS)
+def test_a_subset_has_the_stated_class_counts_and_the_same_examples_for_every_seed(partition):
+  kept = federated.stratified_subset(Y_TRAIN, 0.5)
+  for seed in (3, 4):
+    fd = _from_arrays(partition, seed=seed, num_test_clients=2, train_subset_fraction=0.5)
+    x, y = fd.train.pooled_arrays()
+    assert np.bincount(y).tolist() == [15] * NUM_CLASSES  # Each class's 30 examples, halved.
+    grey = x.max(axis=-1, keepdims=True)  # The colour partitions paint the grey image; max recovers it.
+    np.testing.assert_allclose(_sorted_rows(grey), _sorted_rows(X_TRAIN[kept]), atol=1e-6)
+    assert len(fd.test_y) == len(Y_TEST) and (fd.ood_test is None or len(fd.ood_test_y) == len(Y_TEST))
+
+
+@pytest.mark.parametrize('value', [0, 0.0, -0.1, 1.5, float('nan'), True, '0.5'])
+def test_an_invalid_fraction_names_the_argument(value):
+  with pytest.raises(ValueError, match='train_subset_fraction'):
+    _from_arrays('iid', train_subset_fraction=value)
+  with pytest.raises(ValueError, match='train_subset_fraction'):
+    federated.stratified_subset(Y_TRAIN, value)

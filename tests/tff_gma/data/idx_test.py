@@ -16,8 +16,10 @@ import time
 import numpy as np
 import pytest
 
+from tff_gma.data import federated
 from tff_gma.data import idx
 from tff_gma.data import loaders
+from tff_gma.data import partition
 
 
 def _idx_bytes(array: np.ndarray, *, magic_type: int = 0x08) -> bytes:
@@ -113,6 +115,24 @@ def test_the_real_files():
   assert x_train.shape == (60_000, 28, 28, 1) and x_test.shape == (10_000, 28, 28, 1)
   assert np.bincount(y_train).tolist() == [6_000] * 10 and np.bincount(y_test).tolist() == [1_000] * 10
   assert x_train.min() == 0.0 and x_train.max() == 1.0
+
+
+def test_the_real_files_whole_and_a_tenth():
+  """The default keeps the whole pool (the reference partition of all 60,000 examples); a tenth is 600 of each
+  class's 6,000, the same examples for every seed, with the whole test split."""
+  if not idx.has_fashion_mnist(idx.DEBIAN_DIR):
+    pytest.skip(f'{idx.DEBIAN_DIR}: not installed here; {idx.INSTALL_HINT}')  # test_the_real_files fails on CI.
+  x_train, y_train, _, y_test = idx.fashion_mnist_arrays()
+  whole = loaders.load_federated_data('fashion_mnist', 'label_skew', 10, 0, classes_per_client=2)
+  for cid, part in zip(whole.train.client_ids, partition.label_skew(y_train, 10, 2, 0)):
+    np.testing.assert_array_equal(whole.train.client_arrays(cid)[0], x_train[part])
+  kept = federated.stratified_subset(y_train, 0.1)
+  for seed in (0, 1):
+    tenth = loaders.load_federated_data('fashion_mnist', 'label_skew', 10, seed, classes_per_client=2,
+                                        train_subset_fraction=0.1)
+    x, y = tenth.train.pooled_arrays()
+    assert np.bincount(y).tolist() == [600] * 10 and len(tenth.test_y) == len(y_test)
+    assert sorted(map(bytes, x)) == sorted(map(bytes, x_train[kept]))  # The same examples, however dealt.
 
 
 # ------------------------------------------------------------------------------------------ hostile files (issue 40)

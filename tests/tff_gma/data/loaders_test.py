@@ -8,6 +8,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.simulation.baselines.shakespeare import char_prediction_preprocessing
 
 from tff_gma.data import digits
+from tff_gma.data import federated
 from tff_gma.data import loaders
 from tff_gma.data import partition
 
@@ -179,6 +180,30 @@ def test_load_federated_data_digits_is_the_embedded_digits():
   np.testing.assert_array_equal(fd.ood_test_x, ref.ood_test_x)
 
 
+def _pooled_labels(fd):
+  return fd.train.pooled_arrays()[1]
+
+
+def test_every_array_pool_takes_the_subset(monkeypatch, tmp_path):
+  fd = loaders.load_federated_data('digits', 'iid', 4, seed=2, train_subset_fraction=0.25)
+  ref = digits.federated_data('iid', 4, 2, train_subset_fraction=0.25)
+  np.testing.assert_array_equal(fd.train.pooled_arrays()[0], ref.train.pooled_arrays()[0])
+  y = digits.load_split().y_train
+  assert np.sort(_pooled_labels(fd)).tolist() == np.sort(y[federated.stratified_subset(y, 0.25)]).tolist()
+  assert len(fd.test_y) == len(digits.load_split().y_test)
+  with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES):
+    fd = loaders.load_federated_data('mnist', 'iid', 2, seed=0, data_dir=str(tmp_path), train_subset_fraction=0.5)
+    _, y = _tfds_reference('mnist', 'train', str(tmp_path))
+  assert np.sort(_pooled_labels(fd)).tolist() == np.sort(y[federated.stratified_subset(y, 0.5)]).tolist()
+  assert len(fd.test_y) == MOCK_EXAMPLES
+  monkeypatch.setattr(tff.simulation.datasets.emnist, 'load_data',
+                      _FakeTffLoader(tff.simulation.datasets.emnist.get_synthetic))
+  whole = loaders.load_federated_data('emnist', 'iid', 2, seed=0)
+  fd = loaders.load_federated_data('emnist', 'iid', 2, seed=0, train_subset_fraction=0.5)
+  y = np.sort(_pooled_labels(whole))  # The pool's order does not change which examples a class keeps how many of.
+  assert np.bincount(_pooled_labels(fd)).tolist() == [max(1, round(0.5 * n)) if n else 0 for n in np.bincount(y)]
+
+
 def test_supported_partitions():
   assert loaders.supported_partitions('emnist') == (
       'iid', 'label_skew', 'dirichlet', 'quantity_skew', 'feature_skew', 'mixed_skew', 'feature_skew_shared',
@@ -197,6 +222,10 @@ def test_supported_partitions():
     (('cifar10', 'feature_skew'), {}, 'partition'),
     (('digits', 'iid'), dict(alpah=0.1), 'alpah'),
     (('digits', 'dirichlet'), dict(alpha=-1.0), 'alpha'),
+    (('digits', 'iid'), dict(train_subset_fraction=0.0), 'train_subset_fraction'),
+    (('mnist', 'iid'), dict(train_subset_fraction=1.5), 'train_subset_fraction'),
+    (('emnist', 'by_writer'), dict(train_subset_fraction=0.5), 'train_subset_fraction'),  # Writers, not a pool.
+    (('shakespeare', 'iid'), dict(train_subset_fraction=0.5), 'train_subset_fraction'),
 ])
 def test_inconsistent_arguments_fail_before_loading(monkeypatch, args, kwargs, argument):
   def no_loading(*unused_args, **unused_kwargs):
