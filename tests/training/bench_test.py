@@ -20,6 +20,7 @@ from tff_gma import aggregators
 from tff_gma import models
 from training import config as config_lib
 from training.bench import cli as bench
+from training.bench import runner_runs
 from training.bench import sections
 from training.bench import small_rounds
 from training.bench import timing
@@ -289,7 +290,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   assert list(result) == ['environment', 'round_time_ratio', 'aggregation_time_ratio', 'scaling', 'details',
                           'round_cpu_ratio', 'pipeline_throughput_ratio', 'iterator_loop_speedup',
                           'compile_seconds', 'client_execution_time_ratio', 'round_to_floor',
-                          'loop_before_speedup', 'round_parts', 'peer_ratios', 'targets']
+                          'loop_before_speedup', 'round_parts', 'peer_ratios', 'runner_ratios', 'targets']
   assert result['environment']['mode'] == 'smoke' and 'training.bench' in result['environment']['command']
 
   def positive_finite(x):
@@ -471,3 +472,19 @@ def test_issue_37_targets_are_checked_for_their_cases():
       ('project round (lenet 10x120) <= 1.15x plain TF', True),
       ('project round (lenet 10x600) <= 1.05x plain TF', False),
       ('project round (cnn 10x144) <= 1.50x its in-graph floor', True)]
+
+
+@pytest.mark.slow
+def test_runner_section_measures_the_runner_end_to_end():
+  section = runner_runs.bench_runner(sections.SMOKE)  # The digits' runner runs (two subprocesses).
+  ratios = section['runner_ratios']
+  assert set(ratios) == {'start_up_seconds', 'saving_share', 'saving_waited_share', 'study_to_floor',
+                         'study_training_to_floor'}
+  assert all(math.isfinite(r) and r >= 0 for r in ratios.values()) and ratios['start_up_seconds'] > 1
+  targets = runner_runs.check_targets({'runner_ratios': ratios})
+  assert [t['target'] for t in targets] == [
+      'process start to first round <= 8 s (defaults run)', 'saving <= 10% of training (defaults run; own time)',
+      'label500-shaped study run <= 1.3x its training floor']
+  assert [t['met'] for t in targets] == [ratios['start_up_seconds'] <= 8, ratios['saving_share'] <= 0.1,
+                                         ratios['study_to_floor'] <= 1.3]
+  assert '| study run / floor |' in '\n'.join(runner_runs.markdown({'details': {'runner': section}}))

@@ -50,9 +50,10 @@ def test_outputs_and_summary(tmp_path):
   assert summary['final_accuracy'] == saved['final_accuracy']
   parts = saved['seconds_by_part']
   assert parts['rounds'] == 3 and all(parts[k] > 0 for k in ('train', 'evaluate', 'release_and_checkpoint'))
-  # The evaluations ran beside the next rounds: what the rounds waited for them is part of the run's time.
-  assert 0 <= parts['evaluate_waited'] and parts['evaluate'] > 0
-  assert parts['train'] + parts['evaluate_waited'] + parts['release_and_checkpoint'] <= saved['seconds_this_run']
+  # Evaluations, rows and checkpoints ran beside the next rounds: what the rounds waited for them is part of the
+  # run's time, their own time may overlap training.
+  assert parts['waited'] >= 0
+  assert parts['train'] + parts['waited'] <= saved['seconds_this_run']
 
 
 def test_participation_eval_can_be_left_out_and_resumed_either_way(tmp_path):

@@ -40,6 +40,8 @@ beside it (bench.md):
   and local mode's device line. Without a GPU, local trains on this process's CPU.
 * breakdown, peers (`training.bench.small_rounds`): a small round's time per TFF invocation (`round_parts`), and the
   round against the same round as plain TF in this process and against its floor (`peer_ratios`).
+* runner (`training.bench.runner_runs`): `python -m training.run` end to end: start-up to the first round, saving
+  against training, a label500-shaped study run against its training floor (`runner_ratios`).
 
 Method: everything is compiled first (the first call of each computation, timed and reported as
 compile_seconds), then the candidates run in interleaved sweeps (order rotated each sweep) on the same inputs,
@@ -74,6 +76,7 @@ import tensorflow_federated as tff
 from tff_gma import models
 from training import command_line
 from training.bench import sections
+from training.bench import runner_runs
 from training.bench import small_rounds
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -106,6 +109,7 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                         'the loop before (sent datasets, iterator loop)', value=value,
                         met=value >= sections.LOOP_SPEEDUP_TARGET))
   targets += small_rounds.check_targets(result)
+  targets += runner_runs.check_targets(result)
   return targets
 
 
@@ -195,6 +199,7 @@ def to_markdown(result: dict[str, Any]) -> str:
                    f'{"; ".join(row["client_devices"]["worker"])} | {"; ".join(row["client_devices"]["local"])} |')
     lines.append('')
   lines += small_rounds.markdown(result)
+  lines += runner_runs.markdown(result)
   if result['targets']:
     lines += ['## Targets', '', 'Wall-time ratios decide; the CPU-time ratio (Python + worker) is shown beside them '
               'because it is less disturbed by other work on the machine.', '',
@@ -356,6 +361,10 @@ def run(settings: sections.Settings, mode: str, profile: Sequence[str] = (), com
     section = small_rounds.bench_peers(settings, [worker.pid])
     result['peer_ratios'] = section['peer_ratios']
     result['details']['peers'] = section
+  if 'runner' in settings.sections:
+    section = runner_runs.bench_runner(settings)
+    result['runner_ratios'] = section.get('runner_ratios')
+    result['details']['runner'] = section
   result['targets'] = check_targets(result)
   result['environment']['load_after'] = [round(x, 2) for x in os.getloadavg()]
   result['environment']['seconds'] = time.monotonic() - started

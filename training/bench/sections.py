@@ -52,7 +52,7 @@ BASELINE = 'mean'
 VARIANTS = ('gma+secure', 'gma_binary+secure', 'rfa+num_passes=1', 'rfa+num_passes=5')
 AGGREGATORS = tuple(registry.AGGREGATORS) + VARIANTS
 PIPELINE = ('stock_fedavg', 'stock_fedavg_iterator', 'project_pipeline')
-SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution', 'floor', 'breakdown', 'peers')
+SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution', 'floor', 'breakdown', 'peers', 'runner')
 GIB = 1024**3
 MEMORY_LIMIT_GIB = 24.0
 # Targets of issue 8 (ratios to `mean` in the same run).
@@ -104,6 +104,13 @@ class Settings:
   small_rounds_clients: int = 10
   breakdown_repetitions: int = 9
   peers_repetitions: int = 7
+  # runner (`training.bench.runner_runs`): `python -m training.run` at its defaults for `runner_default_rounds`,
+  # and shaped as the label500 study cell for `runner_study_rounds`, beside that many floor rounds; repetitions;
+  # smoke: the digits and a logistic model instead of Fashion-MNIST and LeNet.
+  runner_default_rounds: int = 30
+  runner_study_rounds: int = 150
+  runner_repetitions: int = 2
+  runner_smoke: bool = False
   seed: int = 0
 
 
@@ -120,6 +127,7 @@ QUICK = Settings(
     floor_repetitions=3,
     breakdown_repetitions=5,
     peers_repetitions=5,
+    runner_repetitions=1,
 )
 # For the tests: every section and key, on sizes that take seconds.
 SMOKE = Settings(
@@ -146,6 +154,10 @@ SMOKE = Settings(
     small_rounds_clients=2,
     breakdown_repetitions=1,
     peers_repetitions=1,
+    runner_default_rounds=2,
+    runner_study_rounds=3,
+    runner_repetitions=1,
+    runner_smoke=True,
 )
 MODES = {'full': Settings(), 'quick': QUICK, 'smoke': SMOKE}
 

@@ -341,11 +341,18 @@ def bench_breakdown(settings: sections.Settings, worker_pids: Sequence[int]) -> 
   `client_work_and_aggregation` send the model weights and bring back scalars; `dispatch` and `client_data` send
   the clients' sources. Worker CPU is read from /proc in clock ticks (10 ms here).
   """
-  out = collections.OrderedDict(round_parts={}, cases={})
-  for model, examples in settings.breakdown_cases:
-    case = _breakdown_case(settings, model, examples, worker_pids)
+  return _by_case(settings, settings.breakdown_cases, 'round_parts', 'parts',
+                  lambda model, examples: _breakdown_case(settings, model, examples, worker_pids))
+
+
+def _by_case(settings: sections.Settings, cases: Sequence[tuple[str, int]], key: str, part: str,
+             run_case: Callable[[str, int], dict[str, Any]]) -> dict[str, Any]:
+  """`{key: {case name: run_case(...)[part]}, 'cases': {case name: run_case(...)}}` over `cases`."""
+  out = collections.OrderedDict({key: {}, 'cases': {}})
+  for model, examples in cases:
+    case = run_case(model, examples)
     name = case_name(model, settings.small_rounds_clients, examples)
-    out['round_parts'][name] = case['parts']
+    out[key][name] = case[part]
     out['cases'][name] = case
   return out
 
@@ -390,13 +397,8 @@ def _peers_case(settings: sections.Settings, model: str, examples: int, worker_p
 def bench_peers(settings: sections.Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
   """Per (model, examples) of `settings.peers_cases`: the plain TF round, the project's and the floor, interleaved;
   `peer_ratios[case]`: the project's median round time over the plain TF round's and over the floor's (and CPU)."""
-  out = collections.OrderedDict(peer_ratios={}, cases={})
-  for model, examples in settings.peers_cases:
-    case = _peers_case(settings, model, examples, worker_pids)
-    name = case_name(model, settings.small_rounds_clients, examples)
-    out['peer_ratios'][name] = case['ratios']
-    out['cases'][name] = case
-  return out
+  return _by_case(settings, settings.peers_cases, 'peer_ratios', 'ratios',
+                  lambda model, examples: _peers_case(settings, model, examples, worker_pids))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -86,8 +86,8 @@ from training.engine import registry
 from training.engine import rfa_weights
 from training.engine import worker_datasets
 from training.runner import checkpoints
+from training.runner import background
 from training.runner import dir_lock
-from training.runner import evaluations as evaluations_lib
 from training.runner import progress
 from training.runner import round_loop
 
@@ -334,6 +334,18 @@ def prepare(config: config_lib.ExperimentConfig) -> None:
   checkpoints.check_resume_files(config.output_dir)  # checkpoints/ a directory, metrics.csv readable: one line.
 
 
+def _process_age() -> Optional[float]:
+  """Seconds since this process started (Linux's /proc; None where there is none)."""
+  try:
+    with open('/proc/self/stat') as f:
+      start_ticks = int(f.read().rpartition(')')[2].split()[19])  # Field 22, starttime, after the command name.
+    with open('/proc/uptime') as f:
+      uptime = float(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    return None
+  return uptime - start_ticks / os.sysconf('SC_CLK_TCK')
+
+
 def _run_async(coro):
   return asyncio.run(coro)
 
@@ -420,7 +432,7 @@ def evaluate(setup: Setup, state, participants: list[str]) -> dict[str, float]:
 def evaluate_weights(setup: Setup, weights: tff.learning.models.ModelWeights, participants: list[str]
                      ) -> dict[str, float]:
   """`evaluate` of the model `weights` (no TFF call: it may run beside the next round, `training.runner.
-  evaluations`)."""
+  background`)."""
   central = 'validation' if setup.validation is not None else 'test'
   out = {f'{central}/{k}': v for k, v in setup.evaluator(weights).items()}
   if setup.data.ood_test is not None:
@@ -703,77 +715,71 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
     if config.corruption != corruption_lib.NONE:
       done.row['corrupted_participants'] = float(sum(c in setup.corrupted for c in done.participants))
 
+  # Evaluations, rows and checkpoints beside the next round (`training.runner.background`), unless that work reads
+  # what the next round changes (the clients' own values) or the next round trains in this process too.
+  work = background.AfterRoundWork(
+      background=setup.method.client_state is None and setup.method.client_execution == client_execution_lib.WORKER)
   unreleased = []  # The rows of the rounds since the last checkpoint, written with the next one.
 
-  def release_rows() -> None:
-    for number, row in unreleased:
+  def write_rows(rows: list[tuple[int, dict[str, float]]]) -> None:
+    for number, row in rows:
       _run_async(csv_release.release(row, number))
       _run_async(tb_release.release(row, number))
-    unreleased.clear()
-
-  # Beside the next round (module `evaluations`), unless the evaluation reads what the next round changes (the
-  # clients' own values) or the next round trains in this process too.
-  evaluations = evaluations_lib.Evaluations(
-      background=setup.method.client_state is None and setup.method.client_execution == client_execution_lib.WORKER)
 
   def evaluate_round(done: round_loop.Round) -> None:
+    work.check()  # A failed evaluation or write of an earlier round stops the run here.
     if round_loop.evaluation_due(done.number, config.eval_every, config.rounds, config.eval_last_rounds):
-      weights, participants = setup.process.get_model_weights(done.state), done.participants
-      evaluations.submit(done.row, lambda: evaluate_weights(setup, weights, participants))
-
-  def saves(round_num: int) -> bool:
-    return round_num % config.checkpoint_every == 0 or round_num == config.rounds
-
-  def join_evaluations(done: round_loop.Round) -> None:
-    if saves(done.number):  # The rows written with the checkpoint hold their evaluations.
-      evaluations.wait()
+      weights, participants, row = setup.process.get_model_weights(done.state), done.participants, done.row
+      work.submit('evaluate', lambda: row.update(evaluate_weights(setup, weights, participants)))
 
   def release_and_save(done: round_loop.Round) -> None:
     unreleased.append((done.number, done.row))
-    if saves(done.number):
-      # The rows before the checkpoint: a crash in between re-runs their rounds on resume, and the CSV release of
-      # a round replaces its row (it drops rows with keys >= the released key).
-      release_rows()
-      # Before the server state: every saved state then has its clients' values (SCAFFOLD, personalized RFA).
-      setup.method.checkpoint_client_state(config.output_dir, done.number)
-      _run_async(state_manager.save(done.state, done.number))
+    if done.number % config.checkpoint_every == 0 or done.number == config.rounds:
+      rows, number, state = list(unreleased), done.number, done.state
+      unreleased.clear()
+
+      def save() -> None:
+        # The rows before the checkpoint: a crash in between re-runs their rounds on resume, and the CSV release
+        # of a round replaces its row (it drops rows with keys >= the released key). Then the clients' values
+        # before the server state: every saved state has its clients' values (SCAFFOLD, personalized RFA).
+        write_rows(rows)
+        setup.method.checkpoint_client_state(config.output_dir, number)
+        _run_async(state_manager.save(state, number))
+
+      work.submit('release_and_checkpoint', save)
     if bar is not None:
       bar.update(done.number, **({'acc': done.row[accuracy_key]} if accuracy_key in done.row else {}))
     if on_round is not None:
+      work.wait()  # As each round's work had run in turn (tests interrupt here, after a checkpoint).
       on_round(done.number, done.state)
 
   inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs, config.batch_size,
-                               config.seed)
+                                   config.seed)
   placement = _place_datasets(setup.method, inputs)
-  seconds = {'train': 0.0, 'release_and_checkpoint': 0.0}
-
-  def timed(part: str, callback: Callable[[round_loop.Round], None]) -> Callable[[round_loop.Round], None]:
-    def run_timed(done: round_loop.Round) -> None:
-      began = time.monotonic()
-      callback(done)
-      seconds[part] += time.monotonic() - began
-    return run_timed
+  train_seconds = [0.0]
 
   def count_training(done: round_loop.Round) -> None:
-    seconds['train'] += done.seconds
+    train_seconds[0] += done.seconds
 
   loop = round_loop.RoundLoop(setup.method, state, inputs, round_num=start_round, before_round=before_round,
-                              after_round=(count_training, check_round, evaluate_round, join_evaluations,
-                                           timed('release_and_checkpoint', release_and_save)))
+                              after_round=(count_training, check_round, evaluate_round, release_and_save))
   started = time.monotonic()
+  process_age = _process_age()  # From the process's start to the first round (a one-run process's start-up).
   stopped = None
   try:
-    state = loop.run(config.rounds)
-  except TrainingStopped as e:
-    stopped, state = e, loop.state
-    evaluations.wait()
-    release_rows()  # The rounds it ran are its result (a resume would re-run those after the checkpoint).
-  finally:
-    evaluations.close()
+    try:
+      state = loop.run(config.rounds)
+    except TrainingStopped as e:
+      stopped, state = e, loop.state
+      work.submit('release_and_checkpoint', lambda rows=list(unreleased): write_rows(rows))  # The rounds it ran.
+    work.wait()
+  finally:  # On an error too: the task in progress finishes (a checkpoint is whole or absent), the rest is dropped.
+    work.close()
     if placement is not None:
       placement.close()
-  # Evaluations: their own time (beside training where they ran in the background) and the time rounds waited.
-  seconds.update(evaluate=evaluations.seconds, evaluate_waited=evaluations.waited)
+  # The after-round work's own time (beside training where it ran in the background) and the rounds' wait for it.
+  seconds = {'train': train_seconds[0], 'evaluate': work.seconds['evaluate'],
+             'release_and_checkpoint': work.seconds['release_and_checkpoint'], 'waited': work.waited}
 
   rows = [r for r in _read_rows(csv_path) if r.get('round', 0) <= config.rounds]
   evaluated = [r for r in rows if accuracy_key in r]
@@ -783,9 +789,13 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
       'best_accuracy': float(np.max(accuracy)) if accuracy else None,
       'rounds_completed': int(max((r['round'] for r in rows), default=0)),
       'seconds_this_run': time.monotonic() - started,
+      # How long the process had run when this run's rounds began: `python -m training.run`'s start-up (imports,
+      # data, building the method, the worker). In a process that runs several runs (a study) it counts them all.
+      'process_seconds_before_rounds': None if process_age is None else round(process_age, 2),
       # Where this run's time went, in seconds summed over its rounds: the method's round (client training and
-      # aggregation), metrics releases with checkpoints, evaluations (`evaluate`: their own time, which overlaps
-      # training where they ran beside it; `evaluate_waited`: the rounds' wait for them), the rest: setup, summary.
+      # aggregation), evaluations, metrics releases with checkpoints (their own time, which overlaps training where
+      # they ran beside it: `training.runner.background`), `waited`: the rounds' wait for them; the rest: setup,
+      # the summary.
       'seconds_by_part': {**{k: round(v, 3) for k, v in seconds.items()}, 'rounds': loop.round_num - start_round},
       # Where this run's client training ran: TensorFlow devices of this process (local), or the TFF worker's CPU.
       'client_execution': setup.method.client_execution,

@@ -1,0 +1,69 @@
+"""A run's work after a round (evaluation, the metrics rows, the checkpoint), beside the next round's training.
+
+That work reads only what the round left: its NumPy state and weights, snapshots no later round changes. It runs in
+one thread, in the order it was submitted, while the next round trains in the TFF worker, so on two cores the two
+overlap instead of taking turns. The order is what the runner's crash safety rests on (a round's evaluation joins its
+row before the rows are written, the rows before the checkpoint that holds their rounds), and one thread keeps it.
+It stays in turn (`background=False`) where that work reads what the next round changes (the clients' own values:
+SCAFFOLD, personalized RFA) or where the next round trains in this process too (`--client_execution=local`).
+A failed task's error is raised in the round loop (`check`, `wait`), as if the work had run there.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class AfterRoundWork:
+  """Runs `submit`ted tasks in one thread, in order (with `background`; else at once). `seconds`: each part's own
+  wall time; `waited`: how long the round loop waited for the thread."""
+
+  def __init__(self, background: bool):
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, 'after_round') if background else None
+    self._pending: list[concurrent.futures.Future] = []
+    self.seconds: dict[str, float] = collections.defaultdict(float)
+    self.waited = 0.0
+    self._failed = False  # After a failed task none runs: a checkpoint never follows rows that lack their work.
+
+  def submit(self, part: str, task: Callable[[], Any]) -> None:
+    """Runs `task` after the tasks submitted before it; its time counts to `seconds[part]`."""
+    if self._pool is None:
+      self._timed(part, task)
+      return
+    self._pending.append(self._pool.submit(self._timed, part, task))
+
+  def _timed(self, part: str, task: Callable[[], Any]) -> None:
+    if self._failed:
+      return
+    began = time.monotonic()
+    try:
+      task()
+    except BaseException:
+      self._failed = True
+      raise
+    finally:
+      self.seconds[part] += time.monotonic() - began
+
+  def check(self) -> None:
+    """Raises the error of a task that has failed (without waiting for the others)."""
+    while self._pending and self._pending[0].done():
+      self._pending.pop(0).result()
+
+  def wait(self) -> None:
+    """Waits for every submitted task, raising the first error."""
+    began = time.monotonic()
+    try:
+      while self._pending:
+        self._pending.pop(0).result()
+    finally:
+      self.waited += time.monotonic() - began
+
+  def close(self) -> None:
+    """Finishes the task in progress (a checkpoint is never left half written by us), drops those not started."""
+    if self._pool is not None:
+      self._pool.shutdown(wait=True, cancel_futures=True)
+    self._pending.clear()
