@@ -565,7 +565,7 @@ def _client_sources(config: config_lib.ExperimentConfig, train) -> Optional[work
   return worker_datasets.ClientSources(train.element_type_structure, config.local_epochs, config.batch_size)
 
 
-def _place_datasets(method: methods.Method, inputs: round_loop.ClientInputs
+def place_datasets(method: methods.Method, inputs: round_loop.ClientInputs
                     ) -> Optional[worker_datasets.WorkerDatasets]:
   """The run's files for a method whose clients build their datasets from them (None for the others)."""
   if method.client_sources is None:
@@ -755,7 +755,7 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
 
   inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs, config.batch_size,
                                    config.seed)
-  placement = _place_datasets(setup.method, inputs)
+  placement = place_datasets(setup.method, inputs)
   train_seconds = [0.0]
 
   def count_training(done: round_loop.Round) -> None:

@@ -211,7 +211,7 @@ def main(argv):
     del round_num, participants
     captured['before'] = flat(process.get_model_weights(state).trainable)
     if trajectory == 'honest':
-      captured['results'] = client_results(process.get_model_weights(state), datasets)
+      captured['results'] = client_results(process.get_model_weights(state), list(datasets))
     return {}
 
   def measure_round(done: round_loop.Round) -> None:
@@ -242,8 +242,13 @@ def main(argv):
   state = round_loop.seeded_initial_state(process, setup.build_keras, config.seed)
   inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs,
                                    config.batch_size, config.seed)
-  round_loop.RoundLoop(setup.method, state, inputs, before_round=before_round,
-                       after_round=(measure_round,)).run(config.rounds)
+  placement = experiment.place_datasets(setup.method, inputs)  # Where the clients build them (the honest run).
+  try:
+    round_loop.RoundLoop(setup.method, state, inputs, before_round=before_round,
+                         after_round=(measure_round,)).run(config.rounds)
+  finally:
+    if placement is not None:
+      placement.close()
   seconds = time.monotonic() - started
   output = _OUTPUT.value
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
