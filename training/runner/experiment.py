@@ -85,8 +85,8 @@ from training.engine import methods
 from training.engine import registry
 from training.engine import rfa_weights
 from training.engine import worker_datasets
-from training.runner import checkpoints
 from training.runner import background
+from training.runner import checkpoints
 from training.runner import dir_lock
 from training.runner import progress
 from training.runner import round_loop
@@ -423,16 +423,11 @@ def _pooled(data, client_ids):
   return np.concatenate(xs), np.concatenate(ys)
 
 
-def evaluate(setup: Setup, state, participants: list[str]) -> dict[str, float]:
-  """Central test split (the validation split instead, in a validation run); OOD clients where the partition has
-  them; this round's participants vs the rest."""
-  return evaluate_weights(setup, setup.process.get_model_weights(state), participants)
-
-
 def evaluate_weights(setup: Setup, weights: tff.learning.models.ModelWeights, participants: list[str]
                      ) -> dict[str, float]:
-  """`evaluate` of the model `weights` (no TFF call: it may run beside the next round, `training.runner.
-  background`)."""
+  """The model `weights` on the central test split (the validation split instead, in a validation run), on the OOD
+  clients where the partition has them, and on this round's participants vs the rest. No TFF call: it may run
+  beside the next round (`training.runner.background`)."""
   central = 'validation' if setup.validation is not None else 'test'
   out = {f'{central}/{k}': v for k, v in setup.evaluator(weights).items()}
   if setup.data.ood_test is not None:
@@ -440,7 +435,8 @@ def evaluate_weights(setup: Setup, weights: tff.learning.models.ModelWeights, pa
     out.update({f'ood_test/{k}': v for k, v in ood.items()})
   out.update(setup.method.evaluate_clients(setup.evaluator, weights))
   others = [c for c in setup.data.train.client_ids if c not in set(participants)]
-  if others and setup.participation_eval:  # GMA paper Table 4: the global model on participating vs non-participating clients' data.
+  # GMA paper Table 4: the global model on participating vs non-participating clients' data.
+  if others and setup.participation_eval:
     for name, ids in (('participating', participants), ('non_participating', others)):
       metrics = setup.evaluator.evaluate_arrays(weights, *_pooled(setup.data, ids))
       out.update({f'{name}/{k}': v for k, v in metrics.items()})
@@ -566,7 +562,7 @@ def _client_sources(config: config_lib.ExperimentConfig, train) -> Optional[work
 
 
 def place_datasets(method: methods.Method, inputs: round_loop.ClientInputs
-                    ) -> Optional[worker_datasets.WorkerDatasets]:
+                   ) -> Optional[worker_datasets.WorkerDatasets]:
   """The run's files for a method whose clients build their datasets from them (None for the others)."""
   if method.client_sources is None:
     return None
