@@ -106,7 +106,9 @@ echo "setup.sh: installing pinned dependencies (first run: a few minutes)" >&2
 run "${pip[@]}" install -r requirements.txt 2>&1 | quiet
 # TFF pins jax/jaxlib 0.4.14, which the registry lacks; its other dependencies are in requirements.txt.
 run "${pip[@]}" install --no-deps tensorflow-federated==0.87.0 2>&1 | quiet
-run "${pip[@]}" install --no-deps --no-build-isolation -e . 2>&1 | quiet
+# pyproject.toml (tool settings only) makes pip build through PEP 517, whose editable install would map tff_gma alone;
+# editable_mode=compat keeps what `setup.py develop` installed: the checkout's root on sys.path (a .pth file).
+run "${pip[@]}" install --no-deps --no-build-isolation --config-settings editable_mode=compat -e . 2>&1 | quiet
 if [[ $gpu == 1 ]]; then
   echo "setup.sh: installing TensorFlow 2.14.1's CUDA 11.8 libraries (--gpu: about 3 GB)" >&2
   run "${pip[@]}" install --no-deps "${gpu_packages[@]}" 2>&1 | quiet

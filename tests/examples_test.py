@@ -80,7 +80,7 @@ def test_readme_example_is_the_example_scripts_code():
   for piece in found:
     end = find_piece(piece, lines, position)
     assert end >= 0, ('this part of the README example is not, verbatim and in order, in '
-                      f'examples/federated_digits.py:\n' + '\n'.join(piece))
+                      'examples/federated_digits.py:\n' + '\n'.join(piece))
     position = end
 
 

@@ -135,7 +135,7 @@ def test_setup_gpu_installs_tensorflows_and_cuda_pins_into_the_venv(tmp_path):
   assert pins == {d for d in declared if not d.startswith('tensorrt')} and len(pins) == 10
   assert not (tmp_path / 'venv' / '.tff_gma_setup_stamp').exists()  # A dry run writes no stamp.
   plain, output = _setup(tmp_path, '--force')
-  assert plain.returncode == 0 and _would_run(output) and not any('nvidia-' in l for l in _would_run(output))
+  assert plain.returncode == 0 and _would_run(output) and not any('nvidia-' in line for line in _would_run(output))
 
 
 def test_setup_stamp_records_the_gpu_install(tmp_path):
@@ -146,7 +146,7 @@ def test_setup_stamp_records_the_gpu_install(tmp_path):
     assert process.returncode == 0 and not _would_run(output), (stamp, args, output)
   # A plain install asked for --gpu: installs (the GPU libraries included).
   process, output = _setup(tmp_path, '--gpu', stamp=files)
-  assert process.returncode == 0 and any('nvidia-cudnn-cu11==8.7.0.84' in l for l in _would_run(output))
+  assert process.returncode == 0 and any('nvidia-cudnn-cu11==8.7.0.84' in line for line in _would_run(output))
   # Changed files: reinstall.
   process, output = _setup(tmp_path, stamp='0' * 64 + ' gpu')
   assert process.returncode == 0 and _would_run(output)
@@ -305,7 +305,8 @@ def test_the_readme_route_installs_the_library_into_a_fresh_venv(tmp_path):
   reuses ~/.cache/pip). The new venv is removed at the end."""
   checkout = tmp_path / 'checkout'
   checkout.mkdir()
-  for name in ('setup.py', 'README.md', 'requirements.txt'):
+  # pyproject.toml too: its presence alone makes pip build through PEP 517 (the route a user's checkout takes).
+  for name in ('setup.py', 'pyproject.toml', 'README.md', 'requirements.txt'):
     shutil.copy(os.path.join(tests.ROOT, name), checkout / name)
   shutil.copytree(os.path.join(tests.ROOT, 'tff_gma'), checkout / 'tff_gma',
                   ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))

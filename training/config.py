@@ -147,7 +147,8 @@ class ExperimentConfig:
       'copy in --data_dir, which TFDS downloads there when it is missing: the only fashion_mnist source that may use '
       'the network).', 'idx')
   partition: str = _help('How training examples are dealt to clients.', 'iid')
-  classes_per_client: int = _help('label_skew/mixed_skew: classes per client.', partition_lib.DEFAULT_CLASSES_PER_CLIENT)
+  classes_per_client: int = _help('label_skew/mixed_skew: classes per client.',
+                                  partition_lib.DEFAULT_CLASSES_PER_CLIENT)
   alpha: float = _help('dirichlet: label concentration (smaller = more skew).', partition_lib.DEFAULT_ALPHA)
   beta: float = _help('quantity_skew: size concentration (paper: 0.5).', partition_lib.DEFAULT_BETA)
   train_subset_fraction: float = _help(

@@ -10,10 +10,10 @@ says which). Besides accuracy the table shows what else the library is for:
 
 * `audit`: the static audit of the method's round (`tff_gma.audit`: PASS when client data reaches the server only
   through means and secure sums; the client metrics go through secure sums here, `secure_sum_then_finalize`);
-* `omniscient`: the test accuracy after `OMNISCIENT_ROUNDS` rounds from the same start with 25% of the clients
-  corrupted by the omniscient attack (`training.engine.corruption`: a simulated attacker that knows every honest update of
-  the round and sends updates that turn the weighted mean into minus the honest mean), for the methods whose client
-  work the attack can corrupt.
+* `omniscient`: the test accuracy after `OMNISCIENT_ROUNDS` rounds from the same start with 25% of the clients corrupted
+  by the omniscient attack (`training.engine.corruption`: a simulated attacker that knows every honest update of the
+  round and sends updates that turn the weighted mean into minus the honest mean), for the methods whose client work the
+  attack can corrupt.
 
 Prints a progress bar per run, then the comparison table, and writes per-round metrics (CSV), a summary (JSON)
 and the table (Markdown) into a fresh timestamped folder under --output_dir.
@@ -135,7 +135,10 @@ def can_be_attacked(name: str) -> bool:
 def run_one(name: str, train_data, evaluator, build_keras, model_fn, num_rounds: int, seed: int,
             mode: str = client_execution.WORKER, hyperparameters: Optional[Hyperparameters] = None,
             attacked: Sequence[str] = ()):
-  """`num_rounds` rounds of method `name`; with `attacked` clients, under the omniscient attack. Returns (rows, method)."""
+  """`num_rounds` rounds of method `name`; with `attacked` clients, under the omniscient attack.
+
+  Returns (rows, method).
+  """
   hyperparameters = hyperparameters or Hyperparameters(_CONFIG, config_lib.AggregatorParams(), 'defaults')
   update_corruption = None if not attacked else corruption.UpdateCorruption(
       'omniscient', tuple(attacked), tuple(train_data.client_ids), seed)

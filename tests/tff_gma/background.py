@@ -34,7 +34,7 @@ class Job:
 
   def marked(self, marker: str) -> str:
     """The rest of the child's first stdout line that starts with `marker`."""
-    return next(l for l in self.stdout.splitlines() if l.startswith(marker + ' '))[len(marker) + 1:]
+    return next(line for line in self.stdout.splitlines() if line.startswith(marker + ' '))[len(marker) + 1:]
 
   def cleanup(self, pids=()) -> list[int]:
     """Kills what is left: the job's process group (the shell, the child, a worker TFF started in it) and `pids`.
@@ -58,7 +58,7 @@ class Job:
 def ignored_signals(pid: int) -> set[int]:
   """The signals `pid` ignores (SigIgn in /proc/PID/status)."""
   with open(f'/proc/{pid}/status') as f:
-    mask = int(next(l for l in f if l.startswith('SigIgn:')).split()[1], 16)
+    mask = int(next(line for line in f if line.startswith('SigIgn:')).split()[1], 16)
   return {n for n in range(1, 65) if mask & (1 << (n - 1))}
 
 

@@ -163,7 +163,7 @@ def test_fallback_warns_once_or_refuses_where_namespaces_are_unavailable(tmp_pat
   if 'NO_USERNS' in proc.stdout:
     pytest.skip('cannot make a user namespace without namespaces for the test')
   assert 'REFUSED' in proc.stdout and 'TFF_GMA_WORKER_CONFINEMENT=require' in proc.stdout
-  (default,) = [l for l in proc.stdout.splitlines() if l.startswith('DEFAULT')]
+  (default,) = [line for line in proc.stdout.splitlines() if line.startswith('DEFAULT')]
   assert 'the default; TFF_GMA_WORKER_CONFINEMENT is unset' in default
   assert 'opt in to the exposed worker with TFF_GMA_WORKER_CONFINEMENT=off' in default
   assert 'FALLBACK 127.0.0.1:' in proc.stdout
@@ -209,7 +209,7 @@ def test_default_log_is_private_and_stale_logs_are_removed(tmp_path):
   proc = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env,
                         stdin=subprocess.DEVNULL, timeout=300)
   assert proc.returncode == 0, proc.stderr
-  _, log, mode, size = next(l for l in proc.stdout.splitlines() if l.startswith('LOG')).split()
+  _, log, mode, size = next(line for line in proc.stdout.splitlines() if line.startswith('LOG')).split()
   assert not victim.exists(), 'the worker log followed a planted symbolic link'
   assert mode == '0o700' and int(size) > 0
   assert os.path.dirname(log) != str(tmp)

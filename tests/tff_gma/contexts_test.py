@@ -12,8 +12,8 @@
 * The multi-worker context refuses a multi-stage computation where it is invoked, in one line.
 * A script that installs the library's context exits clean: no traceback from TFF's `__del__`, no worker left.
 
-Tests that run a child Python are in the slow tier. Children run in their own process group, so that whatever they start (TFF's own worker included) is killed if a
-test fails before it checks.
+Tests that run a child Python are in the slow tier. Children run in their own process group, so that whatever they
+start (TFF's own worker included) is killed if a test fails before it checks.
 """
 
 import asyncio
@@ -119,7 +119,7 @@ def _assert_clean_exit(returncode, out, err):
 
 
 def _marked(out: str, marker: str) -> str:
-  return next(l for l in out.splitlines() if l.startswith(marker + ' '))[len(marker) + 1:]
+  return next(line for line in out.splitlines() if line.startswith(marker + ' '))[len(marker) + 1:]
 
 
 # ----------------------------------------------------------------------------------------------------------------

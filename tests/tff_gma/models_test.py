@@ -95,10 +95,10 @@ def test_resnet18_is_the_11m_parameter_resnet_with_group_norm_and_wraps():
   keras_model = models.keras_builder('resnet18_gn', (32, 32, 3), 10)()  # Built once: ResNets build slowly.
   assert keras_model.count_params() == _resnet18_params(3, 10)
   assert 11.0e6 < keras_model.count_params() < 11.3e6  # ResNet-18 for CIFAR: 11.17M.
-  norms = [l for l in keras_model.layers if isinstance(l, tf.keras.layers.GroupNormalization)]
-  assert len(norms) == 1 + 8 * 2 + 3 and all(l.groups == 2 for l in norms)
-  assert not any(isinstance(l, tf.keras.layers.BatchNormalization) for l in keras_model.layers)
-  assert len([l for l in keras_model.layers if isinstance(l, tf.keras.layers.Conv2D)]) == 1 + 16 + 3
+  norms = [layer for layer in keras_model.layers if isinstance(layer, tf.keras.layers.GroupNormalization)]
+  assert len(norms) == 1 + 8 * 2 + 3 and all(layer.groups == 2 for layer in norms)
+  assert not any(isinstance(layer, tf.keras.layers.BatchNormalization) for layer in keras_model.layers)
+  assert len([layer for layer in keras_model.layers if isinstance(layer, tf.keras.layers.Conv2D)]) == 1 + 16 + 3
   model = models.model_fn(lambda: keras_model, _image_spec((32, 32, 3)))()
   batch = collections.OrderedDict(
       x=np.random.default_rng(0).random([2, 32, 32, 3]).astype(np.float32), y=np.array([3, 7], np.int32))

@@ -32,13 +32,13 @@ _TCP = textwrap.dedent('''\
        3: 0200000A:D432 0200000A:1F40 06 00000000:00000000 03:00001770 00000000     0        0 0 3 0000000000000000
        4: 0100007F:D433 0100007F:1F40 01 00000000:00000000 00:00000000 00000000  1000        0 1004 1 0000000000000000 20 4 30 10 -1
        5: garbage
-''')
+''')  # noqa: E501 (the kernel's lines, verbatim)
 # ::1 is 00000000000000000000000001000000; ::ffff:127.0.0.1 is 0000000000000000FFFF00000100007F.
 _TCP6 = textwrap.dedent('''\
       sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
        0: 00000000000000000000000001000000:D434 00000000000000000000000001000000:1F40 01 00000000:00000000 00:00000000 00000000  1000        0 2001 1 0000000000000000 20 4 30 10 -1
        1: 0000000000000000FFFF00000100007F:D435 0000000000000000FFFF00000100007F:1F40 01 00000000:00000000 00:00000000 00000000 65534        0 2002 1 0000000000000000 20 4 30 10 -1
-''')
+''')  # noqa: E501 (the kernel's lines, verbatim)
 _FIB_TRIE = textwrap.dedent('''\
     Main:
       +-- 0.0.0.0/0 3 0 5
@@ -312,9 +312,9 @@ def test_forwarder_admits_only_the_owner_on_tcp(tmp_path, unprivileged):
   finally:
     _stop_forwarder(helper, worker_pid)
   assert record.read_text().count('connection') == len(addresses)  # The owner's only.
-  refusals = [l for l in log.read_text().splitlines() if 'refused a connection' in l]
+  refusals = [line for line in log.read_text().splitlines() if 'refused a connection' in line]
   assert len(refusals) == len(addresses), log.read_text()
-  assert all(f'a local socket of uid {NOBODY}' in l and f'(uid {owner})' in l for l in refusals), refusals
+  assert all(f'a local socket of uid {NOBODY}' in line and f'(uid {owner})' in line for line in refusals), refusals
 
 
 @pytest.mark.parametrize('unprivileged', [False, True], ids=['as_is', 'unprivileged'])

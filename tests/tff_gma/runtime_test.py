@@ -67,7 +67,7 @@ def test_worker_stops_when_python_ends(mode, expected_rc, tmp_path):
   # Times out (and fails) if the worker kept the pipes open after Python ended.
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == expected_rc, err
-  _, pid, log = next(l for l in out.splitlines() if l.startswith('WORKER')).split()
+  _, pid, log = next(line for line in out.splitlines() if line.startswith('WORKER')).split()
   assert processes.wait_gone(int(pid)), f'worker {pid} outlived its Python process ({mode})'
   assert not os.path.exists(log), 'the default per-process worker log was left behind'
 

@@ -247,7 +247,7 @@ def test_loopback_worker_runs_nothing_for_another_user(tmp_path):
   # The start-up message says exactly that.
   assert 'Who can connect: only processes of ' in banner and f'(uid {os.geteuid()}) on this host' in banner
   assert 'any local process' not in banner.lower()
-  refusals = [l for l in log.read_text().splitlines() if 'refused a connection from 127.0.0.1' in l]
+  refusals = [line for line in log.read_text().splitlines() if 'refused a connection from 127.0.0.1' in line]
   # (TFF retries the call: each retry is refused. The last may find nobody's socket already closed: also refused.)
   assert refusals and f'a local socket of uid {NOBODY}' in refusals[0], log.read_text()[-2000:]
 

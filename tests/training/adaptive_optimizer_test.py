@@ -175,7 +175,7 @@ def test_the_runner_refuses_an_old_fedprox_directory_in_one_line(tmp_path):
       cwd=tests.ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   assert process.returncode != 0
-  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  lines = [line for line in process.stderr.splitlines() if line.strip() and 'TensorRT' not in line]
   assert len(lines) == 1 and lines[0].startswith(f'invalid flags: {out} cannot resume: '), process.stderr[-3000:]
   assert sorted(os.listdir(out)) == written  # Nothing written.
 

@@ -99,11 +99,11 @@ def test_local_rounds_give_the_worker_rounds_model_and_metrics(digits_setup, alg
   assert tf.nest.map_structure(lambda _: 0, worker_state.client_work) == tf.nest.map_structure(
       lambda _: 0, local_state.client_work)
   # The same metrics, key for key (client metrics aggregated by the same sum_then_finalize).
-  for w, l in zip(worker_metrics, local_metrics):
-    w, l = round_loop.flatten_metrics(w), round_loop.flatten_metrics(l)
-    assert set(w) == set(l)
-    for key in w:
-      np.testing.assert_allclose(l[key], w[key], rtol=1e-4, atol=1e-5, err_msg=key)
+  for on_worker, on_local in zip(worker_metrics, local_metrics):
+    on_worker, on_local = round_loop.flatten_metrics(on_worker), round_loop.flatten_metrics(on_local)
+    assert set(on_worker) == set(on_local)
+    for key in on_worker:
+      np.testing.assert_allclose(on_local[key], on_worker[key], rtol=1e-4, atol=1e-5, err_msg=key)
   assert local_metrics[-1]['client_work']['train']['num_examples'] == sum(
       data.train.num_examples(c) for c in data.train.client_ids)
   cpu = built['local'].client_devices()

@@ -1,4 +1,5 @@
-"""training.engine.client_state: the clients' kept values, by client id, checkpointed per round beside the server state."""
+"""training.engine.client_state: the clients' kept values, by client id, checkpointed per round beside the server
+state."""
 
 import numpy as np
 import pytest

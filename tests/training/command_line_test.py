@@ -61,7 +61,8 @@ def test_wrapper_says_the_runs_refusals_in_one_line_and_lets_bugs_through(capsys
      'invalid flags: output_dir {file} is a file, not a directory'),
     ('training.demo', ['--aggregators=nonsense'], '--aggregators: unknown method'),
     ('training.studies.gma', ['--settings=label10', '--rounds=1', '--client_lrs=0.05', '--taus=', '--seeds=0',
-                              '--methods=fedavg/mean', '--output_dir={file}'], 'invalid study settings: output_dir {file}/runs/'),
+                              '--methods=fedavg/mean', '--output_dir={file}'],
+     'invalid study settings: output_dir {file}/runs/'),
     ('training.studies.gma', ['--settings=nonsense'], 'invalid study settings: settings: unknown setting'),
     # A value absl cannot parse, an unknown flag: one line, not absl's 'FATAL Flags parsing error' and its hint.
     ('training.run', ['--rounds=abc'],
@@ -81,7 +82,7 @@ def test_commands_end_in_one_line(tmp_path, module, flags, message):
                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
                            env=dict(_ENV, HOME=str(tmp_path)))
   assert process.returncode == 1, process.stderr[-3000:]
-  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  lines = [line for line in process.stderr.splitlines() if line.strip() and 'TensorRT' not in line]
   assert len(lines) == 1 and lines[0].startswith(message.format(file=afile)), process.stderr[-3000:]
 
 
@@ -122,7 +123,7 @@ def test_a_refused_worker_setting_is_one_line_for_every_command(tmp_path, module
                            cwd=tests.ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
                            env=dict(_ENV, HOME=str(tmp_path), **env))
   assert process.returncode == 1, process.stderr[-3000:]
-  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  lines = [line for line in process.stderr.splitlines() if line.strip() and 'TensorRT' not in line]
   assert len(lines) == 1 and lines[0].startswith(message), process.stderr[-3000:]
   assert not out.exists()
   if setting == 'link':

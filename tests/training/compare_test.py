@@ -54,8 +54,8 @@ def _write_run(path, *, curve, seed=0, summary_config=True, **settings):
 
 def _rows(text):
   """The Markdown table's rows as dicts by column (the header first)."""
-  lines = [l for l in text.splitlines() if l.startswith('|')]
-  cells = [[c.strip() for c in l.strip('|').split('|')] for l in lines]
+  lines = [line for line in text.splitlines() if line.startswith('|')]
+  cells = [[c.strip() for c in line.strip('|').split('|')] for line in lines]
   header = cells[0]
   assert set(lines[1]) <= {'|', '-'}
   return [dict(zip(header, row)) for row in cells[2:]]
@@ -194,7 +194,8 @@ def compare_main(paths, plot=None):
     (lambda root: _replace_csv(root, _sparse(safe_files.MAX_CSV_BYTES + 1)),
      f'error: {{path}}/metrics.csv is damaged ({safe_files.MAX_CSV_BYTES + 1} bytes, more than the '
      f'{safe_files.MAX_CSV_BYTES} such a file may hold)'),
-    (lambda root: _replace_summary(root, os.mkfifo), 'error: {path}/summary.json is damaged (a FIFO, not a regular file)'),
+    (lambda root: _replace_summary(root, os.mkfifo),
+     'error: {path}/summary.json is damaged (a FIFO, not a regular file)'),
 ], ids=['missing', 'file', 'not_a_run', 'unfinished', 'damaged', 'string_accuracy', 'list_accuracy', 'nan_accuracy',
         'inf_accuracy', 'accuracy_above_1', 'deep_json', 'json_list', 'string_seed', 'list_setting', 'bool_seed',
         'extra_csv_field', 'non_utf8_csv', 'nan_in_csv', 'round_abc', 'fifo_csv', 'dev_zero_csv', 'huge_csv',
@@ -288,12 +289,13 @@ def test_no_directory_and_an_unwritable_plot_are_one_line(runs, capsys):
   with pytest.raises(SystemExit) as exited:
     compare_main([str(root / 'mean')], plot=str(root / 'afile' / 'x.png'))
   err = capsys.readouterr().err
-  assert exited.value.code == 1 and err == f'error: --plot {root}/afile/x.png: {root}/afile is a file, not a directory\n'
+  assert exited.value.code == 1 and err == (
+      f'error: --plot {root}/afile/x.png: {root}/afile is a file, not a directory\n')
 
 
 def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
   process = subprocess.run([sys.executable, '-m', 'training.compare', str(tmp_path / 'nowhere')], cwd=tests.ROOT,
                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, env=_ENV)
   assert process.returncode == 1
-  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  lines = [line for line in process.stderr.splitlines() if line.strip() and 'TensorRT' not in line]
   assert lines == [f'error: {tmp_path}/nowhere: no such directory'], process.stderr[-3000:]

@@ -27,7 +27,7 @@ _TF_LOG_LINE = re.compile(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] \S+\] '
 
 def _lines(stderr: str) -> list[str]:
   """stderr's lines, TensorFlow's start-up chatter aside."""
-  return [l for l in stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  return [line for line in stderr.splitlines() if line.strip() and 'TensorRT' not in line]
 
 
 def _python(module: str, *flags: str) -> str:
@@ -65,7 +65,7 @@ def test_a_read_only_output_dir_is_one_line_before_any_work(tmp_path, module):
   process = mounts.run_on_tmpfs(mnt, _python(module, *flags), read_only=True, env=_ENV, cwd=tests.ROOT)
   assert process.returncode == _EXIT.get(module, 1), process.stderr[-3000:]
   assert 'Traceback' not in process.stderr + process.stdout, process.stderr[-3000:]
-  lines = [l for l in _lines(process.stderr) if not _TF_LOG_LINE.match(l)]
+  lines = [line for line in _lines(process.stderr) if not _TF_LOG_LINE.match(line)]
   assert len(lines) == 1, process.stderr[-3000:]
   assert lines[0].startswith(_NAMED[module].format(out=out, mnt=mnt)), lines[0]
   assert 'read-only file system' in lines[0], lines[0]
@@ -94,7 +94,7 @@ def test_a_disk_that_fills_under_a_run_says_how_to_resume_and_the_same_command_r
   first = first_err.read_text()
   assert 'first exit 1' in process.stdout, (process.stdout[-2000:], first[-3000:])
   assert 'Traceback' not in first, first[-3000:]
-  (line,) = [l for l in _lines(first) if not l.startswith('fedavg/mean ')]  # The progress bar's rounds aside.
+  (line,) = [s for s in _lines(first) if not s.startswith('fedavg/mean ')]  # The progress bar's rounds aside.
   assert line.startswith('error: No space left on device: '), line
   assert f'{out}' in line
   resume = 'fix it, then resume with: python -m training.run ' + ' '.join(shlex.quote(f) for f in flags)

@@ -115,7 +115,8 @@ def test_tuning_scores_points_by_the_mean_over_partitions_then_applies_the_edge_
   assert runs == finals and blocked == 0
   for run in finals:
     config = study.config(run)
-    assert config.validation_fraction == 0 and (config.eval_every, config.eval_last_rounds) == (5, 10) and config.tau == 0.6
+    assert (config.validation_fraction == 0 and (config.eval_every, config.eval_last_rounds) == (5, 10)
+            and config.tau == 0.6)
 
 
 def test_avg_gets_no_tau_stage_and_adaptive_servers_their_own_grid(tmp_path):
@@ -186,7 +187,8 @@ def test_collect_reads_finished_runs_back_into_the_side_by_side_report(tmp_path)
   report = gma_fmnist.write_results(study, records)
   assert '78.02 -> 78.82 (+0.80)' in report and 'GMA ahead' in report
   assert 'fmnist_label500: label skew k=2, 500 clients, 10 per round, 12 rounds' in report
-  assert '"GMA outperforms AVG", fmnist_label500: last-10 (primary): GMA ahead 1, AVG ahead 0, undecided 0 of 1' in report
+  assert ('"GMA outperforms AVG", fmnist_label500: last-10 (primary): GMA ahead 1, AVG ahead 0, undecided 0 of 1'
+          in report)
   assert 'AVG 0 of 3, GMA (all variants) 0 of 3' in report
   assert '"More so when non-iid": not tested' in report
   assert (tmp_path / 'results.png').stat().st_size > 0
@@ -254,8 +256,10 @@ def test_more_so_when_non_iid_compares_the_two_cells_gaps(tmp_path):
     return {'setting': setting, 'algorithm': 'fedavg', 'aggregator': aggregator, 'best': best, 'last10': best,
             'collapsed': [False] * len(best)}
 
-  records = [record('fmnist_label100', 'mean', [0.80, 0.81, 0.82]), record('fmnist_label100', 'gma', [0.83, 0.83, 0.86]),
-             record('fmnist_iid100', 'mean', [0.88, 0.88, 0.88]), record('fmnist_iid100', 'gma', [0.88, 0.89, 0.87])]
+  records = [record('fmnist_label100', 'mean', [0.80, 0.81, 0.82]),
+             record('fmnist_label100', 'gma', [0.83, 0.83, 0.86]),
+             record('fmnist_iid100', 'mean', [0.88, 0.88, 0.88]),
+             record('fmnist_iid100', 'gma', [0.88, 0.89, 0.87])]
   lines = gma_fmnist.claims(study, records, [])
   # Gaps (points): non-iid [3, 2, 4], iid [0, 1, -1]: difference of means 3, Welch df 4 (equal variances).
   half = 2.776 * np.sqrt(1 / 3 + 1 / 3)

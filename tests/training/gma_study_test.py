@@ -28,8 +28,8 @@ def test_tuning_runs_hold_out_a_validation_split_and_final_runs_do_not():
   assert final.output_dir != tuning.output_dir and final.rounds == tuning.rounds == 150
   for setting in gma_study.SETTINGS:
     for algorithm, aggregator in gma_study.SETTINGS[setting].methods:
-      experiment.validate(gma_study.run_config(run._replace(setting=setting, algorithm=algorithm, aggregator=aggregator),
-                               '/tmp/study'))
+      experiment.validate(gma_study.run_config(
+          run._replace(setting=setting, algorithm=algorithm, aggregator=aggregator), '/tmp/study'))
 
 
 def test_stage_two_tunes_tau_for_gma_only_at_the_stage_one_winner():
@@ -107,7 +107,8 @@ def test_verdicts_read_the_paired_intervals_against_the_papers_effect():
 
 
 def test_a_claim_is_not_shown_where_the_intervals_still_hold_the_papers_effect():
-  wide = _pair('label50', 'fedavg', 0.9, [1.0, -1.0, 0.5, -0.3]) + _pair('label50', 'fedyogi', 0.9, [0.6, -0.2, 0.9, 0.1])
+  wide = (_pair('label50', 'fedavg', 0.9, [1.0, -1.0, 0.5, -0.3])
+          + _pair('label50', 'fedyogi', 0.9, [0.6, -0.2, 0.9, 0.1]))
   text = '\n'.join(gma_study.verdicts(wide))
   assert 'GMA ahead (interval above 0) in 0 of 2 cells' in text and '2 intervals contain' in text
   assert 'not shown on digits.' in text
@@ -178,7 +179,7 @@ def test_tiny_study_end_to_end_in_two_shards(tmp_path):
       (s, a, g) for s in ('label10', 'feature10') for a, g in (('fedavg', 'mean'), ('fedadam', 'gma'))}
   for r in results:
     assert len(r['best']) == len(r['last10']) == 2 and r['rounds'] == 2
-    assert all(b >= l for b, l in zip(r['best'], r['last10']))  # Best over rounds >= mean of the last ones.
+    assert all(best >= last for best, last in zip(r['best'], r['last10']))  # Best over rounds >= mean of the last ones.
     assert (r['tau'] in (0.2, 0.4)) == (r['aggregator'] == 'gma')
     assert (r['masked_fraction'] is not None) == (r['aggregator'] == 'gma')
   report = (out / 'results.md').read_text()

@@ -1,10 +1,11 @@
 """The registry's contract, for every record: a new aggregator or algorithm is tested here with no test edit.
 
 Per record, the method it names (an aggregator under the first algorithm it runs with; an algorithm with its
-default aggregator, or the first private one when that is not private) is built by `methods.build` on a tiny digits setup and must: be a `LearningProcess`; initialize
-and run a round (`Method.run_round`, client state included) to finite weights that moved; get the audit verdict its
-record declares (`private`, with secure client metrics); aggregate in one stage exactly when it declares
-`multi_worker`; and `registry.check` must accept exactly the client-execution modes it declares.
+default aggregator, or the first private one when that is not private) is built by `methods.build` on a tiny digits
+setup and must: be a `LearningProcess`; initialize and run a round (`Method.run_round`, client state included) to
+finite weights that moved; get the audit verdict its record declares (`private`, with secure client metrics);
+aggregate in one stage exactly when it declares `multi_worker`; and `registry.check` must accept exactly the
+client-execution modes it declares.
 """
 
 import numpy as np

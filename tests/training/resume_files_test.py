@@ -138,7 +138,7 @@ def test_the_runner_says_it_in_one_line(finished, tmp_path):
       cwd=tests.ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   assert process.returncode == 1, process.stderr[-2000:]
-  lines = [l for l in process.stderr.splitlines() if l.strip()]
+  lines = [line for line in process.stderr.splitlines() if line.strip()]
   assert lines == [f"error: {out}/metrics.csv is damaged (line 2: round 'abc' is not a round number): the run "
                    f'cannot resume with it. Repair it, move it away to resume without the rows of the rounds trained '
                    f'so far, or use another --output_dir'], process.stderr[-2000:]

@@ -37,8 +37,8 @@ def test_plot_of_two_rounds_has_integer_ticks_and_skips_absent_or_non_finite_val
   rows = [{'round': 1.0, 'client_work/train/loss': math.nan, 'validation/accuracy': 0.5, 'validation/loss': 1.5},
           {'round': 2.0, 'client_work/train/loss': 1.0, 'validation/accuracy': 0.6, 'validation/loss': 1.2}]
   accuracy, loss = experiment._plot_figure(rows, 't').axes
-  assert [l.get_label() for l in accuracy.get_lines()] == ['validation']
-  train = next(l for l in loss.get_lines() if l.get_label().startswith('train'))
+  assert [line.get_label() for line in accuracy.get_lines()] == ['validation']
+  train = next(line for line in loss.get_lines() if line.get_label().startswith('train'))
   assert list(train.get_xdata()) == [2]  # The NaN of a diverged round is left out, not drawn as a gap at 1.
   for ax in (accuracy, loss):
     assert all(float(t).is_integer() for t in ax.get_xticks())

@@ -40,7 +40,7 @@ def test_invalid_flags_end_in_one_message_and_write_nothing(tmp_path, flags, nam
   assert 'invalid flags: ' in process.stderr and named in process.stderr, process.stderr[-2000:]
   assert 'Traceback' not in process.stderr + process.stdout, process.stderr[-3000:]
   # The message alone, not the command's help before it (TensorFlow's own start-up warnings aside).
-  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  lines = [line for line in process.stderr.splitlines() if line.strip() and 'TensorRT' not in line]
   assert len(lines) == 1 and lines[0].startswith('invalid flags: '), process.stderr[-3000:]
   assert not (tmp_path / 'out').exists()
 
@@ -93,7 +93,7 @@ def test_a_second_run_is_refused_and_ctrl_c_says_how_to_resume(tmp_path):
       first.wait()
   assert first.returncode == 130, stderr[-3000:]
   assert 'Traceback' not in stderr + stdout, stderr[-3000:]
-  (line,) = [l for l in stderr.splitlines() if l.strip()]
+  (line,) = [s for s in stderr.splitlines() if s.strip()]
   done = max(int(name.rpartition('_')[2]) for name in os.listdir(out / 'checkpoints')
              if name.startswith('program_state_') and name.rpartition('_')[2].isdigit())
   assert 2 <= done < 8
@@ -139,7 +139,7 @@ def test_sigterm_says_how_to_resume_and_exits_143(tmp_path):
       process.wait()
   assert process.returncode == 143, stderr[-3000:]
   assert 'Traceback' not in stderr + stdout, stderr[-3000:]
-  (line,) = [l for l in stderr.splitlines() if l.strip()]
+  (line,) = [s for s in stderr.splitlines() if s.strip()]
   assert line.startswith('interrupted after round ') and line.endswith(
       'resume with: python -m training.run ' + ' '.join(shlex.quote(f) for f in flags)), line
   assert not (out / dir_lock.LOCK_FILE).exists()
@@ -164,7 +164,7 @@ def test_a_refused_worker_setting_is_one_line_and_does_not_hang(tmp_path, env, m
       cwd=tests.ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
       env=dict(_ENV, **env))
   assert process.returncode == 1, process.stderr[-3000:]
-  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  lines = [line for line in process.stderr.splitlines() if line.strip() and 'TensorRT' not in line]
   assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], process.stderr[-3000:]
   assert not (tmp_path / 'out').exists()
   if (tmp_path / 'victim').exists():
@@ -176,8 +176,10 @@ def test_a_refused_worker_setting_is_one_line_and_does_not_hang(tmp_path, env, m
     (['--output_dir={file}'], 'invalid flags: output_dir {file} is a file, not a directory'),
     (['--output_dir={file}/sub'], 'invalid flags: output_dir {file}/sub: {file} is a file, not a directory'),
     (['--output_dir='], 'invalid flags: output_dir is empty'),
-    (['--num_clients=5000', '--clients_per_round=10'], 'invalid flags: num_clients=5000 exceeds the number of examples'),
-    (['--partition=label_skew', '--classes_per_client=11'], 'invalid flags: classes_per_client must be an integer in [1, 10]'),
+    (['--num_clients=5000', '--clients_per_round=10'],
+     'invalid flags: num_clients=5000 exceeds the number of examples'),
+    (['--partition=label_skew', '--classes_per_client=11'],
+     'invalid flags: classes_per_client must be an integer in [1, 10]'),
     (['--alpha=inf', '--partition=dirichlet'], 'invalid flags: alpha must be finite'),
     # A directory the kernel will not let anyone create: the failure of a write under the run.
     (['--output_dir=/proc/tff_gma_test_run'], 'error: No such file or directory: /proc/tff_gma_test_run (stopped '
@@ -192,7 +194,7 @@ def test_user_errors_are_one_line(tmp_path, flags, message):
        *([] if any(f.startswith('--output_dir') for f in flags) else [f'--output_dir={tmp_path / "out"}']), *flags],
       cwd=tests.ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, env=_ENV)
   assert process.returncode == 1, process.stderr[-3000:]
-  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  lines = [line for line in process.stderr.splitlines() if line.strip() and 'TensorRT' not in line]
   assert len(lines) == 1 and lines[0].startswith(message.format(file=afile)), process.stderr[-3000:]
   assert not (tmp_path / 'out').exists()
 
@@ -233,7 +235,7 @@ def test_seeds_make_one_config_per_seed_and_refuse_bad_values(tmp_path):
 def test_an_invalid_seeds_value_is_one_line_and_writes_nothing(tmp_path):
   process = _run(tmp_path, '--model=logistic', '--seeds=0,one')
   assert process.returncode == 1, process.stderr[-3000:]
-  lines = [l for l in process.stderr.splitlines() if l.strip() and 'TensorRT' not in l]
+  lines = [line for line in process.stderr.splitlines() if line.strip() and 'TensorRT' not in line]
   assert lines == ["invalid flags: seeds: 'one' is not an integer (e.g. --seeds=0,1,2)"], process.stderr[-3000:]
   assert not (tmp_path / 'out').exists()
 

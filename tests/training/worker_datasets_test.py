@@ -116,8 +116,8 @@ def test_the_worker_iterates_the_batches_python_built():
   from tff_gma import runtime  # pylint: disable=g-import-not-at-top
   runtime.set_simulation_context()
   rng = np.random.default_rng(0)
-  data = client_data.from_partition(rng.normal(size=(30, 3)).astype(np.float32), rng.integers(0, 5, 30).astype(np.int32),
-                                    [np.arange(0, 13), np.arange(13, 30)])
+  data = client_data.from_partition(rng.normal(size=(30, 3)).astype(np.float32),
+                                    rng.integers(0, 5, 30).astype(np.int32), [np.arange(0, 13), np.arange(13, 30)])
   tf.random.set_seed(0)  # As seeded_initial_state leaves it.
   inputs = round_loop.ClientInputs(data, 2, 2, 4, seed=7)
   placement = worker_datasets.WorkerDatasets(inputs)

@@ -33,7 +33,8 @@ client that TFF's client work zeroed then counts as a zero update).
 
 Defaults: `tau=0.4` and `mask='soft'` as in the paper; `secure=False`, because TFF users expect the plain mean
 semantics of `tff.aggregators.MeanFactory` (no bounds to choose, no clipping, no quantization); the sign
-agreement is always securely summed. Set `secure=True` (with `value_bound`) to move the mean through secure sums as well (what the audit checks).
+agreement is always securely summed. Set `secure=True` (with `value_bound`) to move the mean through secure sums as
+well (what the audit checks).
 
 Differential privacy: none. `UnweightedGradientMaskedFactory` refuses to be `tff.aggregators.
 DifferentiallyPrivateFactory`'s `record_aggregation_factory` (which needs a sum; the sign votes would get no

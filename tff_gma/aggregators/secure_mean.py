@@ -110,8 +110,9 @@ def drop_invalid_clients(value, weight):
   The weight is first cast to `float_weight_dtype` (integer weights become float32), and the returned weight
   has that dtype. A client is dropped when any element of `value` is NaN/Inf, when the squared Euclidean norm of
   its whole update overflows float32 (coordinates of about 1e19 and more: such an update cannot be averaged or
-  measured in float32 without overflowing), or when its `weight` is non-finite or negative. A dropped client returns zeros of the value's structure and weight 0 (so that `0 * value` cannot
-  produce NaN downstream). `keep` is an int32 scalar, 1 for a kept client, 0 for a dropped one.
+  measured in float32 without overflowing), or when its `weight` is non-finite or negative. A dropped client returns
+  zeros of the value's structure and weight 0 (so that `0 * value` cannot produce NaN downstream). `keep` is an int32
+  scalar, 1 for a kept client, 0 for a dropped one.
   """
   weight = float_weight(weight)
   weight_ok = tf.logical_and(tf.math.is_finite(weight), weight >= 0)

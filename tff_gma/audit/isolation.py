@@ -311,8 +311,8 @@ class _Relay:
   def _write(self, lines: list[bytes]) -> None:
     if not lines:
       return
-    text = ''.join(OUTPUT_PREFIX + printable(l.decode('utf-8', 'backslashreplace').rstrip('\r')) + '\n'
-                   for l in lines)
+    text = ''.join(OUTPUT_PREFIX + printable(line.decode('utf-8', 'backslashreplace').rstrip('\r')) + '\n'
+                   for line in lines)
     try:
       os.write(self._fd, text.encode('utf-8'))
     except OSError:

@@ -6,11 +6,12 @@
 
 The candidates are methods of `training.engine.methods`, named as `registry.resolve` names them (an aggregator, which is
 FedAvg with it; a composed algorithm; ALGORITHM/AGGREGATOR), each optionally with aggregator or method settings:
-`NAME+setting=value+...` (fields of `training.engine.config_lib.AggregatorParams` or `training.engine.config_lib.MethodParams`; a
-bare boolean setting means true), e.g. `gma+secure`, `rfa+num_passes=5`. The entry is the candidate's label in
-the JSON. Default: every aggregator the methods know (`registry.AGGREGATORS`: the registry's and Elastic), then
-secure GMA and RFA with 1 and 5 passes; an aggregator added to `training.engine.registry` is benchmarked with no edit
-here. Secure entries without `secure_bound` get the section's bound (model updates: 1; the probe's values: 4).
+`NAME+setting=value+...` (fields of `training.engine.config_lib.AggregatorParams` or
+`training.engine.config_lib.MethodParams`; a bare boolean setting means true), e.g. `gma+secure`, `rfa+num_passes=5`.
+The entry is the candidate's label in the JSON. Default: every aggregator the methods know (`registry.AGGREGATORS`: the
+registry's and Elastic), then secure GMA and RFA with 1 and 5 passes; an aggregator added to `training.engine.registry`
+is benchmarked with no edit here. Secure entries without `secure_bound` get the section's bound (model updates: 1; the
+probe's values: 4).
 
 Three sections, each written into the JSON (--output, default outputs/bench/bench.json) and a Markdown table
 beside it (bench.md):
@@ -98,7 +99,8 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                         value=value, met=value >= sections.PIPELINE_TARGET))
   for row in result.get('scaling', []):
     if row['clients_per_round'] == 500:
-      targets.append(dict(target=f'500 clients per round ({row["aggregator"]}) within {sections.MEMORY_LIMIT_GIB:.0f} GiB',
+      targets.append(dict(target=f'500 clients per round ({row["aggregator"]}) within '
+                                 f'{sections.MEMORY_LIMIT_GIB:.0f} GiB',
                           value=row['peak_total_gib'], met=row['peak_total_gib'] <= sections.MEMORY_LIMIT_GIB))
   for model, ratios in result.get('round_to_floor', {}).items():
     value = ratios['project_worker_datasets']
@@ -124,9 +126,9 @@ def to_markdown(result: dict[str, Any]) -> str:
            f'before, {result["environment"]["load_after"]} after; TFF {result["environment"]["tff"]}.', '']
   if 'floor' in result['details']:
     lines += ['## A round against its in-graph floor (`training.bench.floor`)', '',
-              '| model | clients x examples, batch | floor s | floor in the worker | project (default: worker datasets, '
-              'in-graph loop, 1 intra-op thread) | project, worker with TF\'s default threads | project, iterator '
-              'loop | the loop before (sent datasets, iterator loop, default threads) | '
+              '| model | clients x examples, batch | floor s | floor in the worker | project (default: worker '
+              'datasets, in-graph loop, 1 intra-op thread) | project, worker with TF\'s default threads | project, '
+              'iterator loop | the loop before (sent datasets, iterator loop, default threads) | '
               'stock FedAvg (iterator) | project, one batch a client | project minus one batch |',
               '|---|---|---|---|---|---|---|---|---|---|---|']
     for model, detail in result['details']['floor']['models'].items():
@@ -235,7 +237,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       'JSON path; the Markdown table goes beside it as bench.md (and profile_NAME.txt).',
                       flag_values=f)
   flags.DEFINE_list('sections', None, f'Subset of {",".join(sections.SECTIONS)} (default: all).', flag_values=f)
-  flags.DEFINE_list('aggregators', None, 'Candidates: training.engine.methods names, each optionally NAME+setting=value+... '
+  flags.DEFINE_list('aggregators', None,
+                    'Candidates: training.engine.methods names, each optionally NAME+setting=value+... '
                     f'(mean is always kept; default: {",".join(sections.AGGREGATORS)}).', flag_values=f)
   flags.DEFINE_enum('model', None, list(models.MODELS), 'Model of the digits setup (default cnn).', flag_values=f)
   flags.DEFINE_integer('round_repetitions', None, 'Interleaved sweeps of the rounds section.', flag_values=f)
@@ -294,7 +297,8 @@ def settings_from_flags(flag_values: flags.FlagValues = FLAGS) -> sections.Setti
   for flag, entries in (('aggregators', settings.aggregators), ('scaling_aggregators', settings.scaling_aggregators)):
     for entry in entries:
       try:
-        sections.probe_factory(sections.parse_candidate(entry), sections.PROBE_VALUE_BOUND)  # Builds the factory: checks its settings.
+        # Builds the factory: checks its settings.
+        sections.probe_factory(sections.parse_candidate(entry), sections.PROBE_VALUE_BOUND)
       except ValueError as e:
         raise ValueError(f'--{flag}: {e}') from None
   for name in _REPETITIONS:
@@ -309,8 +313,8 @@ def settings_from_flags(flag_values: flags.FlagValues = FLAGS) -> sections.Setti
     if not values or min(values) < 1:
       raise ValueError(f'--{name} must be positive integers, got {list(values)}')
   if max(settings.scaling_clients) > sections.DIGITS_TRAIN_EXAMPLES:
-    raise ValueError(f'--scaling_clients: the digits training split holds {sections.DIGITS_TRAIN_EXAMPLES} examples, so at '
-                     f'most {sections.DIGITS_TRAIN_EXAMPLES} clients')
+    raise ValueError(f'--scaling_clients: the digits training split holds {sections.DIGITS_TRAIN_EXAMPLES} '
+                     f'examples, so at most {sections.DIGITS_TRAIN_EXAMPLES} clients')
   for name in flag_values.profile:
     if name not in settings.aggregators + sections.PIPELINE:
       raise ValueError(f'--profile: {name!r} is not a process of the rounds section '

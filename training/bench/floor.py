@@ -56,9 +56,9 @@ def _functional(build_keras, input_spec) -> tff.learning.models.FunctionalModel:
       build_keras(), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), input_spec)
 
 
-def build_floor(build_keras: Callable[[], tf.keras.Model], input_spec, client_arrays: Sequence[tuple[np.ndarray,
-                np.ndarray]], *, batch_size: int, client_lr: float, momentum: float, initial_weights: Sequence[np.ndarray]
-                ) -> Callable[[], list[np.ndarray]]:
+def build_floor(build_keras: Callable[[], tf.keras.Model], input_spec,
+                client_arrays: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_size: int, client_lr: float,
+                momentum: float, initial_weights: Sequence[np.ndarray]) -> Callable[[], list[np.ndarray]]:
   """One round of the floor (module docstring) on `client_arrays` [(x, y), ...] from `initial_weights`."""
   functional = _functional(build_keras, input_spec)
   graph = tf.Graph()

@@ -580,7 +580,8 @@ def bench_floor(settings: Settings, worker_pids: Sequence[int]) -> dict[str, Any
   for model, examples in zip(settings.floor_models, settings.floor_examples):
     shape, rng = FLOOR_SHAPES[model], np.random.default_rng(settings.seed)
     arrays = collections.OrderedDict(
-        (f'client_{i}', (rng.random((examples, *shape), dtype=np.float32), rng.integers(0, 10, examples).astype(np.int32)))
+        (f'client_{i}', (rng.random((examples, *shape), dtype=np.float32),
+                         rng.integers(0, 10, examples).astype(np.int32)))
         for i in range(settings.floor_clients))
     train = client_data_lib.from_client_arrays(arrays)
     element = train.create_tf_dataset_for_client(train.client_ids[0]).element_spec

@@ -119,14 +119,14 @@ def build_generated_round(model: str, clients: int, examples: int, *, batch_size
 class PlainTFRound:
   """FedAvg's round written as a plain TensorFlow program in this process, the peer the issue measured.
 
-  An eager Python driver calls, for each client in turn, one `tf.function` (traced once, when built, for every
-  client: the examples' count is a dimension of its signature) that runs the client's local epoch as a loop over its batches:
-  the Keras model's own `tf.Variable`s set to the server model, momentum in `tf.Variable`s set to zero, then per
-  batch the loss's gradient and SGD with momentum as TFF's `build_sgdm` steps (v = momentum * v + g;
-  w = w - lr * v). Then a second `tf.function` (traced once) applies the example-weighted mean of the clients'
-  updates with the server's SGD, as TFF's mean and finalizer do. The examples are tensors held in this process; each
-  round a client takes them in the order the project's round does (the permutation `round_loop.round_pipeline`
-  draws with the round's seed pair, `round_seeds(round_num)`, one per client), so both take the same batches.
+  An eager Python driver calls, for each client in turn, one `tf.function` (traced once, when built, for every client:
+  the examples' count is a dimension of its signature) that runs the client's local epoch as a loop over its batches:
+  the Keras model's own `tf.Variable`s set to the server model, momentum in `tf.Variable`s set to zero, then per batch
+  the loss's gradient and SGD with momentum as TFF's `build_sgdm` steps (v = momentum * v + g; w = w - lr * v). Then a
+  second `tf.function` (traced once) applies the example-weighted mean of the clients' updates with the server's SGD, as
+  TFF's mean and finalizer do. The examples are tensors held in this process; each round a client takes them in the
+  order the project's round does (the permutation `round_loop.round_pipeline` draws with the round's seed pair,
+  `round_seeds(round_num)`, one per client), so both take the same batches.
   """
 
   def __init__(self, build_keras: Callable[[], tf.keras.Model], client_arrays: Sequence[tuple[np.ndarray, np.ndarray]],

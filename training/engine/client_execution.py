@@ -62,7 +62,8 @@ from training.engine import fedavg_family
 WORKER = 'worker'
 LOCAL = 'local'
 MODES = (WORKER, LOCAL)
-# Where `worker` mode trains: the TFF worker's TensorFlow, which has no GPU device (TFF_NOTES, docs/runtime.md "GPU and client execution modes").
+# Where `worker` mode trains: the TFF worker's TensorFlow, which has no GPU device (TFF_NOTES, docs/runtime.md
+# "GPU and client execution modes").
 WORKER_DEVICES = ('TFF worker_binary CPU (TFF 0.87.0 wheel, built without GPU support)',)
 
 _MAX_CPU_TRAINERS = 8

@@ -15,9 +15,9 @@ for the whole run. The corruptions (`CORRUPTIONS`, the runner's `--corruption`):
   clients would have sent honestly). THIS IS A SIMULATED ATTACKER WITH KNOWLEDGE NO REAL CLIENT HAS: it needs
   every selected client's honest update of the round. The harness (`CorruptedRounds`) computes them with a
   separate computation (`CorruptedLearningProcess.honest_client_results`, the round's client work without
-  aggregation, `fedavg_family.build_client_results`), solves for the attack vector in NumPy (`omniscient_attack`) and hands it to the corrupted clients
-  as client data; their client work sends it instead of their update. The deployed round computation does
-  nothing of the sort: it only runs the client work that a client's data tells it to run.
+  aggregation, `fedavg_family.build_client_results`), solves for the attack vector in NumPy (`omniscient_attack`) and
+  hands it to the corrupted clients as client data; their client work sends it instead of their update. The deployed
+  round computation does nothing of the sort: it only runs the client work that a client's data tells it to run.
 
 Update corruption lives in the client work (`build_corrupted_client_work`, a `ClientWorkProcess` wrapping TFF's
 model-delta client work): the process's client data are `OrderedDict(data=<batches>, corruption=<dataset of one

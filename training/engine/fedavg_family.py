@@ -254,8 +254,9 @@ def build_learning_process(*args, **kwargs) -> tff.learning.templates.LearningPr
 
   Composed from TFF's templates as `build_weighted_fed_avg` composes it (broadcast, `build_client_work`, the
   aggregator with example-count weights, the server optimizer's finalizer): `build_components(...).compose()`,
-  with `build_components`' arguments; `client_work` replaces the client work (e.g. the corrupted one, which wraps `build_client_work`'s);
-  `mask_on_step=True` with a `GradientMaskedFactory`: GMA's Algorithm 2 (`build_server_processes`).
+  with `build_components`' arguments; `client_work` replaces the client work (e.g. the corrupted one, which wraps
+  `build_client_work`'s); `mask_on_step=True` with a `GradientMaskedFactory`: GMA's Algorithm 2
+  (`build_server_processes`).
   """
   return build_components(*args, **kwargs).compose()
 

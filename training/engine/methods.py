@@ -19,8 +19,8 @@ What is behind it:
 
 Where the clients train (`build(..., client_execution=...)`, the runner's `--client_execution`): `worker` (default)
 runs the whole round in the TFF worker; `local` runs the FedAvg family's client work in this process's TensorFlow
-(its GPUs where there are any) and the rest of the round in the worker (`training.engine.client_execution`), from the same
-`fedavg_family.Components`; the composed methods and the update corruptions are refused there (`check`).
+(its GPUs where there are any) and the rest of the round in the worker (`training.engine.client_execution`), from the
+same `fedavg_family.Components`; the composed methods and the update corruptions are refused there (`check`).
 
 Adding an aggregator or an algorithm is one record in `training.engine.registry` (plus its module and test); the
 records' builders are what `_build_process` calls.

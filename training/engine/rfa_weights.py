@@ -13,10 +13,10 @@ recomputes the round's client updates itself and replays the aggregation in NumP
 
   * `build_client_updates(model_fn, algorithm)` returns a `ClientUpdates` that runs the very client work of
     `fedavg_family.build_learning_process` (`fedavg_family.build_client_work`) on the round's datasets from the round's
-    global model. Its result is placed at
-    CLIENTS; in simulation it comes back to Python as one update and one weight per client. The client work is
-    deterministic given the datasets (whose shuffling `training.runner.round_loop.client_dataset` seeds), so these are the
-    updates the learning process aggregates in that round.
+    global model. Its result is placed at CLIENTS; in simulation it comes back to Python as one update and one weight
+    per client. The client work is deterministic given the datasets (whose shuffling
+    `training.runner.round_loop.client_dataset` seeds), so these are the updates the learning process aggregates in that
+    round.
   * `replay_rfa(updates, weights, ...)` runs `GeometricMedianFactory`'s smoothed Weiszfeld algorithm in float64
     with the factory's exact weights b'_i = a_i * c / max(c, d_i) (`tff_gma.aggregators.weiszfeld`), dropping
     rule, and smoothing c (nu; in secure mode the clipping to the bounds and c = max(nu, S / K)). The normalized

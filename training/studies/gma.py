@@ -42,22 +42,21 @@ Protocol (the paper's, within this machine's budget):
    and the mean of the last 10 rounds (its Tables 7-9), mean +- std over seeds, with the rounds and the winning
    hyperparameters per cell, and GMA's mean `masked_fraction` (the share of coordinates the mask shrinks).
 
-Budget (measured on this 2-core machine with two shards side by side: about 1 s per round and shard for the
-10-client CNN settings; 0.5-0.6 s for the 10-of-50/100 CNN rounds and ~0.3 s for the convex ones, measured with a
-test suite running beside them, after the evaluator kept its Keras copy and the state was saved every
-10 rounds (now the runner's default `checkpoint_every`), which had cost ~0.4 and ~0.2 s of every sampled round): tuning 306 runs (per CNN
-label/feature setting 9 methods: 6 stage-1 runs each, plus 2 stage-2 runs for each of the 5 GMA methods = 64; 22
-for dirichlet10, 14 per convex setting), final 172 runs (43 cells x 4 seeds); rounds 100 (CNN, 10 clients), 150
-(sampled), 500 (convex): about 75,000 rounds in all, 7-8 hours of wall time as two shards (`--shard=0/2`,
-`--shard=1/2` side by side), then once without `--shard` to collect. That spans several sessions here: stop the
-shards at any time (a stopped run resumes from its newest checkpoint), keep the finished cells (`summary.json`,
-`metrics.csv`, `config.json` of each run directory: enough to read them back), and start the shards again. Every
-cell is one run of the experiment runner into its own directory under `--output_dir/runs` (metrics, checkpoints,
-summary), so a stopped study resumes, and finished cells are read back from their summary.json (also from an
-extracted archive of them). Measured: the study ran over several sessions here; its last 187 runs (feature10,
-dirichlet10, label50 and label100's last cell) took 2 hours as two shards, with the test suite beside them for 42
-minutes. A shard waits for the cells its later
-stages depend on (run by the other shard) and polls every 30 s.
+Budget (measured on this 2-core machine with two shards side by side: about 1 s per round and shard for the 10-client
+CNN settings; 0.5-0.6 s for the 10-of-50/100 CNN rounds and ~0.3 s for the convex ones, measured with a test suite
+running beside them, after the evaluator kept its Keras copy and the state was saved every 10 rounds (now the runner's
+default `checkpoint_every`), which had cost ~0.4 and ~0.2 s of every sampled round): tuning 306 runs (per CNN
+label/feature setting 9 methods: 6 stage-1 runs each, plus 2 stage-2 runs for each of the 5 GMA methods = 64; 22 for
+dirichlet10, 14 per convex setting), final 172 runs (43 cells x 4 seeds); rounds 100 (CNN, 10 clients), 150 (sampled),
+500 (convex): about 75,000 rounds in all, 7-8 hours of wall time as two shards (`--shard=0/2`, `--shard=1/2` side by
+side), then once without `--shard` to collect. That spans several sessions here: stop the shards at any time (a stopped
+run resumes from its newest checkpoint), keep the finished cells (`summary.json`, `metrics.csv`, `config.json` of each
+run directory: enough to read them back), and start the shards again. Every cell is one run of the experiment runner
+into its own directory under `--output_dir/runs` (metrics, checkpoints, summary), so a stopped study resumes, and
+finished cells are read back from their summary.json (also from an extracted archive of them). Measured: the study ran
+over several sessions here; its last 187 runs (feature10, dirichlet10, label50 and label100's last cell) took 2 hours as
+two shards, with the test suite beside them for 42 minutes. A shard waits for the cells its later stages depend on (run
+by the other shard) and polls every 30 s.
 
 Writes `results.md` (tables, verdicts), `results.json`, `results.png` (test curves of the headline settings).
 """

@@ -387,19 +387,21 @@ def table(records: list[dict[str, Any]], setting: str) -> str:
 
 
 def side_by_side(rows: list[dict[str, Any]], setting: str) -> str:
-  lines = ['| algorithm | GMA variant | paper AVG -> GMA (gap), best | ours AVG -> GMA, best | GMA - AVG best, 95% CI | '
-           'verdict (best) | ours AVG -> GMA, last-10 | GMA - AVG last-10, 95% CI | verdict (last-10) |',
+  lines = ['| algorithm | GMA variant | paper AVG -> GMA (gap), best | ours AVG -> GMA, best | '
+           'GMA - AVG best, 95% CI | verdict (best) | ours AVG -> GMA, last-10 | GMA - AVG last-10, 95% CI | '
+           'verdict (last-10) |',
            '|---|---|---|---|---|---|---|---|---|']
   for c in rows:
     if c['setting'] != setting:
       continue
     p = c['paper']
     paper = '-' if p is None else f"{p['avg']:.2f} -> {p['gma']:.2f} ({p['gap']:+.2f})"
-    b, l = c['best'], c['last10']
+    best, last = c['best'], c['last10']
     lines.append(
-        f"| {c['algorithm']} | {c['aggregator']} | {paper} | {b['avg']:.2f} -> {b['gma']:.2f} | "
-        f"{b['mean']:+.2f} [{b['low']:+.2f}, {b['high']:+.2f}] | {b['verdict']} | {l['avg']:.2f} -> {l['gma']:.2f} | "
-        f"{l['mean']:+.2f} [{l['low']:+.2f}, {l['high']:+.2f}] | {l['verdict']} |")
+        f"| {c['algorithm']} | {c['aggregator']} | {paper} | {best['avg']:.2f} -> {best['gma']:.2f} | "
+        f"{best['mean']:+.2f} [{best['low']:+.2f}, {best['high']:+.2f}] | {best['verdict']} | "
+        f"{last['avg']:.2f} -> {last['gma']:.2f} | "
+        f"{last['mean']:+.2f} [{last['low']:+.2f}, {last['high']:+.2f}] | {last['verdict']} |")
   return '\n'.join(lines)
 
 

@@ -36,7 +36,8 @@ Per round (all vectors are whole flattened updates, float64; a_i the clients' ex
 * check: the aggregate the library computed this round (the model delta, server lr 1) against the NumPy pass 3
   (rfa) or the NumPy mean (honest): relative difference.
 
-Writes <output>.csv (one row per round) and <output>.json (rows + settings + seconds). NumPy on top of the harness; about 1 minute for E = 1 and 2 to 3 minutes for E = 5 (30 rounds) on 2 cores.
+Writes <output>.csv (one row per round) and <output>.json (rows + settings + seconds). NumPy on top of the harness;
+about 1 minute for E = 1 and 2 to 3 minutes for E = 5 (30 rounds) on 2 cores.
 """
 
 from __future__ import annotations

@@ -69,12 +69,12 @@ def rfa_reference(values, weights, num_passes, one_step=False, secure=False, fin
 
   Weiszfeld: v_1 = weighted mean; v_{k+1} = sum b_i w_i / sum b_i with b_i = a_i / max(c, ||v_k - w_i||).
   One-step: a single pass from v_0 = 0, b_i = a_i / max(c, ||w_i||). `init='zero'`: Weiszfeld whose first pass is
-  that reweighting from v_0 = 0 instead of the weighted mean (one-step RFA = init 'zero' with one pass). c = nu; in secure mode the smoothing is
-  known before its round: c = max(nu, D(v_{k-1}) / K) for the pass broadcasting v_k (the objective measured one
-  round earlier; D(v_0) with v_0 = 0 for pass 2), and c = max(nu, B sqrt(n) / K) for one-step RFA; values and
-  weights are clipped to their bounds first. Objectives: D(v) = sum a_i ||v - w_i|| / sum a_i at v_0 = 0 and at
-  every broadcast estimate, plus at the result with `final_objective`. Clients with a non-finite value or a
-  non-finite/negative weight are left out.
+  that reweighting from v_0 = 0 instead of the weighted mean (one-step RFA = init 'zero' with one pass). c = nu; in
+  secure mode the smoothing is known before its round: c = max(nu, D(v_{k-1}) / K) for the pass broadcasting v_k (the
+  objective measured one round earlier; D(v_0) with v_0 = 0 for pass 2), and c = max(nu, B sqrt(n) / K) for one-step
+  RFA; values and weights are clipped to their bounds first. Objectives: D(v) = sum a_i ||v - w_i|| / sum a_i at
+  v_0 = 0 and at every broadcast estimate, plus at the result with `final_objective`. Clients with a non-finite value
+  or a non-finite/negative weight are left out.
   """
   points = np.stack([to_flat(v) for v in values])
   a = np.asarray(weights, np.float64)
@@ -113,7 +113,8 @@ def rfa_reference(values, weights, num_passes, one_step=False, secure=False, fin
   return Reference(estimate, objectives, smoothings, pass_weights, a, estimates, points)
 
 
-def secure_error_bounds(values, weights, num_passes, one_step=False, final_objective=False, init=geometric_median.DEFAULT_INIT):
+def secure_error_bounds(values, weights, num_passes, one_step=False, final_objective=False,
+                        init=geometric_median.DEFAULT_INIT):
   """(estimate, objectives, smoothings) error bounds in secure mode: the propagation documented in `weiszfeld`.
 
   Composed along the NumPy reference, step by step as `weiszfeld`'s docstring derives it: the estimate's error
