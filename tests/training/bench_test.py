@@ -311,7 +311,9 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   for row in result['scaling']:
     assert positive_finite(row['seconds']) and positive_finite(row['peak_total_gib'])
     assert row['peak_rss_gib']['worker'] > 0 and row['peak_rss_gib']['python'] > 0
-  assert [t['target'].split(' ')[0] for t in result['targets']] == ['gma', 'project', 'project', 'project']
+  assert [t['target'].split(' ')[0] for t in result['targets']] == [
+      'gma', 'project', 'project', 'project', 'process', 'saving', 'label500-shaped']  # The runner's three last.
+  assert '| study run / floor |' in (tmp_path / 'bench.md').read_text()
   assert all(math.isfinite(r) for r in result['round_to_floor']['logistic'].values())
   markdown = (tmp_path / 'bench.md').read_text()
   assert '| gma |' in markdown and '## Scaling' in markdown and '## Targets' in markdown
