@@ -68,9 +68,9 @@ def main():
   def model_fn():  # your Keras model, built afresh on each call
     keras_model = tf.keras.Sequential([
         tf.keras.layers.InputLayer(input_shape=(8, 8, 1)),
-        tf.keras.layers.Conv2D(16, 3, activation='relu'),
+        tf.keras.layers.Conv2D(16, 3, activation='relu', kernel_initializer=tf.keras.initializers.GlorotUniform(0)),
         tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(10),
+        tf.keras.layers.Dense(10, kernel_initializer=tf.keras.initializers.GlorotUniform(1)),
     ])
     return tff.learning.models.from_keras_model(
         keras_model, input_spec=input_spec,
