@@ -1,0 +1,126 @@
+"""Which part of a composed learning process's round each flow sits in (`Flow.component`).
+
+Part of the audit's building-block walker (see `tff_gma.audit.walker`): it reads the top-level block of a `next`
+and the evaluation's values, so it imports TFF's compiler internals as the walker does.
+
+For the `next` of a learning process composed by `tff.learning.templates.compose_learning_process`
+(TFF's builders and this library's use it), each flow is named by the part of the round it sits in
+(`Flow.component`): the distributor, the client work, the metrics aggregator, the model aggregator or the
+finalizer. The composer calls each of its four processes once, in a local of its top-level block, and builds
+its state and metrics from their outputs under the fields `distributor`, `client_work`, `aggregator`,
+`finalizer`; the audit reads which local each field comes from, and a flow takes the component of the local it
+sits in. TFF's metrics aggregator runs inside the client work: a client-work flow is the metrics aggregator's
+when its result reaches the client work's measurements `train` (TFF's training client works) or `eval`
+(`build_fed_eval`) directly, through no later flow (the evaluation tracks, per value, the flows it comes from).
+Any other computation, or a `next` built differently, has no components (`None`); its flows keep their `where`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.impl.compiler import building_blocks
+
+from tff_gma.audit.report import CLIENT_WORK
+from tff_gma.audit.report import DISTRIBUTOR
+from tff_gma.audit.report import FINALIZER
+from tff_gma.audit.report import METRICS_AGGREGATOR
+from tff_gma.audit.report import MODEL_AGGREGATOR
+from tff_gma.audit.walker import Evaluator
+from tff_gma.audit.walker import Site
+from tff_gma.audit.walker import StructValue
+from tff_gma.audit.walker import sources_of
+
+# The fields of the composer's state and metrics naming the four processes, and the component each names.
+COMPOSER_FIELDS = ('distributor', 'client_work', 'aggregator', 'finalizer')
+_COMPONENT_OF_FIELD = {
+    'distributor': DISTRIBUTOR, 'client_work': CLIENT_WORK, 'aggregator': MODEL_AGGREGATOR, 'finalizer': FINALIZER}
+STATE_MODEL_FIELD = 'global_model_weights'  # Only the state (`LearningAlgorithmState`) has it.
+# The client work's measurements holding the metrics aggregator's output: `train` in TFF's training client works
+# (and this library's), `eval` in `tff.learning.algorithms.build_fed_eval`.
+METRICS_MEASUREMENTS = ('train', 'eval')
+
+
+def _referenced_local(block: building_blocks.ComputationBuildingBlock) -> Optional[str]:
+  """The name `x` of a block that is `x` or a selection from it (`x[2]`, `x.state`), else `None`."""
+  while isinstance(block, building_blocks.Selection):
+    block = block.source
+  return block.name if isinstance(block, building_blocks.Reference) else None
+
+
+def _composer_structs(top_block: building_blocks.Block) -> list[tuple[dict[str, str], building_blocks.Struct]]:
+  """The composer's state and metrics structs in a top-level block: ({local: component field}, struct) each.
+
+  `compose_learning_process`'s `next` builds `LearningAlgorithmState(global_model_weights, distributor,
+  client_work, aggregator, finalizer)` and `OrderedDict(distributor=..., client_work=..., aggregator=...,
+  finalizer=...)` from the outputs of the four components' `next`, each called once in a local of its top-level
+  block. A struct counts when each of the four fields is (a selection from) a different top-level local. Only
+  the top-level block's own expressions are searched (struct elements and call arguments, e.g. of
+  `federated_zip`), not the components' bodies.
+  """
+  local_names = {name for name, _ in top_block.locals}
+  found = []
+
+  def visit(block):
+    if isinstance(block, building_blocks.Struct):
+      elements = dict((n, e) for n, e in structure.iter_elements(block) if n is not None)
+      if all(field in elements for field in COMPOSER_FIELDS):
+        mapping = {}
+        for field in COMPOSER_FIELDS:
+          local = _referenced_local(elements[field])
+          if local not in local_names or local in mapping:
+            return
+          mapping[local] = field
+        found.append((mapping, block))
+        return
+      for _, element in structure.iter_elements(block):
+        visit(element)
+    elif isinstance(block, building_blocks.Call) and block.argument is not None:
+      visit(block.argument)
+
+  for _, local in top_block.locals:
+    visit(local)
+  visit(top_block.result)
+  return found
+
+
+def composer_components(top_block: Optional[building_blocks.Block],
+                        evaluator: Evaluator) -> tuple[dict[str, str], frozenset[int]]:
+  """({top-level local: component field}, indices of the metrics aggregator's sites) of a composed process.
+
+  Empty when the computation is not the `next` of a process composed by `compose_learning_process` (or built as
+  it is), or when its structs disagree on which local is which component. The metrics aggregator's sites are the
+  flows whose results reach the client work's measurements `train` (TFF's training client works) or `eval`
+  (`build_fed_eval`) directly, i.e. through no later flow: what TFF's `metrics_aggregator` computes.
+  """
+  if top_block is None:
+    return {}, frozenset()
+  structs = _composer_structs(top_block)
+  mapping: dict[str, str] = {}
+  for struct_mapping, _ in structs:
+    for local, field in struct_mapping.items():
+      if mapping.setdefault(local, field) != field:
+        return {}, frozenset()
+  metric_sites = frozenset()
+  if evaluator.top_scope is not None:
+    for struct_mapping, struct in structs:
+      elements = dict((n, e) for n, e in structure.iter_elements(struct) if n is not None)
+      if STATE_MODEL_FIELD in elements:
+        continue  # The state; the metrics struct is the other one.
+      measurements = evaluator.evaluate(elements['client_work'], evaluator.top_scope)
+      if isinstance(measurements, StructValue):
+        for element_name, value in measurements.elements:
+          if element_name in METRICS_MEASUREMENTS:
+            metric_sites |= sources_of(value)
+  return mapping, metric_sites
+
+
+def site_component(site: Site, mapping: dict[str, str], metric_sites: frozenset[int]) -> Optional[str]:
+  """The component (`COMPONENTS`) a flow site sits in, given `composer_components`'s result; `None` outside."""
+  field = mapping.get(site.top_local)
+  if field is None:
+    return None
+  if field == 'client_work' and site.index in metric_sites:
+    return METRICS_AGGREGATOR
+  return _COMPONENT_OF_FIELD[field]

@@ -1,0 +1,432 @@
+"""The audit's building-block walker: an abstract evaluation that finds every flow of client data to the server.
+
+This module, `tff_gma.audit.components` (which reads a composed learning process's top-level block) and the entry
+points in `tff_gma.audit.static` are the audit's building-block walker: they read TFF's compiled form by design, so
+they import TFF's compiler internals (`tensorflow_federated.python...`) directly, the one exception to keeping such
+uses behind `tff_gma.tff_internals`. The report and policy types they fill in import none.
+
+How the walk works. The building block is evaluated abstractly: every value is replaced by its *aggregation
+level*, the length of the longest chain of client-to-server aggregations it depends on (0 for the parameters and
+constants). Structures keep one level per element and functions are closures, so selecting the untouched part
+of a zipped state does not inherit the level of an aggregate next to it. Calls to lambdas are inlined (a lambda
+called twice runs, and is counted, twice); block locals are evaluated once, in order, as TFF's runtime does. A
+flow's *pass* is one more than the largest level among its inputs: an aggregate whose input was computed at the
+clients from a broadcast of an earlier aggregate is in a later pass; independent aggregates share a pass. The
+number of passes of a computation (`aggregation_passes`) is the largest pass of its flows: the number of
+sequential client-server round trips one call needs. (TFF's `transformations.to_call_dominant` would inline in
+the same way, but it renames every local, losing the traced function names that `Flow.where` shows.)
+
+Counts are static: `Flow.count` is the number of times the call site is reached by this evaluation per call of
+the computation, with lambdas inlined; there is no data-dependent control flow in TFF's federated language, so
+this is what the runtime executes. Secure-sum parameters (`bitwidth`, `max_input`, `modulus`) are read from the
+building block when they are constants (a literal, or a TensorFlow computation without parameter whose output is a
+`Const` op) and reported as `'dynamic'` otherwise (e.g. bounds taken from the aggregator's state). Intrinsic calls
+that the evaluation never reaches (inside a function that is never called, or handed to an opaque call) are still
+listed, with count 0, so that nothing is hidden. Aggregations of values holding no tensor (TFF's null aggregations
+of `<>`) move nothing and are not listed. A select counts as a round trip like an aggregation (the keys go up, the
+selected values come back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional, Union
+
+import numpy as np
+import tensorflow_federated as tff
+from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.impl.compiler import building_blocks
+from tensorflow_federated.python.core.impl.compiler import intrinsic_defs
+from tensorflow_federated.python.core.impl.types import type_analysis
+from tensorflow_federated.python.tensorflow_libs import serialization_utils
+
+from tff_gma.audit.policy import KEYED_SELECT_INTRINSICS
+from tff_gma.audit.report import DYNAMIC
+from tff_gma.audit.report import json_default
+
+# Name of the static parameter (second argument) of each secure-sum intrinsic.
+_SECURE_PARAMETER_NAMES = {
+    'federated_secure_sum': 'max_input',
+    'federated_secure_sum_bitwidth': 'bitwidth',
+    'federated_secure_modular_sum': 'modulus',
+}
+# Traced federated computations name their locals `fc_<python function>_symbol_<i>`.
+_TRACED_LOCAL_NAME = re.compile(r'^fc_(?P<function>.+)_symbol_(?P<index>\d+)$')
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Abstract values of the evaluation.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Const:
+  """A constant the building block fixes (a literal, or a parameterless TF computation returning a `Const`)."""
+
+  value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Data:
+  """A non-function value: the longest chain of aggregations it depends on, and its value if constant.
+
+  `sources` are the indices of the flow sites whose results reach this value directly, i.e. through no later
+  client-to-server flow (a flow's result has its own site only); they say which flow feeds which output.
+  """
+
+  level: int
+  const: Optional[_Const] = None
+  sources: frozenset[int] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class StructValue:
+  elements: tuple[tuple[Optional[str], '_Value'], ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Closure:
+  function: building_blocks.Lambda
+  env: 'Env'
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _IntrinsicFunction:
+  intrinsic: building_blocks.Intrinsic
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _OpaqueFunction:
+  """A function the audit cannot see into: a TensorFlow computation, a `Data` block, an unbound reference."""
+
+  block: building_blocks.ComputationBuildingBlock
+
+
+_Value = Union[_Data, StructValue, Closure, _IntrinsicFunction, _OpaqueFunction]
+LEVEL_0 = _Data(0)
+
+
+class Env:
+  """Lexical scope: reference name -> abstract value."""
+
+  def __init__(self, parent: Optional['Env'] = None):
+    self._parent = parent
+    self._values: dict[str, _Value] = {}
+
+  def bind(self, name: str, value: _Value) -> None:
+    self._values[name] = value
+
+  def lookup(self, name: str) -> Optional[_Value]:
+    env = self
+    while env is not None:
+      if name in env._values:  # pylint: disable=protected-access
+        return env._values[name]  # pylint: disable=protected-access
+      env = env._parent  # pylint: disable=protected-access
+    return None
+
+
+def _level(value: _Value) -> int:
+  """Largest aggregation level in a value (functions count through what they close over only when called)."""
+  if isinstance(value, _Data):
+    return value.level
+  if isinstance(value, StructValue):
+    return max((_level(v) for _, v in value.elements), default=0)
+  return 0
+
+
+def sources_of(value: _Value) -> frozenset[int]:
+  """The flow sites that reach a value directly (see `_Data.sources`)."""
+  if isinstance(value, _Data):
+    return value.sources
+  if isinstance(value, StructValue):
+    return frozenset().union(*(sources_of(v) for _, v in value.elements))
+  return frozenset()
+
+
+def _join(values: Iterable[_Value], extra: int = 0, site: Optional[int] = None) -> _Data:
+  """One value depending on all of `values`; `site`: the result of that flow site (its level one higher)."""
+  values = list(values)
+  sources = frozenset([site]) if site is not None else frozenset().union(*(sources_of(v) for v in values))
+  return _Data(max((_level(v) for v in values), default=0) + extra, sources=sources)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Types.
+
+
+def contains_placement(type_spec: tff.Type, placement) -> bool:
+  """Whether a value of `type_spec` holds data at `placement` (functions are not data and are not looked into)."""
+  if isinstance(type_spec, tff.FederatedType):
+    return type_spec.placement is placement
+  if isinstance(type_spec, tff.StructType):
+    return any(contains_placement(t, placement) for _, t in structure.iter_elements(type_spec))
+  return False
+
+
+def _is_client_to_server(function_type: tff.Type) -> bool:
+  return (isinstance(function_type, tff.FunctionType) and function_type.parameter is not None
+          and contains_placement(function_type.parameter, tff.CLIENTS)
+          and contains_placement(function_type.result, tff.SERVER))
+
+
+def _carries_data(function_type: tff.FunctionType) -> bool:
+  """Whether the client-placed argument holds any tensor: aggregating `<>` (TFF's null aggregations) moves nothing."""
+  return type_analysis.contains_tensor_types(_client_part_type(function_type.parameter))
+
+
+def _client_part_type(parameter_type: tff.Type) -> tff.Type:
+  """The client-placed part of an intrinsic's parameter: the element itself, or the struct's first such element."""
+  if isinstance(parameter_type, tff.StructType):
+    for _, element in structure.iter_elements(parameter_type):
+      if contains_placement(element, tff.CLIENTS):
+        return element
+  return parameter_type
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Constants.
+
+
+def _literal_const(block: building_blocks.Literal) -> _Const:
+  return _Const(np.asarray(block.value).tolist())
+
+
+def _compiled_const(block: building_blocks.CompiledComputation) -> Optional[_Const]:
+  """Value of a parameterless TensorFlow computation whose outputs are `Const` ops, else `None`."""
+  proto = block.proto
+  if proto.WhichOneof('computation') != 'tensorflow' or block.type_signature.parameter is not None:
+    return None
+  try:
+    graph_def = serialization_utils.unpack_graph_def(proto.tensorflow.graph_def)
+  except Exception:  # pylint: disable=broad-except
+    return None  # Not a graph we can read: the value is reported as dynamic.
+  nodes = {node.name: node for node in graph_def.node}
+
+  def const_of(tensor_name: str) -> Optional[Any]:
+    name = tensor_name.split(':')[0]
+    for _ in range(len(nodes)):
+      node = nodes.get(name)
+      if node is None:
+        return None
+      if node.op == 'Const':
+        import tensorflow as tf  # pylint: disable=g-import-not-at-top
+        return tf.make_ndarray(node.attr['value'].tensor).tolist()
+      if node.op not in ('Identity', 'IdentityN') or not node.input:
+        return None
+      name = node.input[0].split(':')[0].lstrip('^')
+    return None
+
+  def binding_value(binding) -> Optional[Any]:
+    kind = binding.WhichOneof('binding')
+    if kind == 'tensor':
+      return const_of(binding.tensor.tensor_name)
+    if kind == 'struct':
+      values = [binding_value(b) for b in binding.struct.element]
+      return None if any(v is None for v in values) else values
+    return None
+
+  value = binding_value(proto.tensorflow.result)
+  return None if value is None else _Const(value)
+
+
+def _const_of(value: _Value) -> Any:
+  """A constant's plain value, or `DYNAMIC`."""
+  if isinstance(value, _Data):
+    return value.const.value if value.const is not None else DYNAMIC
+  if isinstance(value, StructValue):
+    parts = [_const_of(v) for _, v in value.elements]
+    return DYNAMIC if any(p == DYNAMIC for p in parts) else parts
+  return DYNAMIC
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The evaluation.
+
+
+@dataclasses.dataclass
+class Site:
+  """What the evaluation found at one intrinsic call site (a `Call` node and the path that reached it)."""
+
+  intrinsic: str
+  value_type: str
+  secure: bool
+  parameters: dict[str, Any]
+  aggregation_pass: int
+  where: str
+  count: int = 0
+  index: int = -1  # Its position among the evaluation's sites (the id in `_Data.sources`).
+  top_local: Optional[str] = None  # The local of the computation's top-level block it sits in, if any.
+
+
+def _format_local(name: str) -> str:
+  match = _TRACED_LOCAL_NAME.match(name)
+  return f'{match["function"]}[{match["index"]}]' if match else name
+
+
+class Evaluator:
+  """Evaluates a building block over `_Value`s, recording each client-to-server call."""
+
+  def __init__(self, root_name: str, top_block: Optional[building_blocks.Block] = None):
+    self._path: list[str] = [root_name]
+    self._sites: dict[tuple[Any, ...], Site] = {}
+    self.reached_calls: set[int] = set()
+    # The computation's top-level block (the body of the lambda it is): which of its locals a site sits in, and
+    # the scope its locals end up in (see `tff_gma.audit.components`).
+    self._top_block = top_block
+    self._top_local: Optional[str] = None
+    self.top_scope: Optional[Env] = None
+
+  @property
+  def sites(self) -> list[Site]:
+    return list(self._sites.values())
+
+  def evaluate(self, block: building_blocks.ComputationBuildingBlock, env: Env) -> _Value:
+    if isinstance(block, building_blocks.Reference):
+      value = env.lookup(block.name)
+      if value is not None:
+        return value
+      return _OpaqueFunction(block) if isinstance(block.type_signature, tff.FunctionType) else LEVEL_0
+    if isinstance(block, building_blocks.Selection):
+      source = self.evaluate(block.source, env)
+      if isinstance(source, StructValue):
+        return source.elements[block.as_index()][1]
+      return source
+    if isinstance(block, building_blocks.Struct):
+      return StructValue(
+          tuple((name, self.evaluate(element, env)) for name, element in structure.iter_elements(block)))
+    if isinstance(block, building_blocks.Lambda):
+      return Closure(block, env)
+    if isinstance(block, building_blocks.Block):
+      scope = Env(env)
+      top = block is self._top_block and self.top_scope is None
+      if top:
+        self.top_scope = scope
+      for name, local in block.locals:
+        self._path.append(_format_local(name))
+        if top:
+          self._top_local = name
+        try:
+          scope.bind(name, self.evaluate(local, scope))
+        finally:
+          self._path.pop()
+          if top:
+            self._top_local = None
+      return self.evaluate(block.result, scope)
+    if isinstance(block, building_blocks.Call):
+      function = self.evaluate(block.function, env)
+      argument = None if block.argument is None else self.evaluate(block.argument, env)
+      return self.call(function, argument, block)
+    if isinstance(block, building_blocks.Intrinsic):
+      return _IntrinsicFunction(block)
+    if isinstance(block, building_blocks.CompiledComputation):
+      return _OpaqueFunction(block)
+    if isinstance(block, building_blocks.Literal):
+      return _Data(0, _literal_const(block))
+    if isinstance(block, building_blocks.Data):
+      return _OpaqueFunction(block) if isinstance(block.type_signature, tff.FunctionType) else LEVEL_0
+    if isinstance(block, building_blocks.Placement):
+      return LEVEL_0
+    raise TypeError(f'unsupported building block {type(block).__name__}: {block.compact_representation()}')
+
+  def call(self, function: _Value, argument: Optional[_Value], call: Optional[building_blocks.Call]) -> _Value:
+    """Applies an abstract function; `call` is the `Call` node when there is one (it identifies the site)."""
+    if isinstance(function, Closure):
+      scope = Env(function.env)
+      if function.function.parameter_name is not None:
+        scope.bind(function.function.parameter_name, argument if argument is not None else LEVEL_0)
+      return self.evaluate(function.function.result, scope)
+    if isinstance(function, _IntrinsicFunction):
+      return self._call_intrinsic(function.intrinsic, argument, call)
+    if isinstance(function, _OpaqueFunction):
+      if argument is None and isinstance(function.block, building_blocks.CompiledComputation):
+        return _Data(0, _compiled_const(function.block))
+      if call is not None and _is_client_to_server(function.block.type_signature):
+        site = self._record(call, f'<opaque {type(function.block).__name__}>',
+                            _client_part_type(function.block.type_signature.parameter), secure=False,
+                            parameters={}, inputs=[argument])
+        return _join([argument], extra=1, site=site)
+      return _join([argument] if argument is not None else [])
+    # Calling a data value cannot type-check; keep going conservatively.
+    return _join([function] + ([argument] if argument is not None else []))
+
+  def _call_intrinsic(self, intrinsic: building_blocks.Intrinsic, argument: Optional[_Value],
+                      call: Optional[building_blocks.Call]) -> _Value:
+    uri = intrinsic.uri
+    arguments = list(argument.elements) if isinstance(argument, StructValue) else [(None, argument)]
+    values = [v for _, v in arguments if v is not None]
+    data = [v for v in values if not isinstance(v, (Closure, _IntrinsicFunction, _OpaqueFunction))]
+    functions = [v for v in values if isinstance(v, (Closure, _IntrinsicFunction, _OpaqueFunction))]
+
+    if uri in ('federated_broadcast', 'federated_value_at_clients', 'federated_value_at_server'):
+      return argument  # Moves or places a value: same dependencies.
+    if uri in ('federated_zip_at_clients', 'federated_zip_at_server'):
+      return argument  # Struct of federated values -> federated struct: same structure, same dependencies.
+    if uri in ('federated_apply', 'federated_map', 'federated_map_all_equal', 'sequence_map') and len(values) == 2:
+      return self.call(values[0], values[1], None)
+    if uri in ('federated_eval_at_clients', 'federated_eval_at_server') and len(values) == 1:
+      return self.call(values[0], None, None)
+
+    # Generic intrinsic: its functions see (and its result depends on) all of its data arguments.
+    data_level = _join(data)
+    results = [self.call(f, data_level, None) for f in functions]
+    inputs = data + results
+    intrinsic_type = intrinsic.type_signature
+    if (call is not None and (uri in KEYED_SELECT_INTRINSICS or _is_client_to_server(intrinsic_type))
+        and _carries_data(intrinsic_type)):
+      parameters = {}
+      if uri in _SECURE_PARAMETER_NAMES and len(values) == 2:
+        parameters[_SECURE_PARAMETER_NAMES[uri]] = _const_of(values[1])
+      site = self._record(call, uri, _client_part_type(intrinsic_type.parameter), secure=_is_secure(intrinsic),
+                          parameters=parameters, inputs=inputs)
+      return _join(inputs, extra=1, site=site)
+    return _join(inputs)
+
+  def _record(self, call: building_blocks.Call, uri: str, value_type: tff.Type, secure: bool,
+              parameters: dict[str, Any], inputs: Sequence[Optional[_Value]]) -> int:
+    """Counts one run of a flow site; returns the site's index."""
+    self.reached_calls.add(id(call))
+    aggregation_pass = _join([v for v in inputs if v is not None]).level + 1
+    where = ' > '.join(self._path)
+    key = (id(call), where, aggregation_pass, json.dumps(parameters, default=json_default, sort_keys=True))
+    site = self._sites.get(key)
+    if site is None:
+      site = Site(uri, str(value_type), secure, parameters, aggregation_pass, where, index=len(self._sites),
+                  top_local=self._top_local)
+      self._sites[key] = site
+    site.count += 1
+    return site.index
+
+
+def _is_secure(intrinsic: building_blocks.Intrinsic) -> bool:
+  definition = intrinsic_defs.uri_to_intrinsic_def(intrinsic.uri)
+  if definition is None:
+    return False
+  return (definition.aggregation_kind is intrinsic_defs.AggregationKind.SECURE
+          or definition.broadcast_kind is intrinsic_defs.BroadcastKind.SECURE)
+
+
+def unreached_sites(root: building_blocks.ComputationBuildingBlock, reached: set[int], root_name: str,
+                    top_block: Optional[building_blocks.Block] = None) -> list[Site]:
+  """Client-to-server intrinsic calls in the tree that the evaluation never reached (count 0)."""
+  sites = []
+
+  def visit(block, path, top_local):
+    if (isinstance(block, building_blocks.Call) and isinstance(block.function, building_blocks.Intrinsic)
+        and id(block) not in reached):
+      intrinsic = block.function
+      if ((intrinsic.uri in KEYED_SELECT_INTRINSICS or _is_client_to_server(intrinsic.type_signature))
+          and _carries_data(intrinsic.type_signature)):
+        sites.append(Site(intrinsic.uri, str(_client_part_type(intrinsic.type_signature.parameter)),
+                          _is_secure(intrinsic), {}, 0, ' > '.join(path), count=0, top_local=top_local))
+    if isinstance(block, building_blocks.Block):
+      for name, local in block.locals:
+        visit(local, path + [_format_local(name)], name if block is top_block else top_local)
+      visit(block.result, path, top_local)
+    else:
+      for child in block.children():
+        visit(child, path, top_local)
+
+  visit(root, [root_name], None)
+  return sites
