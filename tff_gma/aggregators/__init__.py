@@ -20,7 +20,7 @@ Example::
 
 Weights: every weighted factory accepts a scalar `weight_type` of any float or integer dtype, as TFF's
 `MeanFactory` does. The clients cast integer weights (e.g. example counts) to float32 before anything else
-(`secure_mean.float_weight_dtype`), so an integer weight gives the result of the same weight as a float32.
+(`client_values.float_weight_dtype`), so an integer weight gives the result of the same weight as a float32.
 
 The non-private baselines of the robustness study (coordinate-wise median, trimmed mean, multi-Krum) collect
 every client's update at the server; they are not exported here (see `tff_gma.aggregators.robust_baselines`).
@@ -39,8 +39,8 @@ from tff_gma.aggregators.geometric_median import GeometricMedianFactory
 from tff_gma.aggregators.geometric_median import UnweightedGeometricMedianFactory
 from tff_gma.aggregators.gradient_masked import GradientMaskedFactory
 from tff_gma.aggregators.gradient_masked import UnweightedGradientMaskedFactory
-from tff_gma.aggregators.secure_mean import as_unweighted
-from tff_gma.aggregators.secure_mean import FederatedMeanFactory
+from tff_gma.aggregators.mean import as_unweighted
+from tff_gma.aggregators.mean import FederatedMeanFactory
 from tff_gma.aggregators.secure_mean import SecureWeightedMeanFactory
 
 __all__ = [

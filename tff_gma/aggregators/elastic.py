@@ -52,6 +52,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
+from tff_gma.aggregators import client_values
+from tff_gma.aggregators import mean
 from tff_gma.aggregators import paired_values
 from tff_gma.aggregators import secure_mean
 
@@ -170,8 +172,8 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
     checks.check_positive_finite(weight_bound, 'weight_bound')
     if self._secure and value_bound is None:
       raise ValueError('value_bound is required when secure=True, got None')
-    self._update_mean = secure_mean.weighted_mean_factory(self._secure, value_bound, weight_bound)
-    self._sensitivity_mean = secure_mean.weighted_mean_factory(self._secure, sensitivity_bound, weight_bound)
+    self._update_mean = mean.weighted_mean_factory(self._secure, value_bound, weight_bound)
+    self._sensitivity_mean = mean.weighted_mean_factory(self._secure, sensitivity_bound, weight_bound)
 
   @property
   def tau(self) -> float:
@@ -183,9 +185,9 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     update_type, sensitivity_type = paired_values.split_paired_value_type(value_type, UPDATE, SENSITIVITY)
-    secure_mean.check_weight_type(weight_type)
-    # The clients cast their weights to float (`secure_mean.drop_invalid_clients`); the means get those.
-    float_weight_type = secure_mean.float_weight_type(weight_type)
+    client_values.check_weight_type(weight_type)
+    # The clients cast their weights to float (`client_values.drop_invalid_clients`); the means get those.
+    float_weight_type = client_values.float_weight_type(weight_type)
     update_process = self._update_mean.create(update_type, float_weight_type)
     sensitivity_process = self._sensitivity_mean.create(sensitivity_type, float_weight_type)
     tau = self._tau
@@ -197,7 +199,7 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
 
     @tff.tensorflow.computation(value_type, weight_type)
     def client_prepare(value, weight):
-      value, weight, keep = secure_mean.drop_invalid_clients(value, weight)
+      value, weight, keep = client_values.drop_invalid_clients(value, weight)
       return value[UPDATE], value[SENSITIVITY], weight, 1 - keep
 
     @tff.tensorflow.computation(update_type, sensitivity_type)

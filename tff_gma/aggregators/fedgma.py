@@ -32,9 +32,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
+from tff_gma.aggregators import client_values
 from tff_gma.aggregators import gradient_masked
+from tff_gma.aggregators import mean
 from tff_gma.aggregators import paired_values
-from tff_gma.aggregators import secure_mean
 
 DEFAULT_MASK_THRESHOLD = 0.8  # The paper's p.
 DEFAULT_SERVER_STEP_SIZE = 0.1
@@ -72,9 +73,9 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
   Values: `OrderedDict(update=<structure>, gradient=<same structure>)`; result: `fedgma_server_update` of the
   two aggregates (the `update` structure).
 
-  State (at SERVER): `update`, the model-update aggregator's state; `gradient`, that of the
-  `GradientMaskedFactory`.
-  Measurements (at SERVER): `update`, the model-update aggregator's measurements; `gradient`, those of the
+  State (at SERVER): `update`, the state of the model updates' mean (`mean_factory`'s process); `gradient`, that
+  of the `GradientMaskedFactory`.
+  Measurements (at SERVER): `update`, the measurements of the model updates' mean; `gradient`, those of the
   `GradientMaskedFactory` (masked_fraction, mean_agreement, participating_clients, dropped_clients, mean).
   """
 
@@ -86,7 +87,7 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
       value_bound: Optional[float] = None,
       gradient_bound: Optional[float] = None,
       weight_bound: float = 1e4,
-      model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+      mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
   ):
     """Initializes the factory.
 
@@ -96,10 +97,10 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
         (agreement |mean of signs| >= 2p - 1; module docstring).
       secure: both means through secure sums only (`secure_mean.SecureWeightedMeanFactory`).
       value_bound: bound on |coordinate| of a model update; required when `secure=True` (unless
-        `model_aggregator` is given).
+        `mean_factory` is given).
       gradient_bound: bound on |coordinate| of a client gradient when `secure=True`; defaults to `value_bound`.
       weight_bound: largest client weight in secure mode.
-      model_aggregator: weighted factory for the model updates (default: the weighted mean chosen by `secure`).
+      mean_factory: weighted factory for the model updates (default: the weighted mean chosen by `secure`).
         It gets the client weights as given to `create` (the default means accept any float or integer dtype).
 
     Raises:
@@ -120,12 +121,11 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
       gradient_bound = value_bound
     if secure and gradient_bound is None:
       raise ValueError('gradient_bound (or value_bound) is required when secure=True, got None')
-    if model_aggregator is None:
-      model_aggregator = secure_mean.weighted_mean_factory(secure, value_bound, weight_bound)
-    elif not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory):
-      raise ValueError(f'model_aggregator must be a tff.aggregators.WeightedAggregationFactory, '
-                       f'got {model_aggregator!r}')
-    self._model_aggregator = model_aggregator
+    if mean_factory is None:
+      mean_factory = mean.weighted_mean_factory(secure, value_bound, weight_bound)
+    elif not isinstance(mean_factory, tff.aggregators.WeightedAggregationFactory):
+      raise ValueError(f'mean_factory must be a tff.aggregators.WeightedAggregationFactory, got {mean_factory!r}')
+    self._mean_factory = mean_factory
     self._gradient_aggregator = gradient_masked.GradientMaskedFactory(
         tau=agreement_threshold(self._mask_threshold), mask='binary', secure=secure, value_bound=gradient_bound,
         weight_bound=weight_bound)
@@ -141,8 +141,8 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     update_type, gradient_type = paired_values.split_paired_value_type(
         value_type, UPDATE, GRADIENT, same_dtypes=True)
-    secure_mean.check_weight_type(weight_type)
-    update_process = self._model_aggregator.create(update_type, weight_type)
+    client_values.check_weight_type(weight_type)
+    update_process = self._mean_factory.create(update_type, weight_type)
     gradient_process = self._gradient_aggregator.create(gradient_type, weight_type)
     step = self._server_step_size
 

@@ -65,6 +65,7 @@ Weiszfeld weights and objectives get no noise. See `composition` and docs/method
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -72,7 +73,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
+from tff_gma.aggregators import client_values
 from tff_gma.aggregators import composition
+from tff_gma.aggregators import mean
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import weiszfeld
 
@@ -121,6 +124,99 @@ def _stack_scalars(scalars_at_server):
     return tf.stack(tf.nest.flatten(scalars))
 
   return tff.federated_map(stack, zipped)
+
+
+def prepare_client(value, weight, secure: bool, value_bound: Optional[float], weight_bound: float):
+  """One client's point and weight, as every pass of the round uses them, and its counts.
+
+  Drops an invalid client (`client_values.drop_invalid_clients`), casts the weight to float32 and, when `secure`,
+  clips the value and the weight to the secure bounds. Returns `(value, weight, (participating, dropped,
+  value_clipped, weight_clipped))`, the flags int32 0/1; a client participates when kept with a positive weight.
+  """
+  value, weight, keep = client_values.drop_invalid_clients(value, weight)
+  weight = tf.cast(weight, tf.float32)
+  if secure:
+    value, weight, value_clipped, weight_clipped = client_values.clip_to_bounds(
+        value, weight, value_bound, weight_bound)
+  else:
+    value_clipped = weight_clipped = tf.constant(0, tf.int32)
+  participating = keep * tf.cast(weight > 0, tf.int32)
+  return value, weight, (participating, 1 - keep, value_clipped, weight_clipped)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Computations:
+  """The TF computations of RFA's rounds, over one value type (`_build_computations`)."""
+  client_prepare: tff.Computation  # (value, weight) -> `prepare_client`'s triple.
+  client_norm: tff.Computation  # value -> ||value||, the distance to v_0 = 0.
+  client_distance: tff.Computation  # (estimate, value) -> ||estimate - value||.
+  client_reweight: tff.Computation  # (weight, distance, smoothing) -> the Weiszfeld weight.
+  server_smoothing: tff.Computation  # previous objective -> the secure smoothing c.
+
+
+def _build_computations(value_type, weight_type, secure: bool, value_bound: Optional[float], weight_bound: float,
+                        nu: float, ratio: float) -> _Computations:
+  """`_Computations` for `value_type` and `weight_type`, around `prepare_client` and `weiszfeld`'s math."""
+  scalar = tff.TensorType(np.float32)
+
+  @tff.tensorflow.computation(value_type, weight_type)
+  def client_prepare(value, weight):
+    return prepare_client(value, weight, secure, value_bound, weight_bound)
+
+  @tff.tensorflow.computation(value_type)
+  def client_norm(value):
+    return weiszfeld.flat_norm(value)
+
+  @tff.tensorflow.computation(value_type, value_type)
+  def client_distance(estimate, value):
+    return weiszfeld.flat_distance(estimate, value)
+
+  @tff.tensorflow.computation(scalar, scalar, scalar)
+  def client_reweight(weight, distance, smoothing):
+    return weiszfeld.weiszfeld_weight(weight, distance, smoothing)
+
+  @tff.tensorflow.computation(scalar)
+  def server_smoothing(previous_objective):
+    return weiszfeld.secure_smoothing(nu, previous_objective, ratio)
+
+  return _Computations(client_prepare, client_norm, client_distance, client_reweight, server_smoothing)
+
+
+class _RoundLedger:
+  """Runs one `next` call's weighted means (estimate passes, objectives) in call order and keeps their outputs.
+
+  The i-th pass (objective) run uses the i-th process and the i-th entry of the state's `passes` (`objectives`).
+  """
+
+  def __init__(self, state, pass_processes, objective_processes, points, weights, client_reweight):
+    self._state, self._points, self._client_reweight = state, points, client_reweight
+    self._pass_processes, self._objective_processes = pass_processes, objective_processes
+    self.weights = weights
+    self.pass_states, self.pass_measurements = [], []
+    self.objective_states, self.objective_measurements, self.objectives, self.smoothings = [], [], [], []
+
+  def measure_objective(self, distance) -> None:
+    """D(v) from the clients' d_i = ||v - w_i||: a weighted mean with the original weights a_i."""
+    index = len(self.objective_states)
+    output = self._objective_processes[index].next(self._state['objectives'][index], distance, self.weights)
+    self.objective_states.append(output.state)
+    self.objective_measurements.append(output.measurements)
+    self.objectives.append(output.result)
+
+  def run_pass(self, pass_weights):
+    """The next estimate: the weighted mean of the points with `pass_weights`."""
+    index = len(self.pass_states)
+    output = self._pass_processes[index].next(self._state['passes'][index], self._points, pass_weights)
+    self.pass_states.append(output.state)
+    self.pass_measurements.append(output.measurements)
+    return output.result
+
+  def reweighted_pass(self, distance, smoothing):
+    """A Weiszfeld pass: the clients reweight by their `distance` to the last estimate, with `smoothing` c."""
+    self.smoothings.append(smoothing)
+    pass_weights = tff.federated_map(
+        self._client_reweight, (self.weights, distance, tff.federated_broadcast(smoothing)))
+    return self.run_pass(pass_weights)
 
 
 class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
@@ -176,7 +272,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     self._max_weight_ratio = checks.check_positive_finite(max_weight_ratio, 'max_weight_ratio')
     if self._max_weight_ratio <= 1:
       raise ValueError(f'max_weight_ratio must be greater than 1, got {max_weight_ratio!r}')
-    default_mean = secure_mean.weighted_mean_factory(self._secure, self._value_bound, self._weight_bound)
+    default_mean = mean.weighted_mean_factory(self._secure, self._value_bound, self._weight_bound)
     if mean_factory is None:
       mean_factory = default_mean
     elif not isinstance(mean_factory, tff.aggregators.WeightedAggregationFactory):
@@ -214,56 +310,29 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
 
   def _objective_factory(self, num_elements: int) -> tff.aggregators.WeightedAggregationFactory:
     if not self._secure:
-      return secure_mean.FederatedMeanFactory()
+      return mean.FederatedMeanFactory()
     return secure_mean.SecureWeightedMeanFactory(
         weiszfeld.distance_bound(self._value_bound, num_elements), self._weight_bound)
 
+  def _first_smoothing(self, num_elements: int) -> np.float32:
+    """The c of a zero start's first reweighting: a constant, known before the round (module docstring)."""
+    if self._secure and self._init == 'zero':
+      return np.float32(weiszfeld.one_step_secure_smoothing(
+          self._smoothing, self._value_bound, num_elements, self._max_weight_ratio))
+    return np.float32(self._smoothing)
+
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    secure_mean.check_float_structure(value_type)
-    secure_mean.check_weight_type(weight_type)
+    client_values.check_float_structure(value_type)
+    client_values.check_weight_type(weight_type)
     scalar = tff.TensorType(np.float32)
-    secure, zero_start = self._secure, self._init == 'zero'
-    nu, ratio = self._smoothing, self._max_weight_ratio
-    value_bound, weight_bound = self._value_bound, self._weight_bound
-    num_passes, num_rounds = self._num_passes, self.num_rounds
-    report_final_objective = self._report_final_objective
-    num_elements = secure_mean.num_elements(value_type)
+    num_elements = client_values.num_elements(value_type)
     # One objective per round: D(v_0), ..., D(v_{R-1}) alongside the passes, D(v_R) in the optional last round.
-    pass_processes = [self._mean_factory.create(value_type, scalar) for _ in range(num_passes)]
+    pass_processes = [self._mean_factory.create(value_type, scalar) for _ in range(self._num_passes)]
     objective_factory = self._objective_factory(num_elements)
-    objective_processes = [objective_factory.create(scalar, scalar) for _ in range(num_rounds)]
-    if secure and zero_start:
-      first_smoothing = np.float32(weiszfeld.one_step_secure_smoothing(nu, value_bound, num_elements, ratio))
-    else:
-      first_smoothing = np.float32(nu)
-
-    @tff.tensorflow.computation(value_type, weight_type)
-    def client_prepare(value, weight):
-      value, weight, keep = secure_mean.drop_invalid_clients(value, weight)
-      weight = tf.cast(weight, tf.float32)
-      if secure:
-        value, weight, value_clipped, weight_clipped = secure_mean.clip_to_bounds(
-            value, weight, value_bound, weight_bound)
-      else:
-        value_clipped = weight_clipped = tf.constant(0, tf.int32)
-      participating = keep * tf.cast(weight > 0, tf.int32)
-      return value, weight, (participating, 1 - keep, value_clipped, weight_clipped)
-
-    @tff.tensorflow.computation(value_type)
-    def client_norm(value):
-      return weiszfeld.flat_norm(value)
-
-    @tff.tensorflow.computation(value_type, value_type)
-    def client_distance(estimate, value):
-      return weiszfeld.flat_distance(estimate, value)
-
-    @tff.tensorflow.computation(scalar, scalar, scalar)
-    def client_reweight(weight, distance, smoothing):
-      return weiszfeld.weiszfeld_weight(weight, distance, smoothing)
-
-    @tff.tensorflow.computation(scalar)
-    def server_smoothing(previous_objective):
-      return weiszfeld.secure_smoothing(nu, previous_objective, ratio)
+    objective_processes = [objective_factory.create(scalar, scalar) for _ in range(self.num_rounds)]
+    first_smoothing = self._first_smoothing(num_elements)
+    computations = _build_computations(value_type, weight_type, self._secure, self._value_bound,
+                                       self._weight_bound, self._smoothing, self._max_weight_ratio)
 
     @tff.federated_computation()
     def init_fn():
@@ -275,71 +344,53 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
                                tff.FederatedType(weight_type, tff.CLIENTS))
     def next_fn(state, value, weight):
-      prepared = tff.federated_map(client_prepare, (value, weight))
+      prepared = tff.federated_map(computations.client_prepare, (value, weight))
       points, weights = prepared[0], prepared[1]
       participating, dropped, value_clipped, weight_clipped = secure_mean.secure_count(prepared[2])
-      pass_states, pass_measurements = [], []
-      objective_states, objective_measurements, objectives, smoothings = [], [], [], []
-
-      def measure_objective(distance):
-        """D(v) from the clients' d_i = ||v - w_i||: a weighted mean with the original weights a_i."""
-        index = len(objective_states)
-        output = objective_processes[index].next(state['objectives'][index], distance, weights)
-        objective_states.append(output.state)
-        objective_measurements.append(output.measurements)
-        objectives.append(output.result)
-
-      def run_pass(pass_weights):
-        index = len(pass_states)
-        output = pass_processes[index].next(state['passes'][index], points, pass_weights)
-        pass_states.append(output.state)
-        pass_measurements.append(output.measurements)
-        return output.result
-
-      def reweighted_pass(distance, smoothing):
-        smoothings.append(smoothing)
-        pass_weights = tff.federated_map(
-            client_reweight, (weights, distance, tff.federated_broadcast(smoothing)))
-        return run_pass(pass_weights)
-
-      # Round 1: the distances to v_0 = 0 give D(v_0) (and the weights of a zero start, as in one-step RFA).
-      # Nothing in it depends on an aggregate, and the zero start's smoothing is a constant, so it is one round.
-      distance = tff.federated_map(client_norm, points)
-      measure_objective(distance)
-      if zero_start:
-        estimate = reweighted_pass(distance, tff.federated_value(first_smoothing, tff.SERVER))
-      else:
-        estimate = run_pass(weights)
-      # Round k = 2..R: broadcast v_{k-1}; its distances give both D(v_{k-1}) and the weights of pass k. The
-      # secure smoothing comes from D(v_{k-2}), measured in round k - 1, so the round waits for nothing else.
-      for _ in range(num_passes - 1):
-        previous_objective = objectives[-1]
-        distance = tff.federated_map(client_distance, (tff.federated_broadcast(estimate), points))
-        measure_objective(distance)
-        if secure:
-          smoothing = tff.federated_map(server_smoothing, previous_objective)
-        else:
-          smoothing = tff.federated_value(np.float32(nu), tff.SERVER)
-        estimate = reweighted_pass(distance, smoothing)
-      if report_final_objective:  # Round R + 1, only on request: D(v_R).
-        measure_objective(tff.federated_map(client_distance, (tff.federated_broadcast(estimate), points)))
-
+      ledger = _RoundLedger(state, pass_processes, objective_processes, points, weights, computations.client_reweight)
+      estimate = self._run_rounds(ledger, computations, points, first_smoothing)
       new_state = tff.federated_zip(collections.OrderedDict(
-          passes=tuple(pass_states), objectives=tuple(objective_states)))
+          passes=tuple(ledger.pass_states), objectives=tuple(ledger.objective_states)))
       measurements = collections.OrderedDict(
-          objective=_stack_scalars(objectives),
-          smoothing=_stack_scalars(smoothings),
-          aggregation_calls=tff.federated_value(np.int32(num_rounds), tff.SERVER),
+          objective=_stack_scalars(ledger.objectives),
+          smoothing=_stack_scalars(ledger.smoothings),
+          aggregation_calls=tff.federated_value(np.int32(self.num_rounds), tff.SERVER),
           participating_clients=participating,
           dropped_clients=dropped,
           value_clipped_clients=value_clipped,
           weight_clipped_clients=weight_clipped,
-          passes=tff.federated_zip(tuple(pass_measurements)),
-          objectives=tff.federated_zip(tuple(objective_measurements)),
+          passes=tff.federated_zip(tuple(ledger.pass_measurements)),
+          objectives=tff.federated_zip(tuple(ledger.objective_measurements)),
       )
       return tff.templates.MeasuredProcessOutput(new_state, estimate, tff.federated_zip(measurements))
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
+
+  def _run_rounds(self, ledger: _RoundLedger, computations: _Computations, points, first_smoothing: np.float32):
+    """The rounds of one `next` call (module docstring), in order; returns the estimate v_R at SERVER."""
+    # Round 1: the distances to v_0 = 0 give D(v_0) (and the weights of a zero start, as in one-step RFA).
+    # Nothing in it depends on an aggregate, and the zero start's smoothing is a constant, so it is one round.
+    distance = tff.federated_map(computations.client_norm, points)
+    ledger.measure_objective(distance)
+    if self._init == 'zero':
+      estimate = ledger.reweighted_pass(distance, tff.federated_value(first_smoothing, tff.SERVER))
+    else:
+      estimate = ledger.run_pass(ledger.weights)
+    # Round k = 2..R: broadcast v_{k-1}; its distances give both D(v_{k-1}) and the weights of pass k. The
+    # secure smoothing comes from D(v_{k-2}), measured in round k - 1, so the round waits for nothing else.
+    for _ in range(self._num_passes - 1):
+      previous_objective = ledger.objectives[-1]
+      distance = tff.federated_map(computations.client_distance, (tff.federated_broadcast(estimate), points))
+      ledger.measure_objective(distance)
+      if self._secure:
+        smoothing = tff.federated_map(computations.server_smoothing, previous_objective)
+      else:
+        smoothing = tff.federated_value(np.float32(self._smoothing), tff.SERVER)
+      estimate = ledger.reweighted_pass(distance, smoothing)
+    if self._report_final_objective:  # Round R + 1, only on request: D(v_R).
+      ledger.measure_objective(
+          tff.federated_map(computations.client_distance, (tff.federated_broadcast(estimate), points)))
+    return estimate
 
 
 class UnweightedGeometricMedianFactory(tff.aggregators.UnweightedAggregationFactory):
@@ -356,4 +407,4 @@ class UnweightedGeometricMedianFactory(tff.aggregators.UnweightedAggregationFact
   def create(self, value_type) -> tff.templates.AggregationProcess:
     """The geometric median with a_i = 1; refuses to be a slot TFF sums in (`composition`)."""
     composition.check_not_in_sum_slot('UnweightedGeometricMedianFactory', 'a geometric median')
-    return secure_mean.as_unweighted(self._weighted).create(value_type)
+    return mean.as_unweighted(self._weighted).create(value_type)

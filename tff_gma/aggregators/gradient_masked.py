@@ -57,7 +57,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
+from tff_gma.aggregators import client_values
 from tff_gma.aggregators import composition
+from tff_gma.aggregators import mean
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import sign_agreement
 
@@ -135,7 +137,7 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
       checks.check_positive_finite(value_bound, 'value_bound')
     checks.check_positive_finite(weight_bound, 'weight_bound')
     if mean_factory is None:
-      mean_factory = secure_mean.weighted_mean_factory(self._secure, value_bound, weight_bound)
+      mean_factory = mean.weighted_mean_factory(self._secure, value_bound, weight_bound)
     elif not isinstance(mean_factory, tff.aggregators.WeightedAggregationFactory):
       raise ValueError(f'mean_factory must be a tff.aggregators.WeightedAggregationFactory, got {mean_factory!r}')
     composition.check_weighted_mean(
@@ -180,15 +182,15 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
     `tff.templates.AggregationProcess` hands the next stage of a composed learning process only its result
     (see `tff_gma.learning.gma_fed_avg`).
     """
-    secure_mean.check_float_structure(value_type)
-    secure_mean.check_weight_type(weight_type)
-    # The clients cast their weights to float (`secure_mean.drop_invalid_clients`); the mean gets those.
-    mean_process = self._mean_factory.create(value_type, secure_mean.float_weight_type(weight_type))
+    client_values.check_float_structure(value_type)
+    client_values.check_weight_type(weight_type)
+    # The clients cast their weights to float (`client_values.drop_invalid_clients`); the mean gets those.
+    mean_process = self._mean_factory.create(value_type, client_values.float_weight_type(weight_type))
     tau, mask = self._tau, self._mask
 
     @tff.tensorflow.computation(value_type, weight_type)
     def client_prepare(value, weight):
-      value, weight, keep = secure_mean.drop_invalid_clients(value, weight)
+      value, weight, keep = client_values.drop_invalid_clients(value, weight)
       # Only clients that contribute to the mean vote: TFF's client work itself sends a zero update with
       # weight 0 for a client whose training diverged, and that zero must not dilute the agreement.
       votes = keep * tf.cast(weight > 0, tf.int32)
@@ -233,4 +235,4 @@ class UnweightedGradientMaskedFactory(tff.aggregators.UnweightedAggregationFacto
   def create(self, value_type) -> tff.templates.AggregationProcess:
     """The masked mean with weight 1 per client; refuses to be a slot TFF sums in (`composition`)."""
     composition.check_not_in_sum_slot('UnweightedGradientMaskedFactory', 'a masked mean')
-    return secure_mean.as_unweighted(self._weighted).create(value_type)
+    return mean.as_unweighted(self._weighted).create(value_type)

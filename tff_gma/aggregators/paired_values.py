@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_gma.aggregators import secure_mean
+from tff_gma.aggregators import client_values
 
 
 def _shapes_only(part_type):
@@ -32,7 +32,7 @@ def split_paired_value_type(value_type, first: str, second: str, *, same_dtypes:
 
   Raises:
     TypeError: unless `value_type` is an unplaced struct with exactly the fields `first`, `second` (in this order)
-      whose parts are float structures (`secure_mean.check_float_structure`) of the same structure and shapes
+      whose parts are float structures (`client_values.check_float_structure`) of the same structure and shapes
       (and dtypes, with `same_dtypes`).
   """
   if not isinstance(value_type, tff.StructType) or isinstance(value_type, tff.FederatedType):
@@ -42,8 +42,8 @@ def split_paired_value_type(value_type, first: str, second: str, *, same_dtypes:
     raise TypeError(f'value_type must have exactly the fields ({first!r}, {second!r}) in this order, got {names} '
                     f'in {value_type}')
   first_type, second_type = value_type[first], value_type[second]
-  secure_mean.check_float_structure(first_type, f'value_type.{first}')
-  secure_mean.check_float_structure(second_type, f'value_type.{second}')
+  client_values.check_float_structure(first_type, f'value_type.{first}')
+  client_values.check_float_structure(second_type, f'value_type.{second}')
   if not _shapes_only(first_type).is_equivalent_to(_shapes_only(second_type)):
     raise TypeError(f'value_type.{first} and value_type.{second} must have the same structure and shapes, got '
                     f'{first_type} and {second_type}')

@@ -36,7 +36,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
-from tff_gma.aggregators import secure_mean
+from tff_gma.aggregators import client_values
 
 # ----------------------------------------------------------------------------------------------------------------
 # Plain TF on stacked client vectors: points [n, d] (n dynamic), weights [n].
@@ -107,7 +107,7 @@ def multi_krum(points: tf.Tensor, weights: tf.Tensor, byzantine_fraction: float,
 
 
 def _flat_size(value_type) -> int:
-  return secure_mean.num_elements(value_type)
+  return client_values.num_elements(value_type)
 
 
 def _collected_type(size: int) -> tff.StructWithPythonType:
@@ -157,14 +157,14 @@ class _CollectingFactory(tff.aggregators.WeightedAggregationFactory):
     raise NotImplementedError
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    secure_mean.check_float_structure(value_type)
-    secure_mean.check_weight_type(weight_type)
+    client_values.check_float_structure(value_type)
+    client_values.check_weight_type(weight_type)
     size = _flat_size(value_type)
     rule = self._rule
 
     @tff.tensorflow.computation(value_type, weight_type)
     def flatten(value, weight):
-      value, weight, _ = secure_mean.drop_invalid_clients(value, weight)
+      value, weight, _ = client_values.drop_invalid_clients(value, weight)
       flat = tf.concat([tf.reshape(tf.cast(x, tf.float32), [-1]) for x in tf.nest.flatten(value)], axis=0)
       return flat, tf.cast(weight, tf.float32)
 

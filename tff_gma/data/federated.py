@@ -145,6 +145,19 @@ def from_arrays(
         dataset=dataset, partition=partition, train=client_data.from_partition(x_train, y_train, parts),
         test_x=x_test, test_y=y_test, input_shape=tuple(x_train.shape[1:]), num_classes=num_classes)
 
+  return _colored_from_arrays(
+      dataset, partition, x_train, y_train, x_test, y_test, num_classes=num_classes, num_clients=num_clients,
+      seed=seed, classes_per_client=classes_per_client, num_test_clients=num_test_clients,
+      train_correlation=train_correlation, test_correlation=test_correlation)
+
+
+def _colored_from_arrays(
+    dataset: str, partition: str,
+    x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, *,
+    num_classes: int, num_clients: int, seed: int, classes_per_client: int, num_test_clients: int,
+    train_correlation: tuple[float, float], test_correlation: float,
+) -> FederatedDataset:
+  """`from_arrays` for the colour partitions (`ALL_COLOR_PARTITIONS`), on arrays already subset."""
   if x_train.ndim != 4 or x_train.shape[-1] != 1:
     raise ValueError(
         f'partition {partition!r} colours grey-scale images [N, H, W, 1]; dataset {dataset!r} has examples of '
@@ -153,20 +166,41 @@ def from_arrays(
     parts = partition_lib.iid(y_train, num_clients, seed)
   else:
     parts = partition_lib.label_skew(y_train, num_clients, classes_per_client, seed)
+  # One generator, drawn from in this order: the colouring, the train colours, the test split's, the OOD clients'.
   rng = np.random.default_rng([seed, _COLOR_STREAM])
   create = colored.Coloring.create_shared if partition in SHARED_COLOR_PARTITIONS else colored.Coloring.create
   coloring = create(
       num_clients, num_test_clients, num_classes, rng, train_correlation, test_correlation)
   if num_test_clients > len(y_test):
     raise ValueError(f'num_test_clients={num_test_clients} exceeds the test split ({len(y_test)} examples)')
+  train_colors = train_color_ids(y_train, parts, coloring, rng)
+  train = client_data.from_partition(colored.colorize(x_train, train_colors, coloring.colors), y_train, parts)
+  test_colors = central_test_color_ids(y_train, parts, y_test, num_classes, coloring, rng)
+  ood_test = _ood_test_clients(x_test, y_test, num_test_clients, coloring, rng)
+  return FederatedDataset(
+      dataset=dataset, partition=partition, train=train,
+      test_x=colored.colorize(x_test, test_colors, coloring.colors), test_y=y_test,
+      input_shape=tuple(x_train.shape[1:3]) + (3,), num_classes=num_classes, ood_test=ood_test)
 
+
+def train_color_ids(y_train: np.ndarray, parts: list[np.ndarray], coloring: colored.Coloring,
+                    rng: np.random.Generator) -> np.ndarray:
+  """The palette index of each training example: each client's examples drawn with its own colouring."""
   train_colors = np.zeros(len(y_train), np.int64)
   for client, part in enumerate(parts):
     train_colors[part] = colored.sample_color_ids(
         y_train[part], coloring.train_mappings[client], coloring.train_correlations[client], rng)
-  train = client_data.from_partition(colored.colorize(x_train, train_colors, coloring.colors), y_train, parts)
+  return train_colors
 
-  # Central test split: each example takes the colouring of a train client holding its class.
+
+def central_test_color_ids(y_train: np.ndarray, parts: list[np.ndarray], y_test: np.ndarray, num_classes: int,
+                           coloring: colored.Coloring, rng: np.random.Generator) -> np.ndarray:
+  """The palette index of each central (in-distribution) test example.
+
+  Each example takes the colouring of a train client drawn in proportion to how many examples of its class the
+  client holds (uniformly when no client holds the class).
+  """
+  num_clients = len(parts)
   class_counts = np.zeros([num_classes, num_clients])
   for client, part in enumerate(parts):
     class_counts[:, client] = np.bincount(y_train[part], minlength=num_classes)
@@ -175,20 +209,19 @@ def from_arrays(
     members = np.flatnonzero(y_test == label)
     weights = class_counts[label] if class_counts[label].sum() > 0 else np.ones(num_clients)
     test_clients[members] = rng.choice(num_clients, size=len(members), p=weights / weights.sum())
-  test_colors = colored.sample_color_ids(
+  return colored.sample_color_ids(
       y_test, coloring.train_mappings[test_clients], coloring.train_correlations[test_clients], rng)
 
-  # OOD test clients: the same images, coloured by mappings no train client has.
+
+def _ood_test_clients(x_test: np.ndarray, y_test: np.ndarray, num_test_clients: int, coloring: colored.Coloring,
+                      rng: np.random.Generator) -> client_data.ArrayClientData:
+  """The OOD test clients: the test images dealt iid, coloured by mappings no train client has."""
   ood_parts = partition_lib.iid(y_test, num_test_clients, int(rng.integers(2**31)))
   ood_colors = np.zeros(len(y_test), np.int64)
   for client, part in enumerate(ood_parts):
     ood_colors[part] = colored.sample_color_ids(
         y_test[part], coloring.test_mappings[client], coloring.test_correlation, rng)
   width = max(3, len(str(num_test_clients - 1)))
-  ood_test = client_data.from_partition(
+  return client_data.from_partition(
       colored.colorize(x_test, ood_colors, coloring.colors), y_test, ood_parts,
       ids=[f'ood_client_{i:0{width}d}' for i in range(num_test_clients)])
-  return FederatedDataset(
-      dataset=dataset, partition=partition, train=train,
-      test_x=colored.colorize(x_test, test_colors, coloring.colors), test_y=y_test,
-      input_shape=tuple(x_train.shape[1:3]) + (3,), num_classes=num_classes, ood_test=ood_test)

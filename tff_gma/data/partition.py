@@ -87,15 +87,20 @@ def label_skew(
   if (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= num_classes):
     raise ValueError(
         f'classes_per_client must be an integer in [1, {num_classes}] (the number of classes), got {k!r}')
-  k = int(k)
   rng = np.random.default_rng(seed)
-  # held[client] lists the class indices (into `classes`) the client holds.
-  held = [list(rng.choice(num_classes, size=k, replace=False)) for _ in range(num_clients)]
+  # held[client] lists the class indices (into `classes`) the client holds; holders[c] counts the clients of c.
+  held = [list(rng.choice(num_classes, size=int(k), replace=False)) for _ in range(num_clients)]
   holders = np.zeros(num_classes, np.int64)
   for client_classes in held:
     holders[client_classes] += 1
+  _repair_coverage(held, holders, rng)
+  counts = np.array([np.sum(labels == c) for c in classes])
+  _repair_capacity(held, holders, counts, classes, rng)
+  return _split_held_classes(labels, classes, held, rng)
 
-  # 2. Coverage repair.
+
+def _repair_coverage(held: list[list[int]], holders: np.ndarray, rng: np.random.Generator) -> None:
+  """Step 2 of `label_skew`, in place: moves a slot of the most held class to each class nobody holds."""
   for unheld in np.flatnonzero(holders == 0):
     if holders.max() < 2:
       break  # Fewer slots than classes: every slot is on its own class; the rest stay unheld.
@@ -106,8 +111,14 @@ def label_skew(
     holders[donor] -= 1
     holders[unheld] += 1
 
-  # 3. Capacity repair.
-  counts = np.array([np.sum(labels == c) for c in classes])
+
+def _repair_capacity(held: list[list[int]], holders: np.ndarray, counts: np.ndarray, classes: np.ndarray,
+                     rng: np.random.Generator) -> None:
+  """Step 3 of `label_skew`, in place: moves holders off each class with fewer examples (`counts`) than holders.
+
+  Raises:
+    ValueError: if a class still has more holders than examples.
+  """
   for c in np.flatnonzero(holders > counts):
     candidates = [client for client, cs in enumerate(held) if c in cs]
     for client in rng.permutation(candidates):
@@ -126,9 +137,12 @@ def label_skew(
           f'class {classes[c]} has {counts[c]} examples for {holders[c]} clients; use fewer num_clients or '
           'fewer classes_per_client')
 
-  # 4. Split each held class among its holders.
-  parts = [[] for _ in range(num_clients)]
-  for c in range(num_classes):
+
+def _split_held_classes(labels: np.ndarray, classes: np.ndarray, held: list[list[int]],
+                        rng: np.random.Generator) -> list[np.ndarray]:
+  """Step 4 of `label_skew`: each held class's shuffled examples cut evenly among its holders, in a random order."""
+  parts = [[] for _ in range(len(held))]
+  for c in range(len(classes)):
     owners = [client for client, cs in enumerate(held) if c in cs]
     if not owners:
       continue

@@ -108,7 +108,7 @@ def build_fedgma(
     value_bound: Optional[float] = None,
     gradient_bound: Optional[float] = None,
     weight_bound: float = 1e4,
-    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     metrics_aggregator=None,
 ) -> tff.learning.templates.LearningProcess:
   """FedGMA as a `tff.learning.templates.LearningProcess` (composed like TFF's FedAvg; same client datasets).
@@ -123,7 +123,7 @@ def build_fedgma(
       module docstring).
     gradient_batches: None (default) for the gradient over the whole round dataset at the starting model, or
       the number of leading batches to use (cheaper: the full pass costs as much as one more local epoch).
-    secure, value_bound, gradient_bound, weight_bound, model_aggregator: see `FedGMAFactory`.
+    secure, value_bound, gradient_bound, weight_bound, mean_factory: see `FedGMAFactory`.
     metrics_aggregator: as in TFF's builders (default `tff.learning.metrics.sum_then_finalize`).
 
   Raises:
@@ -134,7 +134,7 @@ def build_fedgma(
   client_lib.check_optimizer(server_optimizer_fn, 'server_optimizer_fn')
   aggregator_factory = FedGMAFactory(
       server_step_size=server_step_size, mask_threshold=mask_threshold, secure=secure, value_bound=value_bound,
-      gradient_bound=gradient_bound, weight_bound=weight_bound, model_aggregator=model_aggregator)
+      gradient_bound=gradient_bound, weight_bound=weight_bound, mean_factory=mean_factory)
   client_work = build_fedgma_client_work(
       model_fn, client_optimizer_fn, gradient_batches=gradient_batches, metrics_aggregator=metrics_aggregator)
   types = client_lib.model_types(model_fn, metrics_aggregator)

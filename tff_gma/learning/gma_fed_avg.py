@@ -159,6 +159,42 @@ def _functional_model_weights_fn(model: tff.learning.models.FunctionalModel) -> 
   return initial_weights_fn
 
 
+def _check_builder_options(model_aggregator, client_weighting, loop_implementation, metrics_aggregator) -> None:
+  """Raises ValueError, naming the argument, for an invalid option of `build_gma_fed_avg`."""
+  if model_aggregator is not None and (
+      not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
+      or isinstance(model_aggregator, gradient_masked.GradientMaskedFactory)):
+    raise ValueError(f'model_aggregator must be a weighted-mean tff.aggregators.WeightedAggregationFactory (the '
+                     f'mean inside GMA; tau and mask are set here), got {model_aggregator!r}')
+  if not isinstance(client_weighting, tff.learning.ClientWeighting):
+    raise ValueError(f'client_weighting must be a tff.learning.ClientWeighting, got {client_weighting!r}')
+  if not isinstance(loop_implementation, tff.learning.LoopImplementation):
+    raise ValueError(f'loop_implementation must be a tff.learning.LoopImplementation, got {loop_implementation!r}')
+  if metrics_aggregator is not None and not callable(metrics_aggregator):
+    raise ValueError(f'metrics_aggregator must be callable (e.g. tff.learning.metrics.secure_sum_then_finalize), '
+                     f'got {metrics_aggregator!r}')
+
+
+def _model_delta_client_work(
+    model_fn, client_optimizer_fn, client_weighting, metrics_aggregator, loop_implementation,
+) -> tuple[tff.Computation, tff.learning.templates.ClientWorkProcess]:
+  """(initial `ModelWeights` computation, TFF's model-delta client work) for a model builder or a functional model."""
+  if isinstance(model_fn, tff.learning.models.FunctionalModel):
+    initial_weights_fn = _functional_model_weights_fn(model_fn)
+    client_work = tff.learning.templates.build_functional_model_delta_client_work(
+        model=model_fn, optimizer=client_optimizer_fn, client_weighting=client_weighting,
+        metrics_aggregator=metrics_aggregator, loop_implementation=loop_implementation)
+    return initial_weights_fn, client_work
+  if not callable(model_fn):
+    raise ValueError(f'model_fn must be a no-argument callable returning a tff.learning.models.VariableModel, or a '
+                     f'tff.learning.models.FunctionalModel, got {model_fn!r}')
+  initial_weights_fn = client_lib.model_types(model_fn, metrics_aggregator).initial_weights_fn
+  client_work = tff.learning.templates.build_model_delta_client_work(
+      model_fn, client_optimizer_fn, client_weighting, metrics_aggregator,
+      loop_implementation=loop_implementation)
+  return initial_weights_fn, client_work
+
+
 def build_gma_fed_avg(
     model_fn: Callable[[], tff.learning.models.VariableModel] | tff.learning.models.FunctionalModel,
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
@@ -208,33 +244,10 @@ def build_gma_fed_avg(
   if server_optimizer_fn is None:
     server_optimizer_fn = tff.learning.optimizers.build_sgdm(1.0)
   client_lib.check_optimizer(server_optimizer_fn, 'server_optimizer_fn')
-  if model_aggregator is not None and (
-      not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory)
-      or isinstance(model_aggregator, gradient_masked.GradientMaskedFactory)):
-    raise ValueError(f'model_aggregator must be a weighted-mean tff.aggregators.WeightedAggregationFactory (the '
-                     f'mean inside GMA; tau and mask are set here), got {model_aggregator!r}')
-  if not isinstance(client_weighting, tff.learning.ClientWeighting):
-    raise ValueError(f'client_weighting must be a tff.learning.ClientWeighting, got {client_weighting!r}')
-  if not isinstance(loop_implementation, tff.learning.LoopImplementation):
-    raise ValueError(f'loop_implementation must be a tff.learning.LoopImplementation, got {loop_implementation!r}')
-  if metrics_aggregator is not None and not callable(metrics_aggregator):
-    raise ValueError(f'metrics_aggregator must be callable (e.g. tff.learning.metrics.secure_sum_then_finalize), '
-                     f'got {metrics_aggregator!r}')
+  _check_builder_options(model_aggregator, client_weighting, loop_implementation, metrics_aggregator)
   masking = gradient_masked.GradientMaskedFactory(tau=tau, mask=mask, mean_factory=model_aggregator)
-  if isinstance(model_fn, tff.learning.models.FunctionalModel):
-    initial_weights_fn = _functional_model_weights_fn(model_fn)
-    client_work = tff.learning.templates.build_functional_model_delta_client_work(
-        model=model_fn, optimizer=client_optimizer_fn, client_weighting=client_weighting,
-        metrics_aggregator=metrics_aggregator,
-        loop_implementation=loop_implementation)
-  else:
-    if not callable(model_fn):
-      raise ValueError(f'model_fn must be a no-argument callable returning a tff.learning.models.VariableModel, or a '
-                       f'tff.learning.models.FunctionalModel, got {model_fn!r}')
-    initial_weights_fn = client_lib.model_types(model_fn, metrics_aggregator).initial_weights_fn
-    client_work = tff.learning.templates.build_model_delta_client_work(
-        model_fn, client_optimizer_fn, client_weighting, metrics_aggregator,
-        loop_implementation=loop_implementation)
+  initial_weights_fn, client_work = _model_delta_client_work(
+      model_fn, client_optimizer_fn, client_weighting, metrics_aggregator, loop_implementation)
   weights_type = initial_weights_fn.type_signature.result
   aggregator, finalizer = build_gma_server_processes(masking, server_optimizer_fn, weights_type)
   return tff.learning.templates.compose_learning_process(

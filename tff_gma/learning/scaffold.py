@@ -50,6 +50,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
+from tff_gma.aggregators import client_values
+from tff_gma.aggregators import mean
 from tff_gma.aggregators import secure_mean
 from tff_gma.learning import client_lib
 
@@ -66,7 +68,7 @@ def control_variate_update(gradient_sum: tuple, num_steps: tf.Tensor, client_con
   """dc_i = (1 / K) sum_k g_k - c_i (c_i+ - c_i, module docstring); zeros unless `valid`, K > 0 and it is finite."""
   steps = tf.cast(num_steps, tf.float32)
   mean_gradient = tuple(tf.math.divide_no_nan(s, tf.cast(steps, s.dtype)) for s in gradient_sum)
-  ok = tf.logical_and(tf.logical_and(valid, num_steps > 0), secure_mean.all_finite(mean_gradient))
+  ok = tf.logical_and(tf.logical_and(valid, num_steps > 0), client_values.all_finite(mean_gradient))
   return tuple(tf.where(ok, g - ci, tf.zeros_like(g)) for g, ci in zip(mean_gradient, client_control))
 
 
@@ -237,7 +239,7 @@ def build_scaffold(
   if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES, tff.learning.ClientWeighting.UNIFORM):
     raise ValueError(f'client_weighting must be a tff.learning.ClientWeighting, got {client_weighting!r}')
   if model_aggregator is None:
-    model_aggregator = secure_mean.FederatedMeanFactory()
+    model_aggregator = mean.FederatedMeanFactory()
   elif not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory):
     raise ValueError(f'model_aggregator must be a tff.aggregators.WeightedAggregationFactory, got '
                      f'{model_aggregator!r}')
@@ -245,7 +247,7 @@ def build_scaffold(
     server_optimizer_fn = tff.learning.optimizers.build_sgdm(server_lr)
   client_lib.check_optimizer(server_optimizer_fn, 'server_optimizer_fn')
 
-  control_mean = secure_mean.weighted_mean_factory(secure, value_bound, weight_bound=1.0)
+  control_mean = mean.weighted_mean_factory(secure, value_bound, weight_bound=1.0)
   types = client_lib.model_types(model_fn, metrics_aggregator)
   init_fn, client_round, control_type, _ = _build_client_round(
       model_fn, types, client_lr, client_momentum, client_weighting, None if num_clients is None else int(num_clients),

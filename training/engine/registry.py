@@ -196,7 +196,7 @@ def _fedgma(model_fn, model_aggregator, metrics_aggregator, *, client_lr: float,
   client_optimizer, server_optimizer = _fedavg_optimizers(client_lr, client_momentum, server_lr)
   return learning.build_fedgma(
       model_fn, client_optimizer, server_optimizer, server_step_size=fedgma_step_size,
-      mask_threshold=fedgma_threshold, secure=secure, value_bound=secure_bound, model_aggregator=model_aggregator,
+      mask_threshold=fedgma_threshold, secure=secure, value_bound=secure_bound, mean_factory=model_aggregator,
       metrics_aggregator=metrics_aggregator)
 
 

@@ -99,3 +99,27 @@ def assert_process_types(process, state_type, value_type, weight_type, measureme
       f'initialize: got {process.initialize.type_signature}, expected {initialize_type}')
   assert process.next.type_signature.is_equivalent_to(next_type), (
       f'next: got {process.next.type_signature}, expected {next_type}')
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Client values for the weighted means' tests (`mean_test.py`, `secure_mean_test.py`), with a NumPy reference.
+
+NESTED_TYPE = tff.to_type(collections.OrderedDict(
+    a=tff.TensorType(np.float32, [3]), b=[tff.TensorType(np.float32, [2, 2])]))  # 7 float32 coordinates.
+
+
+def random_nested_values(rng: np.random.Generator, num_clients: int, scale: float = 1.0) -> list:
+  """`num_clients` values of `NESTED_TYPE`, every coordinate normal with standard deviation `scale`."""
+  return [collections.OrderedDict(a=np.float32(scale * rng.normal(size=3)),
+                                  b=[np.float32(scale * rng.normal(size=(2, 2)))]) for _ in range(num_clients)]
+
+
+def flat(structure) -> np.ndarray:
+  """All coordinates of a structure of arrays, in `tf.nest` order, as one float64 vector."""
+  return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in tf.nest.flatten(structure)])
+
+
+def weighted_mean(values, weights) -> np.ndarray:
+  """NumPy reference: the weighted mean of `NESTED_TYPE` values, flattened; zeros for zero total weight."""
+  w = np.asarray(weights, np.float64)
+  return w @ np.stack([flat(v) for v in values]) / w.sum() if w.sum() > 0 else np.zeros(7)

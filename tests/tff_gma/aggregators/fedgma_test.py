@@ -86,10 +86,12 @@ def test_invalid_arguments():
     fedgma.FedGMAFactory(server_step_size=-1.0)
   with pytest.raises(ValueError, match='value_bound'):
     fedgma.FedGMAFactory(secure=True)
+  with pytest.raises(ValueError, match='mean_factory'):
+    fedgma.FedGMAFactory(mean_factory=tff.aggregators.UnweightedMeanFactory())
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Contract (as TFF's mean_test.py): process types, the model aggregator's state and measurements, weight dtypes.
+# Contract (as TFF's mean_test.py): process types, the mean factory's state and measurements, weight dtypes.
 
 GMA_MEASUREMENTS = collections.OrderedDict(masked_fraction=np.float32, mean_agreement=np.float32,
                                            participating_clients=np.int32, dropped_clients=np.int32, mean=())
@@ -123,11 +125,11 @@ def test_type_properties_secure():
       result_type=utils.STRUCT_TYPE)
 
 
-def test_model_aggregator_state_and_measurements_pass_through():
-  """state['update'] is the model aggregator's state, measurements['update'] its measurements; with
+def test_mean_factory_state_and_measurements_pass_through():
+  """state['update'] is the mean factory's state, measurements['update'] its measurements; with
   server_step_size=0 the result is its result (here the weighted mean plus one)."""
   weight_type = tff.TensorType(np.int32)
-  process = fedgma.FedGMAFactory(server_step_size=0.0, model_aggregator=utils.WeightedMeanPlusOneFactory()).create(
+  process = fedgma.FedGMAFactory(server_step_size=0.0, mean_factory=utils.WeightedMeanPlusOneFactory()).create(
       paired(utils.STRUCT_TYPE), weight_type)
   utils.assert_process_types(
       process, state_type=collections.OrderedDict(update=np.int32, gradient=()),

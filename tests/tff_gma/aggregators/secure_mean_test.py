@@ -1,4 +1,4 @@
-"""The weighted means GMA and RFA are built from, and their shared client-side helpers."""
+"""The secure weighted mean (`secure_mean`): its result within the documented error bound, its weights and types."""
 
 import collections
 import functools
@@ -8,71 +8,22 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma.aggregators import mean
 from tff_gma.aggregators import secure_mean
 from tests.tff_gma.aggregators import aggregator_test_utils as utils
 
-VALUE_TYPE = tff.to_type(collections.OrderedDict(
-    a=tff.TensorType(np.float32, [3]), b=[tff.TensorType(np.float32, [2, 2])]))
+VALUE_TYPE = utils.NESTED_TYPE
 WEIGHT_TYPE = tff.TensorType(np.float32)
-
-
-def random_values(rng, num_clients, scale=1.0):
-  return [collections.OrderedDict(a=np.float32(scale * rng.normal(size=3)),
-                                  b=[np.float32(scale * rng.normal(size=(2, 2)))]) for _ in range(num_clients)]
-
-
-def flat(structure):
-  return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in tf.nest.flatten(structure)])
-
-
-def weighted_mean(values, weights):
-  w = np.asarray(weights, np.float64)
-  return w @ np.stack([flat(v) for v in values]) / w.sum() if w.sum() > 0 else np.zeros(7)
-
-
-def test_drop_invalid_clients():
-  value = collections.OrderedDict(a=tf.constant([1.0, np.nan]), b=[tf.constant([[2.0]])])
-  clean, weight, keep = secure_mean.drop_invalid_clients(value, tf.constant(3.0))
-  assert int(keep) == 0 and float(weight) == 0.0
-  assert all(np.all(np.asarray(x) == 0) for x in tf.nest.flatten(clean))
-  finite = collections.OrderedDict(a=tf.constant([1.0, -2.0]), b=[tf.constant([[2.0]])])
-  for bad_weight in (np.inf, np.nan, -0.5):
-    _, weight, keep = secure_mean.drop_invalid_clients(finite, tf.constant(bad_weight, tf.float32))
-    assert int(keep) == 0 and float(weight) == 0.0
-  clean, weight, keep = secure_mean.drop_invalid_clients(finite, tf.constant(0.0))
-  assert int(keep) == 1 and float(weight) == 0.0  # Zero weight is valid (it just contributes nothing).
-  np.testing.assert_array_equal(clean['a'], [1.0, -2.0])
-
-
-def test_clip_to_bounds_flags_what_it_changes():
-  value = collections.OrderedDict(a=tf.constant([0.5, -3.0]), b=[tf.constant([[2.0]])])
-  clipped, weight, value_flag, weight_flag = secure_mean.clip_to_bounds(value, tf.constant(7.0), 2.0, 5.0)
-  np.testing.assert_array_equal(clipped['a'], [0.5, -2.0])
-  np.testing.assert_array_equal(clipped['b'][0], [[2.0]])  # On the bound: unchanged.
-  assert float(weight) == 5.0 and int(value_flag) == 1 and int(weight_flag) == 1
-  _, _, value_flag, weight_flag = secure_mean.clip_to_bounds(value, tf.constant(1.0), 3.0, 5.0)
-  assert int(value_flag) == 0 and int(weight_flag) == 0
-
-
-def test_federated_mean_factory():
-  proc = secure_mean.FederatedMeanFactory().create(VALUE_TYPE, WEIGHT_TYPE)
-  rng = np.random.default_rng(0)
-  for n in (1, 4):
-    values, weights = random_values(rng, n), [np.float32(w) for w in rng.uniform(0.1, 5, n)]
-    result = proc.next(proc.initialize(), values, weights).result
-    np.testing.assert_allclose(flat(result), weighted_mean(values, weights), rtol=1e-5, atol=1e-6)
-  result = proc.next(proc.initialize(), random_values(rng, 3), [np.float32(0)] * 3).result
-  np.testing.assert_array_equal(flat(result), 0.0)  # Zero total weight: zeros, not NaN.
 
 
 def assert_within_documented_bound(result, values, weights, value_bound, weight_bound):
   """|result - m| <= `secure_mean.error_bound` in every coordinate, m the weighted mean of the clipped values."""
-  clipped = np.clip(np.stack([flat(v) for v in values]), -value_bound, value_bound)
+  clipped = np.clip(np.stack([utils.flat(v) for v in values]), -value_bound, value_bound)
   clipped_weights = np.minimum(np.asarray(weights, np.float64), weight_bound)
   expected = clipped_weights @ clipped / clipped_weights.sum()
   bound = secure_mean.error_bound(len(values), clipped_weights.sum(), value_bound, weight_bound, np.abs(expected),
                                   np.max(np.abs(clipped), axis=0))
-  error = np.abs(flat(result) - expected)
+  error = np.abs(utils.flat(result) - expected)
   assert np.all(error <= bound), f'error {error} above the documented bound {bound}'
   return expected, bound
 
@@ -82,7 +33,7 @@ def test_secure_mean_matches_reference_within_documented_bound():
   proc = secure_mean.SecureWeightedMeanFactory(value_bound, weight_bound).create(VALUE_TYPE, WEIGHT_TYPE)
   rng = np.random.default_rng(1)
   for n in (1, 3, 8):
-    values, weights = random_values(rng, n, scale=0.5), [np.float32(w) for w in rng.uniform(1, 9, n)]
+    values, weights = utils.random_nested_values(rng, n, scale=0.5), [np.float32(w) for w in rng.uniform(1, 9, n)]
     output = proc.next(proc.initialize(), values, weights)
     expected, bound = assert_within_documented_bound(output.result, values, weights, value_bound, weight_bound)
     # The bound is far below the values' scale (float32 rounding dominates; quantization is below 1e-8) ...
@@ -91,13 +42,13 @@ def test_secure_mean_matches_reference_within_documented_bound():
                                                   float(np.max(np.abs(expected)))) < 1e-8
     # ... and tight enough to catch one client's weight off by 1e-4 (so the check above can fail).
     off = np.asarray(weights, np.float64) * np.where(np.arange(n) == 0, 1 + 1e-4, 1.0)
-    points = np.stack([flat(v) for v in values])
+    points = np.stack([utils.flat(v) for v in values])
     if n > 1:
       assert np.any(np.abs(off @ points / off.sum() - expected) > bound)
     assert output.measurements['value_clipped_clients'] == 0
     assert output.measurements['weight_clipped_clients'] == 0
   # Out-of-bound values and weights are clipped (never wrap) and counted.
-  values = random_values(rng, 3, scale=0.5)
+  values = utils.random_nested_values(rng, 3, scale=0.5)
   values[0]['a'][1] = np.float32(1e9)
   values[2]['b'][0][0, 0] = np.float32(-5.0)
   weights = [np.float32(1.0), np.float32(50.0), np.float32(2.0)]
@@ -106,8 +57,8 @@ def test_secure_mean_matches_reference_within_documented_bound():
   assert output.measurements['value_clipped_clients'] == 2
   assert output.measurements['weight_clipped_clients'] == 1
   # Zero total weight: zeros.
-  result = proc.next(proc.initialize(), random_values(rng, 2), [np.float32(0)] * 2).result
-  np.testing.assert_array_equal(flat(result), 0.0)
+  result = proc.next(proc.initialize(), utils.random_nested_values(rng, 2), [np.float32(0)] * 2).result
+  np.testing.assert_array_equal(utils.flat(result), 0.0)
 
 
 def test_float64_values_at_the_bound_are_not_clipped():
@@ -165,17 +116,6 @@ def test_error_bounds_are_the_documented_formulas():
   assert total64 == pytest.approx(quantization + eps64 * 7, rel=1e-4)
 
 
-def test_as_unweighted():
-  factory = secure_mean.as_unweighted(secure_mean.FederatedMeanFactory())
-  assert isinstance(factory, tff.aggregators.UnweightedAggregationFactory)
-  proc = factory.create(VALUE_TYPE)
-  values = random_values(np.random.default_rng(3), 3)
-  np.testing.assert_allclose(flat(proc.next(proc.initialize(), values).result), weighted_mean(values, [1, 1, 1]),
-                             rtol=1e-6, atol=1e-7)
-  with pytest.raises(TypeError):
-    secure_mean.as_unweighted(tff.aggregators.UnweightedMeanFactory())
-
-
 @pytest.mark.parametrize('kwargs,name', [
     (dict(value_bound=0.0), 'value_bound'), (dict(value_bound=float('nan')), 'value_bound'),
     (dict(value_bound=1.0, weight_bound=-2.0), 'weight_bound'), (dict(value_bound='1'), 'value_bound'),
@@ -186,17 +126,7 @@ def test_secure_mean_invalid_arguments(kwargs, name):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Contract (as TFF's mean_test.py): process types, an inner factory's state and measurements, weight dtypes.
-
-
-@pytest.mark.parametrize('weight_dtype', utils.WEIGHT_DTYPES)
-@pytest.mark.parametrize('value_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
-def test_federated_mean_type_properties(value_type, weight_dtype):
-  factory = secure_mean.FederatedMeanFactory()
-  assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
-  process = factory.create(value_type, tff.TensorType(weight_dtype))
-  utils.assert_process_types(process, state_type=(), value_type=value_type, weight_type=tff.TensorType(weight_dtype),
-                             measurements_type=())
+# Contract (as TFF's mean_test.py): process types and weight dtypes (the plain mean's beside the secure one's).
 
 
 @pytest.mark.parametrize('weight_dtype', utils.WEIGHT_DTYPES)
@@ -209,55 +139,10 @@ def test_secure_mean_type_properties(weight_dtype):
       measurements_type=collections.OrderedDict(value_clipped_clients=np.int32, weight_clipped_clients=np.int32))
 
 
-@pytest.mark.parametrize('value_type', [utils.FLOAT_TYPE, utils.STRUCT_TYPE], ids=['float', 'struct'])
-def test_as_unweighted_type_properties(value_type):
-  factory = secure_mean.as_unweighted(secure_mean.FederatedMeanFactory())
-  utils.assert_process_types(factory.create(value_type), state_type=(), value_type=value_type, weight_type=None,
-                             measurements_type=())
-
-
-def test_as_unweighted_passes_the_inner_state_and_measurements_through():
-  process = secure_mean.as_unweighted(utils.WeightedMeanPlusOneFactory()).create(utils.STRUCT_TYPE)
-  utils.assert_process_types(process, state_type=np.int32, value_type=utils.STRUCT_TYPE, weight_type=None,
-                             measurements_type=np.int32)
-  state = process.initialize()
-  assert state == 0
-  values = [(np.array([1.0, 2.0], np.float32), 3.0), (np.array([3.0, -2.0], np.float32), 5.0)]
-  output = process.next(state, values)
-  assert output.state == 1 and output.measurements == utils.MEASUREMENT_CONSTANT
-  np.testing.assert_allclose(output.result[0], [3.0, 1.0])  # Unit weights: the mean, plus one.
-  assert output.result[1] == pytest.approx(5.0)
-  assert process.next(output.state, values).state == 2
-
-
-def test_process_types_helper_rejects_wrong_signatures():
-  """The contract helper can fail: a wrong placement, dtype, measurement or weight is caught."""
-  process = secure_mean.FederatedMeanFactory().create(utils.FLOAT_TYPE, tff.TensorType(np.float32))
-  utils.assert_process_types(process, (), utils.FLOAT_TYPE, tff.TensorType(np.float32), ())
-  wrong = [
-      dict(state_type=np.int32, value_type=utils.FLOAT_TYPE, weight_type=tff.TensorType(np.float32),
-           measurements_type=()),
-      dict(state_type=(), value_type=tff.TensorType(np.float64), weight_type=tff.TensorType(np.float32),
-           measurements_type=()),
-      dict(state_type=(), value_type=utils.FLOAT_TYPE, weight_type=tff.TensorType(np.int32), measurements_type=()),
-      dict(state_type=(), value_type=utils.FLOAT_TYPE, weight_type=None, measurements_type=()),
-      dict(state_type=(), value_type=utils.FLOAT_TYPE, weight_type=tff.TensorType(np.float32),
-           measurements_type=collections.OrderedDict(mean_value=())),
-  ]
-  for kwargs in wrong:
-    with pytest.raises(AssertionError):
-      utils.assert_process_types(process, **kwargs)
-  _, next_type = utils.process_types((), utils.FLOAT_TYPE, tff.TensorType(np.float32), ())
-  clients_result = tff.FunctionType(next_type.parameter, tff.templates.MeasuredProcessOutput(
-      tff.FederatedType((), tff.SERVER), tff.FederatedType(utils.FLOAT_TYPE, tff.CLIENTS),
-      tff.FederatedType((), tff.SERVER)))
-  assert not process.next.type_signature.is_equivalent_to(clients_result)  # Placements count.
-
-
 @functools.lru_cache(maxsize=None)
 def _mean_process(secure, weight_dtype):
   factory = (secure_mean.SecureWeightedMeanFactory(2.0, 10.0) if secure
-             else secure_mean.FederatedMeanFactory())
+             else mean.FederatedMeanFactory())
   return factory.create(VALUE_TYPE, tff.TensorType(weight_dtype))
 
 
@@ -266,7 +151,7 @@ def _mean_process(secure, weight_dtype):
 def test_int_weights_give_the_float32_result(secure, weight_dtype):
   """TFF's MeanFactory takes int weights; these do, cast to float32 on the clients: the same numbers."""
   rng = np.random.default_rng(4)
-  values = random_values(rng, 5, scale=0.5)
+  values = utils.random_nested_values(rng, 5, scale=0.5)
   int_weights = [weight_dtype(w) for w in (3, 1, 9, 4, 0)]
   float_weights = [np.float32(w) for w in int_weights]
   got = _mean_process(secure, weight_dtype).next(_mean_process(secure, weight_dtype).initialize(), values,
@@ -283,7 +168,7 @@ def test_secure_bounds_hold_for_narrow_int_weights():
   """Weights are clipped and normalized in float: a weight_bound no uint8 holds (1e4, which tf.cast to uint8 would
   wrap), and int16 weights above the bound, clipped and counted as float32 weights are."""
   rng = np.random.default_rng(5)
-  values = random_values(rng, 3, scale=0.5)
+  values = utils.random_nested_values(rng, 3, scale=0.5)
   process = secure_mean.SecureWeightedMeanFactory(2.0, 1e4).create(VALUE_TYPE, tff.TensorType(np.uint8))
   weights = (3, 200, 7)
   output = process.next(process.initialize(), values, [np.uint8(w) for w in weights])
@@ -304,6 +189,6 @@ def test_secure_bounds_hold_for_narrow_int_weights():
     tff.TensorType(np.bool_), tff.TensorType(np.complex64), tff.TensorType(np.float32, [2]),
     tff.TensorType(np.str_), tff.FederatedType(np.float32, tff.CLIENTS)])
 def test_weight_types_refused(weight_type):
-  for factory in (secure_mean.FederatedMeanFactory(), secure_mean.SecureWeightedMeanFactory(1.0)):
+  for factory in (mean.FederatedMeanFactory(), secure_mean.SecureWeightedMeanFactory(1.0)):
     with pytest.raises(TypeError):
       factory.create(utils.FLOAT_TYPE, weight_type)
