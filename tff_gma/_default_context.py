@@ -14,11 +14,9 @@ a worker. Nothing here is called at import.
 
 from __future__ import annotations
 
-from tensorflow_federated.python.core.backends.native import compiler as native_compiler
-from tensorflow_federated.python.core.impl.compiler import building_blocks
-from tensorflow_federated.python.core.impl.compiler import tree_analysis
-from tensorflow_federated.python.core.impl.execution_contexts import async_execution_context
-from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
+import tensorflow_federated as tff
+
+from tff_gma import tff_internals
 
 # The intrinsics TFF's native runtime cannot execute and the simulation contexts lower to plain sums with overflow
 # checks (TFF's test backend compiler, `replace_secure_intrinsics_with_bodies`).
@@ -35,10 +33,11 @@ def secure_intrinsics(comp) -> list[str]:
   found = set()
 
   def visit(block):
-    if isinstance(block, building_blocks.Intrinsic) and block.uri in SECURE_SUM_INTRINSICS:
+    if isinstance(block, tff.framework.Intrinsic) and block.uri in SECURE_SUM_INTRINSICS:
       found.add(block.uri)
+    return block, False  # Unchanged: the transformation only visits.
 
-  tree_analysis.visit_preorder(tree, visit)
+  tff.framework.transform_preorder(tree, visit)
   return sorted(found)
 
 
@@ -50,24 +49,14 @@ def missing_context_message(intrinsics: list[str]) -> str:
           f'docs/runtime.md#troubleshooting)')
 
 
-def _compiler_fn(context):
-  """The compiler function of a TFF execution context (sync, async, or a `tff.program` context over one)."""
-  context = getattr(context, '_context', context)  # `tff.program.NativeFederatedContext` wraps an async context.
-  if type(context) is sync_execution_context.SyncExecutionContext:  # pylint: disable=unidiomatic-typecheck
-    context = getattr(context, '_async_context', None)
-  if type(context) is not async_execution_context.AsyncExecutionContext:  # pylint: disable=unidiomatic-typecheck
-    return None
-  return getattr(getattr(context, '_compiler_pipeline', None), '_compiler_fn', None)
-
-
 def is_native_sync_context(context) -> bool:
   """Whether `context` is TFF's plain native synchronous context (`create_sync_local_cpp_execution_context()`, the
   kind TFF installs at import): one compiling with the native compiler only."""
-  return (type(context) is sync_execution_context.SyncExecutionContext  # pylint: disable=unidiomatic-typecheck
-          and _compiler_fn(context) is native_compiler.desugar_and_transform_to_native)
+  return (type(context) is tff.framework.SyncExecutionContext  # pylint: disable=unidiomatic-typecheck
+          and tff_internals.compiler_fn_of(context) is tff.backends.native.desugar_and_transform_to_native)
 
 
 def cannot_run_secure_sums(context) -> bool:
   """Whether `context` is one of TFF's native contexts (sync, async, or a program context over the async one),
   which compile with the native compiler only and so cannot run the secure-sum intrinsics."""
-  return _compiler_fn(context) is native_compiler.desugar_and_transform_to_native
+  return tff_internals.compiler_fn_of(context) is tff.backends.native.desugar_and_transform_to_native

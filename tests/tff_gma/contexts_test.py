@@ -248,6 +248,47 @@ def test_a_background_job_under_tffs_context_ends_as_it_does_without_the_library
   assert outcomes[True] == outcomes[False], outcomes
 
 
+_REPLACE_SCRIPT = textwrap.dedent(r"""
+    import time
+    import tensorflow_federated as tff
+    from tff_gma import runtime
+
+    @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+    def total(x):
+      return tff.federated_sum(x)
+
+    print('TFF_SUM', total([1, 2, 3]), flush=True)  # In TFF's import-time context: TFF's own worker starts.
+    before = tff_worker_children()
+    print('BEFORE', json.dumps(before), flush=True)
+    runtime.set_simulation_context()
+    print('AFTER', json.dumps(tff_worker_children()), flush=True)
+    print('REAPED', json.dumps([not os.path.exists(f'/proc/{pid}') for pid in before]), flush=True)
+    print('SUM', total([1, 2, 3]), flush=True)
+    print('DONE', time.time(), flush=True)
+""")
+
+
+@pytest.mark.slow  # A child Python and TFF's own worker.
+def test_replacing_tffs_default_context_stops_the_worker_it_started_even_in_a_background_job(tmp_path):
+  # TFF stops its worker only from the context's `__del__`, with SIGINT and a wait without limit: in a background
+  # job the worker ignores SIGINT, and installing the library's context would wait forever. The library stops it
+  # first, bounded (`stop_tff_worker_of_default_context`, through `tff_gma.tff_internals`), and TFF reaps it.
+  job = background.run_background_job(_HELPERS + _REPLACE_SCRIPT, str(tmp_path), tests.ROOT, _ENV)
+  workers = []
+  try:
+    assert job.marked('TFF_SUM') == '6', job.stderr[-3000:]
+    workers = json.loads(job.marked('BEFORE'))
+    assert len(workers) == 1  # TFF's worker binary, a direct child.
+    assert workers[0] not in json.loads(job.marked('AFTER'))
+    assert json.loads(job.marked('REAPED')) == [True]  # Stopped, and reaped when its context was collected.
+    assert job.marked('SUM') == '6'  # In the library's context.
+    assert job.exit_delay_s is not None and job.exit_delay_s < 20.0
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert 'Traceback' not in job.stderr and 'Exception ignored' not in job.stderr, job.stderr[-3000:]
+  finally:
+    job.cleanup(workers)
+
+
 _IMPORT_CHECK = textwrap.dedent(r"""
     import atexit, json, logging, pkgutil, signal, sys
 

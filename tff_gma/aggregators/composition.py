@@ -33,8 +33,9 @@ How the slot is recognised. The consumer creates the inner process from inside i
 (`record_aggregation_factory.create(record_type)`, `value_sum_factory.create(value_type)`), so `check_not_in_sum_slot`
 looks up the Python stack for a frame running the `create` of one of those TFF classes, compared by code object
 (not by name, so no other function is taken for it). Found anywhere above, with factories between (e.g. a
-clipping factory inside the DP factory, which still needs a sum), it refuses. This reads TFF's implementation:
-the tests (`tests/tff_gma/aggregators/composition_test.py`) pin that the pinned TFF still calls it that way.
+clipping factory inside the DP factory, which still needs a sum), it refuses. This reads TFF's implementation
+(`tff_gma.tff_internals.create_running_above`): the tests (`tests/tff_gma/aggregators/composition_test.py`,
+`tests/tff_gma/tff_internals_test.py`) pin that the pinned TFF still calls it that way.
 
 The weighted mean inside GMA and RFA. Their `mean_factory` argument must weight the clients: RFA's passes are
 weighted means with the Weiszfeld weights, GMA's mean uses the client weights and gives dropped clients weight 0.
@@ -50,31 +51,26 @@ from typing import Optional
 
 import tensorflow_federated as tff
 
+from tff_gma import tff_internals
+
 DOCS = 'docs/methods.md#differential-privacy'
 
 
-def _sum_slots() -> dict[object, str]:
-  """Code object of each TFF `create` that creates an inner factory it treats as a sum -> the slot, in words."""
+def _sum_slots() -> dict[type, str]:
+  """Each TFF factory whose `create` creates an inner factory it treats as a sum -> the slot, in words."""
   aggregators = tff.aggregators
   return {
-      aggregators.DifferentiallyPrivateFactory.create.__code__:
-          "DifferentiallyPrivateFactory's record_aggregation_factory",
-      aggregators.MeanFactory.create.__code__: "MeanFactory's value_sum_factory or weight_sum_factory",
-      aggregators.UnweightedMeanFactory.create.__code__:
-          "UnweightedMeanFactory's value_sum_factory or count_sum_factory",
+      aggregators.DifferentiallyPrivateFactory: "DifferentiallyPrivateFactory's record_aggregation_factory",
+      aggregators.MeanFactory: "MeanFactory's value_sum_factory or weight_sum_factory",
+      aggregators.UnweightedMeanFactory: "UnweightedMeanFactory's value_sum_factory or count_sum_factory",
   }
 
 
 def sum_slot_above() -> Optional[str]:
   """The TFF sum slot whose `create` is on the Python stack above the caller, in words; `None` if none is."""
   slots = _sum_slots()
-  frame = sys._getframe(1)  # pylint: disable=protected-access
-  while frame is not None:
-    slot = slots.get(frame.f_code)
-    if slot is not None:
-      return slot
-    frame = frame.f_back
-  return None
+  factory = tff_internals.create_running_above(sys._getframe(1), tuple(slots))  # pylint: disable=protected-access
+  return None if factory is None else slots[factory]
 
 
 def check_not_in_sum_slot(factory_name: str, returns: str) -> None:

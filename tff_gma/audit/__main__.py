@@ -186,11 +186,11 @@ def _import_static(release_context: bool = False):
   """Imports the analysis (TensorFlow Federated: seconds). `release_context` (the command): also releases the
   execution context TFF installs at import, which would start TFF's worker lazily; nothing is executed here."""
   # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.context_stack import set_default_context
+  import tensorflow_federated as tff
   from tff_gma.audit import static
   # pylint: enable=g-import-not-at-top
   if release_context:
-    set_default_context.set_no_default_context()
+    tff.test.set_no_default_context()
   if sys.getrecursionlimit() < static._MIN_RECURSION_LIMIT:  # pylint: disable=protected-access
     sys.setrecursionlimit(static._MIN_RECURSION_LIMIT)  # pylint: disable=protected-access
   return static

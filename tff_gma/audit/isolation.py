@@ -209,9 +209,8 @@ def decode_message(data: bytes) -> 'Loaded':
     raise MalformedMessage('value and weight types come with a factory, and a factory has a value type')
 
   # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
   from tensorflow_federated.proto.v0 import computation_pb2
-  from tensorflow_federated.python.core.impl.compiler import building_blocks
-  from tensorflow_federated.python.core.impl.types import type_serialization
   # pylint: enable=g-import-not-at-top
 
   def parse(what: str, text: str, message_type: Any) -> Any:
@@ -227,7 +226,7 @@ def decode_message(data: bytes) -> 'Loaded':
     what = f'the computation {name!r}'
     proto = parse(what, text, computation_pb2.Computation)
     try:
-      computations.append((name, building_blocks.ComputationBuildingBlock.from_proto(proto)))
+      computations.append((name, tff.framework.ComputationBuildingBlock.from_proto(proto)))
     except Exception as e:  # pylint: disable=broad-except
       raise MalformedMessage(f'{what} does not parse ({describe(e)})') from e
   description = 'computation' if kind == 'computation' else class_name
@@ -236,7 +235,7 @@ def decode_message(data: bytes) -> 'Loaded':
     for what, text in (('the value type', value_type), ('the weight type', weight_type)):
       if text is not None:
         try:
-          types.append(type_serialization.deserialize_type(parse(what, text, computation_pb2.Type)))
+          types.append(tff.types.deserialize_type(parse(what, text, computation_pb2.Type)))
         except MalformedMessage:
           raise
         except Exception as e:  # pylint: disable=broad-except

@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from tff_gma import tff_internals
 from tff_gma.audit import isolation
 from tff_gma.audit.isolation import CommandError
 
@@ -96,15 +97,11 @@ def parse_type_option(option: str, spec: Optional[str]):
 
 def resolve_subject(value: Any, spec: str) -> Any:
   """The auditable object a target names: itself, or what calling it (a builder) returns."""
-  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff
-  from tensorflow_federated.python.core.impl.compiler import building_blocks
-  from tensorflow_federated.python.core.impl.computation import polymorphic_computation
-  # pylint: enable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   supported = (tff.Computation, tff.templates.IterativeProcess, tff.aggregators.UnweightedAggregationFactory,
-               tff.aggregators.WeightedAggregationFactory, building_blocks.ComputationBuildingBlock)
+               tff.aggregators.WeightedAggregationFactory, tff.framework.ComputationBuildingBlock)
   described = f'target {spec} is {type(value).__name__}'
-  if isinstance(value, polymorphic_computation.PolymorphicComputation):
+  if tff_internals.is_polymorphic_computation(value):
     raise CommandError(f'target {spec} is a polymorphic computation (no parameter type yet): decorate it with '
                        'its parameter types, or name a builder that returns a typed computation')
   if not isinstance(value, supported) and callable(value):
@@ -124,10 +121,9 @@ def _serialized_computation(comp: Any, name: str) -> bytes:
   """A computation (or building block) as the bytes of its `pb.Computation`, the proto `to_building_block` reads."""
   # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff
-  from tensorflow_federated.python.core.impl.computation import computation_impl
   from tff_gma.audit import static
   # pylint: enable=g-import-not-at-top
-  if isinstance(comp, computation_impl.ConcreteComputation):
+  if isinstance(comp, tff.framework.ConcreteComputation):
     proto = tff.framework.serialize_computation(comp)
   else:
     proto = static._to_building_block(comp, name).proto  # pylint: disable=protected-access
@@ -138,12 +134,11 @@ def _result(subject: Any, value_type: Any, weight_type: Any) -> dict[str, Any]:
   """The result message's body for a resolved subject (the kinds and checks of `static.audit_computation`)."""
   # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff
-  from tensorflow_federated.python.core.impl.types import type_serialization
   from tff_gma.audit import static
   # pylint: enable=g-import-not-at-top
   # pylint: disable=protected-access
   _, computations, _ = static._subject_computations(subject, value_type, weight_type)
-  serialize_type = lambda t: type_serialization.serialize_type(t).SerializeToString()
+  serialize_type = lambda t: tff.types.serialize_type(t).SerializeToString()
   factories = (tff.aggregators.UnweightedAggregationFactory, tff.aggregators.WeightedAggregationFactory)
   types = {}
   if isinstance(subject, factories):
@@ -188,12 +183,10 @@ def main(argv: Sequence[str]) -> int:
   """`REQUEST_JSON RESULT_FD`: loads the target, writes the message, exits 0; 130 on Ctrl-C (no message)."""
   request, result_fd = json.loads(argv[0]), int(argv[1])
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.context_stack import set_default_context
-  # pylint: enable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   # Loading executes nothing: with no default context nothing can start TFF's worker, and the context TFF installed
   # at import (which would start one lazily) is released now rather than during interpreter shutdown.
-  set_default_context.set_no_default_context()
+  tff.test.set_no_default_context()
   try:
     message = load_message(request['target'], request.get('value_type'), request.get('weight_type'),
                            bool(request.get('traceback')))

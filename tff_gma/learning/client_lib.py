@@ -21,7 +21,6 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.impl.types import computation_types  # tensorflow_to_type: no public alias
 
 
 BATCHES = 'batches'  # The key of a client's batches in the client data of a process with client state.
@@ -103,7 +102,7 @@ def model_types(model_fn: Callable[[], tff.learning.models.VariableModel], metri
   with tf.Graph().as_default():
     model = model_fn()
     metrics_aggregation_fn = metrics_aggregator(model.metric_finalizers())
-    batch_type = computation_types.tensorflow_to_type(model.input_spec)
+    batch_type = tff.types.tensorflow_to_type(model.input_spec)
   weights_type = initial_weights_fn.type_signature.result
   return ModelTypes(initial_weights_fn, weights_type, weights_type.trainable, batch_type, metrics_aggregation_fn)
 

@@ -46,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma import tff_internals
 from tff_gma.learning import client_lib
 from tff_gma.learning import fed_prox
 
@@ -101,7 +102,7 @@ def in_graph_support(model_fn: VariableModelFn, functional_model: Optional[tff.l
     trainable = [tuple(v.shape) for v in model.trainable_variables]
     if model.non_trainable_variables:
       return 'it has non-trainable weights, which the loop does not carry'
-    keras_model = getattr(model, '_keras_model', None)  # tff.learning.models.from_keras_model's Keras model.
+    keras_model = tff_internals.keras_model_of(model)
     random = sorted({type(layer).__name__ for layer in (keras_model.submodules if keras_model is not None else ())
                      if isinstance(layer, _RANDOM_LAYERS)})
     if random:  # Its functional twin would draw other random numbers than the variable model's iterator loop.

@@ -11,18 +11,14 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import subprocess
 import time
 from typing import Optional
 
 import grpc
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.backends.native import compiler as native_compiler
-from tensorflow_federated.python.core.backends.test import compiler as test_compiler
-from tensorflow_federated.python.core.impl.context_stack import runtime_error_context
-from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 
 from tff_gma import confinement
+from tff_gma import tff_internals
 from tff_gma.runtime import files
 from tff_gma.runtime import worker_process
 from tff_gma.runtime.state import STATE
@@ -33,8 +29,8 @@ def compile_for_simulation(comp):
   """The simulation contexts' compiler (and each worker's, under the multi-worker context)."""
   # As TFF's test backend: lower the secure-sum intrinsics to their insecure bodies (with the overflow checks
   # of their bounds), then to what the native runtime executes.
-  comp = test_compiler.replace_secure_intrinsics_with_bodies(comp)
-  return native_compiler.desugar_and_transform_to_native(comp)
+  comp = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
+  return tff.backends.native.desugar_and_transform_to_native(comp)
 
 
 def executor_factory(worker: Optional[WorkerProcess], default_num_clients: int, target: Optional[str] = None):
@@ -69,8 +65,8 @@ def create_simulation_context(
   return tff.framework.SyncExecutionContext(
       executor_fn=executor_factory(worker, default_num_clients),
       compiler_fn=compile_for_simulation,
-      transform_args=tensorflow_computation.transform_args,
-      transform_result=tensorflow_computation.transform_result,
+      transform_args=tff.tensorflow.transform_args,
+      transform_result=tff.tensorflow.transform_result,
   )
 
 
@@ -81,8 +77,8 @@ def create_async_simulation_context(
   return tff.framework.AsyncExecutionContext(
       executor_fn=executor_factory(worker, default_num_clients),
       compiler_fn=compile_for_simulation,
-      transform_args=tensorflow_computation.transform_args,
-      transform_result=tensorflow_computation.transform_result,
+      transform_args=tff.tensorflow.transform_args,
+      transform_result=tff.tensorflow.transform_result,
   )
 
 
@@ -138,19 +134,9 @@ def stop_tff_worker_of_default_context() -> None:
   SIGINT, and that wait never ends. So the worker is stopped here first by the bounded escalation, and left a
   zombie: TFF's `__del__` then signals it without error and reaps it at once. Anything unexpected in TFF's objects
   leaves them alone (TFF's own behaviour)."""
-  stack = tff.framework.get_context_stack()
-  frames = getattr(stack, '_stack', None) or [None]  # The bottom frame is the default (TFF 0.87's layout).
-  context = frames[0]
-  context = getattr(context, '_context', context)  # `tff.program.NativeFederatedContext`.
-  context = getattr(context, '_async_context', context)  # A synchronous context's asynchronous one.
-  stack_fn = getattr(getattr(context, '_executor_factory', None), '_executor_stack_fn', None)
-  try:
-    cells = dict(zip(stack_fn.__code__.co_freevars, stack_fn.__closure__ or ()))
-    process = cells['service_manager'].cell_contents._process  # pylint: disable=protected-access
-  except (AttributeError, KeyError, ValueError):
-    return  # Not TFF's local C++ executor factory (or not as TFF 0.87 builds it).
-  if not isinstance(process, subprocess.Popen) or process.returncode is not None:
-    return
+  process = tff_internals.local_cpp_worker_process(tff_internals.default_context())
+  if process is None or process.returncode is not None:
+    return  # Not TFF's local C++ context (or not as TFF 0.87 builds it), or its worker is not running.
   for signum in confinement.STOP_SIGNALS[1:]:  # SIGINT is the one such a worker may ignore.
     if not files.pid_alive(process.pid):
       return
@@ -178,7 +164,7 @@ def set_up_entry_point() -> None:
   stack = tff.framework.get_context_stack()
   if _default_context.is_native_sync_context(stack.current):
     stop_tff_worker_of_default_context()
-    stack.set_default_context(runtime_error_context.RuntimeErrorContext())
+    stack.set_default_context(tff.test.create_runtime_error_context())
     gc.collect()
 
 

@@ -15,11 +15,6 @@ from typing import Optional
 
 import grpc
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
-from tensorflow_federated.python.core.backends.test import compiler as test_compiler
-from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.impl.types import type_conversions
-from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 
 from tff_gma.runtime import contexts
 from tff_gma.runtime import files
@@ -38,9 +33,9 @@ class _MergeableContext(tff.framework.MergeableCompExecutionContext):
 
   def invoke(self, comp, arg=None):
     result = super().invoke(comp, arg)
-    if isinstance(comp, tff.Computation) and isinstance(result, (structure.Struct, list, tuple, dict)):
-      result = type_conversions.type_to_py_container(
-          structure.from_container(result, recursive=True), comp.type_signature.result)
+    if isinstance(comp, tff.Computation) and isinstance(result, (tff.structure.Struct, list, tuple, dict)):
+      result = tff.types.type_to_py_container(
+          tff.structure.from_container(result, recursive=True), comp.type_signature.result)
     return result
 
 
@@ -82,8 +77,8 @@ def _compile_for_workers(comp):
   check_single_aggregation_stage(comp)
   # Lower the secure intrinsics before splitting into mergeable form (as the per-worker compiler does): TFF's
   # mergeable compiler only recognises the plain aggregation intrinsics.
-  return mergeable_comp_compiler.compile_to_mergeable_comp_form(
-      test_compiler.replace_secure_intrinsics_with_bodies(comp))
+  return tff.backends.native.compile_to_mergeable_comp_form(
+      tff.backends.test.replace_secure_intrinsics_with_bodies(comp))
 
 
 def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int = 0,
@@ -122,8 +117,8 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
       tff.framework.AsyncExecutionContext(
           executor_fn=contexts.executor_factory(None, default_num_clients, target=target),
           compiler_fn=contexts.compile_for_simulation,
-          transform_args=tensorflow_computation.transform_args,
-          transform_result=tensorflow_computation.transform_result,
+          transform_args=tff.tensorflow.transform_args,
+          transform_result=tff.tensorflow.transform_result,
       ) for target in targets
   ]
   # Installed as the simulation contexts are: TFF's own worker stopped first, the replaced context collected.

@@ -16,10 +16,10 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning.templates import model_delta_client_work as tff_model_delta
 
 from tff_gma import learning
 from tff_gma import optimizers as reddi_optimizers
+from tff_gma import tff_internals
 from tff_gma.learning import client_lib
 from tff_gma.learning import fed_prox
 from tff_gma.learning import gma_fed_avg
@@ -143,7 +143,7 @@ def build_client_update(model_fn: Callable[[], tff.learning.models.VariableModel
         model_fn, proximal_strength=proximal_strength(config), weighting=CLIENT_WEIGHTING,
         loop_implementation=LOOP_IMPLEMENTATION)
     return lambda opt, hparams, weights, data: update(opt, weights, data)
-  update = tff_model_delta.build_model_delta_update_with_tff_optimizer(
+  update = tff_internals.build_model_delta_update_with_tff_optimizer(
       model_fn=model_fn, weighting=CLIENT_WEIGHTING, loop_implementation=LOOP_IMPLEMENTATION)
   return lambda opt, hparams, weights, data: update(opt, weights, data, hparams)
 
