@@ -1,15 +1,9 @@
 """What TFF's native context cannot run, and the one line that names the fix (docs/runtime.md#troubleshooting).
 
-`import tensorflow_federated` installs TFF's native C++ context (`set_sync_local_cpp_execution_context()`) as the
-default. It cannot run the secure-sum intrinsics that GMA, RFA and `secure_sum_then_finalize` use: a script that
-forgets `tff_gma.runtime.set_simulation_context()` starts TFF's (unconfined) worker, sends it the round, and gets
-back a 1.3 KB gRPC error, "Cannot embed a federated value. while evaluating local [_lze142] in block locals [...]",
-that names neither the intrinsic nor the fix.
-
-Importing this library leaves that context as TFF made it (no import hook, no wrapper, no exit hook): the check
-below runs only where this library's own code runs a computation (`tff_gma.runtime.check_context_runs`, called by
-the experiment runner before training), and refuses there, in one line naming the fix, before anything is sent to
-a worker. Nothing here is called at import.
+TFF's default native context cannot run the secure sums GMA and RFA use; a script that forgets
+`tff_gma.runtime.set_simulation_context()` gets a long gRPC error naming neither. The check here runs only where
+this library's own code runs a computation (`tff_gma.runtime.check_context_runs`, called by the experiment runner
+before training): importing the library leaves TFF's context as TFF made it, and nothing here runs at import.
 """
 
 from __future__ import annotations

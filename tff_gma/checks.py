@@ -1,12 +1,8 @@
 """Checks of scalar arguments, one per kind of argument, shared by the library and the experiment harness.
 
-Each check returns the value as a plain Python scalar (so NumPy scalars and Python numbers come out alike) or
-raises a ValueError whose message names the argument and shows the value it got. Having one check per kind keeps
-the rules (bools are not numbers, NaN and infinity are not finite, ...) and the wording the same everywhere,
-instead of a slightly different inline copy in each module.
-
-Only NumPy and the standard library are imported, so that NumPy-only modules (`tff_gma.data.partition`, ...) can
-use these checks without importing TensorFlow.
+Each returns the value as a plain Python scalar or raises a ValueError naming the argument and showing the value,
+so the rules (bools are not numbers, NaN and infinity are not finite, ...) and their wording are the same
+everywhere. Only NumPy and the standard library are imported, so NumPy-only modules can use them without TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,36 +1,9 @@
 """Network confinement of the TFF C++ worker: a private network namespace, reached through one listener.
 
-TFF 0.87's `worker_binary` has one network flag, `--port`, listens on all interfaces and has no authentication:
-whoever can connect runs TensorFlow graphs in it, as the user who started it. This module runs the unmodified
-binary in a network namespace of its own (only a loopback interface, nothing else; the worker can neither be
-reached from outside nor reach out) and forwards one listening socket into it:
-
-* a Unix socket in a private (0700) directory for the workers of a local simulation: only this user can connect;
-  no TCP port is open on the host at all;
-* a TCP socket bound to an address the caller picks (`python -m tff_gma.worker --bind=...`), for the workers of a
-  multi-host run, which must be reachable by design; or a Unix socket the caller names (`--unix=PATH`).
-
-Every connection passes the forwarder, which admits only the worker's owner among the users of this host
-(`PeerCheck`): a Unix peer by its `SO_PEERCRED` uid; a TCP peer on this host (loopback or any local address) by the
-owner uid of its socket, read from the host's `/proc/net/tcp` and `/proc/net/tcp6`. A connection from another
-user is closed before a byte reaches the worker. TCP peers on other hosts cannot be identified (TFF's protocol has
-no authentication) and are admitted: who reaches the listener from outside is up to `--bind`, a firewall or an SSH
-tunnel.
-
-The forwarder is a small helper process (this file, run as a stdlib-only script: `python -I -S confinement.py`)
-that receives the listening socket from the driver, enters a new network namespace (`unshare(CLONE_NEWNET)`,
-or `unshare(CLONE_NEWUSER | CLONE_NEWNET)` without root where the kernel allows user namespaces), brings its
-loopback up, starts the worker on a loopback port there and copies bytes between the two with `splice(2)`.
-Sockets belong to the namespace they were created in, so the listening socket the driver created stays on the
-host while every connection to the worker is made inside the namespace.
-
-`TFF_GMA_WORKER_CONFINEMENT` chooses what happens where the kernel refuses the namespace (Docker's default seccomp
-profile, Ubuntu's restricted user namespaces): `require` (the default) refuses to start a worker, with an error
-that names the opt-ins, since an unconfined worker listens on all interfaces without authentication and no default
-may leave it reachable from another host; `auto` (opt-in) warns once and runs the worker unconfined there (as TFF
-does); `off` (opt-in) does not try (and warns once).
-
-Nothing here imports TensorFlow: the helper starts in a few milliseconds.
+TFF 0.87's `worker_binary` listens on all interfaces with no authentication: whoever connects runs TensorFlow graphs
+in it. This runs the unmodified binary in a network namespace of its own, behind a forwarder that admits only the
+worker's owner among this host's users (`PeerCheck`). Run as a stdlib-only script (`python -I -S confinement.py`),
+it imports no TensorFlow. How, what it protects against, the fallback modes: docs/runtime.md#confinement.
 """
 
 from __future__ import annotations

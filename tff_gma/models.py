@@ -1,17 +1,9 @@
 """Keras models for the experiments, and their `tff.learning` wrappers.
 
-Every builder returns a fresh, uncompiled `tf.keras.Model` that outputs logits; `model_fn` wraps one as the
-no-argument callable that `tff.learning.algorithms` expect (TFF must build the model inside its own graphs).
-
-* `logistic`: multinomial logistic regression (the GMA paper's convex study).
-* `cnn`: a small CNN for the 8x8 digits.
-* `lenet`: a LeNet-5-shaped net with 'same' convolutions (the project's studies' model; 107,786 parameters on
-  28x28 inputs, not LeNet-5's 61,706: see its docstring).
-* `lenet5`: the classic LeNet-5 shape (GMA paper, Table 1: MNIST, FMNIST, FEMNIST, FedCMNIST): 5x5x16 maps into
-  the first dense layer, 61,706 parameters on 28x28 inputs.
-* `emnist_cnn`: the EMNIST CNN of Reddi et al. (2021) (TFF baselines' `create_conv_dropout_model`).
-* `resnet18_gn`: ResNet-18 with GroupNorm for CIFAR (GMA paper, Table 1 and App. D.3; Reddi et al.).
-* `char_lstm`: the Shakespeare next-character model of McMahan et al. (2017) / Reddi et al. (2021).
+Every builder returns a fresh, uncompiled `tf.keras.Model` that outputs logits: `logistic`, `cnn` (8x8 digits),
+`lenet` (the studies' LeNet-5-shaped net, 'same' convolutions), `lenet5` (LeNet-5's shape), `emnist_cnn`,
+`resnet18_gn` and `char_lstm`, each after the paper its docstring names. `model_fn` wraps one as the no-argument
+callable `tff.learning.algorithms` expect (TFF must build the model inside its own graphs).
 """
 
 from __future__ import annotations
@@ -75,8 +67,9 @@ def lenet5(input_shape=(28, 28, 1), num_classes: int = 10) -> tf.keras.Model:
 
   On 28x28 inputs the first convolution padded 'same' gives what LeCun et al.'s 'valid' one gives on their 32x32
   (MNIST padded by 2): a 5x5x16 map before the dense layers, 61,706 parameters. ReLU and max pooling, as the
-  federated-learning literature's LeNet-5 (not the original's scaled tanh and trainable subsampling). Needs
-  height and width >= 12 (`keras_builder` refuses smaller inputs, e.g. the 8x8 digits: use `lenet` there).
+  federated-learning literature's LeNet-5 (not the original's scaled tanh and trainable subsampling; the GMA
+  paper's Table 1 model for MNIST, FMNIST, FEMNIST and FedCMNIST). Needs height and width >= 12 (`keras_builder`
+  refuses smaller inputs, e.g. the 8x8 digits: use `lenet` there).
   """
   return tf.keras.Sequential([
       tf.keras.layers.InputLayer(input_shape=input_shape),
@@ -94,7 +87,8 @@ def lenet5(input_shape=(28, 28, 1), num_classes: int = 10) -> tf.keras.Model:
 def emnist_cnn(input_shape=(28, 28, 1), num_classes: int = 10) -> tf.keras.Model:
   """Reddi et al.'s EMNIST CNN: conv(32, 3x3) - conv(64, 3x3) - pool - dropout .25 - dense 128 - dropout .5.
 
-  'valid' convolutions as in the paper (1.2M parameters on 28x28); inputs need at least 6x6 pixels.
+  'valid' convolutions as in the paper (1.2M parameters on 28x28; TFF baselines' `create_conv_dropout_model`);
+  inputs need at least 6x6 pixels.
   """
   if min(input_shape[:2]) < 6:
     raise ValueError(f'input_shape must be at least 6x6 for emnist_cnn, got {tuple(input_shape)}')
@@ -132,7 +126,8 @@ def resnet18_gn(input_shape=(32, 32, 3), num_classes: int = 10, groups: int = RE
   CIFAR form: a 3x3 stride-1 stem without max-pooling (the ImageNet 7x7 stride-2 stem and pool would shrink
   32x32 images to 8x8 before the first block), then 4 stages of 2 basic blocks with 64, 128, 256, 512 filters,
   global average pooling and a linear layer. GroupNorm keeps no batch statistics, which suits federated
-  training on non-iid clients (Hsieh et al., 2020).
+  training on non-iid clients (Hsieh et al., 2020). The CIFAR model of the GMA paper (Table 1, App. D.3) and of
+  Reddi et al. (2021).
   """
   inputs = tf.keras.Input(shape=input_shape)
   x = tf.keras.layers.ReLU()(_conv_norm(inputs, 64, 3, 1, groups))
@@ -147,6 +142,8 @@ def char_lstm(
     input_shape=(80,), num_classes: int = 90, embedding_dim: int = 8, lstm_units: int = 256,
 ) -> tf.keras.Model:
   """Next-character model: embedding (8) - LSTM (256) - LSTM (256) - logits over the vocabulary, per position.
+
+  The Shakespeare model of McMahan et al. (2017) and Reddi et al. (2021).
 
   `input_shape` is (sequence_length,) of int character ids and `num_classes` the vocabulary size (inputs and
   targets share it). No Keras masking: `tff.learning` ignores Keras masks, so padding is excluded from loss and

@@ -1,38 +1,9 @@
 """FedAdam's and FedYogi's server optimizers as Reddi et al. define them, as `tff.learning.optimizers.Optimizer`s.
 
-Reddi et al. 2021, "Adaptive Federated Optimization", Algorithm 2 (which the GMA paper's FedAdam and FedYogi
-follow, with beta_1 = 0.9 and beta_2 = 0.99), round t, with Delta_t the aggregated client update (the mean of
-y_i - x_t, where y_i is client i's model after its local steps):
-
-    m_t     = beta_1 m_{t-1} + (1 - beta_1) Delta_t
-    v_t     = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2                         (FedAdam)
-    v_t     = v_{t-1} - (1 - beta_2) Delta_t^2 sign(v_{t-1} - Delta_t^2)      (FedYogi)
-    x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)
-
-from m_{-1} = 0 and v_{-1} = tau^2 (the algorithm asks v_{-1} >= tau^2; tau is the adaptivity epsilon), with no
-bias correction. `build_reddi_adam` and `build_reddi_yogi` compute exactly this; `epsilon` is tau.
-
-How TFF 0.87's `tff.learning.optimizers.build_adam` / `build_yogi` differ: both multiply the learning rate by
-sqrt(1 - beta_2^t) / (1 - beta_1^t) (Adam's bias correction, Kingma and Ba), and Adam starts v at 0 (Yogi at its
-`initial_preconditioner_value`, 1e-6 by default). With beta_1 = 0.9, beta_2 = 0.99 that factor is 1.0 at t = 1,
-0.74 at t = 2, 0.47 at t = 10, 0.63 at t = 50 and 0.80 at t = 100 (1 only after several hundred rounds): at the
-same eta and updates well above tau, TFF's steps are 0.47 to 1 times Algorithm 2's over the rounds the papers run.
-
-The sign. TFF's client works send x_t - y_i = -Delta_t (the direction of a gradient) and TFF's finalizer applies
-`optimizer.next(state, weights, update)`, which steps *against* what it is given, as every
-`tff.learning.optimizers.Optimizer` does. Written for a gradient g = -Delta_t, the rule above is
-
-    m <- beta_1 m + (1 - beta_1) g,   v <- (Adam or Yogi's rule with g^2),   w <- w - lr m / (sqrt(v) + epsilon),
-
-since m of -Delta is -m of Delta and v sees only squares: fed TFF's update, it moves x_t by +eta m_t / (...), as
-Algorithm 2 does.
-
-State and hyperparameters, as TFF's optimizers keep them: the state is an `OrderedDict` of the hyperparameters
-(`learning_rate`, `beta_1`, `beta_2`, `epsilon`) and the moments (`first_moment` m, `second_moment` v, each the
-structure of the weights); `get_hparams` returns the four hyperparameters and `set_hparams` replaces them, so
-TFF's apply-optimizer finalizer, `tff_gma.learning.build_gma_fed_avg`'s finalizer and
-`LearningProcess.get_hparams`/`set_hparams` work unchanged. v starts at the tau^2 of `initialize`; an `epsilon` set
-later through `set_hparams` changes the denominator from then on, not v's start.
+Reddi et al. 2021's Algorithm 2, which the GMA paper's FedAdam and FedYogi follow: moments from m = 0 and v = tau^2,
+no bias correction. TFF 0.87's `build_adam` / `build_yogi` add Adam's bias correction (steps 0.47 to 1 times these
+over the rounds the papers run) and start v elsewhere. State and hyperparameters are shaped as TFF's, so TFF's
+finalizers use them unchanged. Details: docs/methods.md#adaptive-server-optimizers-reddi-et-al-algorithm-2.
 """
 
 from __future__ import annotations
@@ -97,7 +68,22 @@ def _check_hparam(value, name: str, low: float, high: float, *, low_open: bool =
 
 
 class ReddiAdaptiveOptimizer(tff.learning.optimizers.Optimizer):
-  """Reddi et al.'s Algorithm 2 server step with a second-moment rule (Adam's or Yogi's); see the module docstring.
+  """Reddi et al.'s Algorithm 2 server step with a second-moment rule (Adam's or Yogi's).
+
+  Round t, with Delta_t the aggregated client update (the mean of y_i - x_t), from m_{-1} = 0 and v_{-1} = tau^2
+  (tau = `epsilon`), with no bias correction:
+
+      m_t     = beta_1 m_{t-1} + (1 - beta_1) Delta_t
+      v_t     = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2                         (FedAdam)
+      v_t     = v_{t-1} - (1 - beta_2) Delta_t^2 sign(v_{t-1} - Delta_t^2)      (FedYogi)
+      x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)
+
+  TFF's client works send x_t - y_i = -Delta_t and `next` steps against what it is given, as every TFF optimizer:
+  m of -Delta is -m of Delta and v sees only squares, so fed TFF's update it moves x_t by +eta m_t / (...), as
+  Algorithm 2 does. The state is an `OrderedDict` of the hyperparameters (`learning_rate`, `beta_1`, `beta_2`,
+  `epsilon`; `get_hparams`/`set_hparams`) and the moments (`first_moment`, `second_moment`, each the structure of
+  the weights). v starts at the tau^2 of `initialize`; an `epsilon` set later through `set_hparams` changes the
+  denominator from then on, not v's start.
 
   Build it with `build_reddi_adam` or `build_reddi_yogi`.
   """

@@ -1,12 +1,9 @@
 """The one place tff_gma reaches into TFF 0.87's private modules, where TFF has no public API for what it needs.
 
-Each use is one name here, says why no public API serves, and is pinned by `tests/tff_gma/tff_internals_test.py`,
-so that a TFF upgrade that moves one fails there, by name, not somewhere deep in a run. The audit's building-block
-walker (`tff_gma/audit/walker.py`, `components.py` and the entry points in `static.py`) reads TFF's compiled form
-by design and is the one exception.
-
-Importing this module imports nothing from TFF (each name imports it when called), so that it keeps lazy what its
-callers keep lazy (the audit's command, for one, imports TFF only when it has a target to read).
+Each use is one name here that says why no public API serves, pinned by `tests/tff_gma/tff_internals_test.py` so
+that a TFF upgrade that moves one fails there, by name. The audit's building-block walker (`audit/walker.py`,
+`components.py`, `static.py`'s entry points) reads TFF's compiled form by design: the one exception. Each name
+imports TFF only when called, keeping lazy what its callers keep lazy (the audit's command, for one).
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """Runs one TFF C++ worker in the foreground, for multi-host simulations.
 
-    python -m tff_gma.worker --port=8000 [--bind=10.0.0.5] [--log_path=worker.log]
-    python -m tff_gma.worker --unix=$HOME/.tff_gma/worker.sock [--log_path=worker.log]
-
-The driver connects with `python -m training.run --workers=host1:8000,host2:8000 ...` (or `unix:PATH` on the same
-host). TFF's executor service has no authentication: whoever can connect runs TensorFlow graphs in the worker
-(reading and writing files, as the user running this command). The worker runs in a private network namespace
-(`tff_gma.confinement`) behind one listener whose forwarder admits, among the users of this host, only this
-command's user: a connection from another local user's socket is closed before it reaches the worker. Who else can
-connect depends on the listener; at start this command prints exactly who can:
-
-* `--unix=PATH`: a Unix socket (0600, in a directory of this user's with mode 0700, created if missing): this user
-  only, and no TCP port. Reach it from another host through SSH: `ssh -N -L 8000:PATH host`, then
-  `--workers=localhost:8000` on the driver's host.
-* `--bind=127.0.0.1`: loopback only: this user's processes on this host, e.g. an SSH tunnel
-  (`ssh -N -L 8000:127.0.0.1:8000 host`) that this user opened.
-* `--bind=ADDRESS`: that address of this host only (a private network between the driver and the workers): any
-  host that reaches it, and this user on this host.
-* no `--bind`: all interfaces: any host that reaches this one, and this user on this host. Restrict it with a
-  firewall rule that accepts the port only from the driver's host, or a private network.
-
-Where the kernel refuses the namespace, the worker can only run unconfined (opt-in: `TFF_GMA_WORKER_CONFINEMENT`),
-listening on all interfaces itself with no check of who connects; `--bind` other than all interfaces and `--unix`
-are then refused rather than pretending to restrict it.
-
-The worker stops with this process (Ctrl-C, SIGTERM, or this process dying: PR_SET_PDEATHSIG), by a bounded
-escalation (SIGINT, SIGTERM, then SIGKILL), also when this command runs as a background job (`... &`, nohup), where
-SIGINT is ignored: the worker is started with default signal dispositions.
+Usage: `python -m tff_gma.worker --port=8000 [--bind=ADDRESS] [--log_path=PATH]`, or `--unix=PATH` instead of
+`--port`/`--bind`; drivers connect with `python -m training.run --workers=host1:8000,...` (or `unix:PATH`). TFF's
+protocol has no authentication: the worker runs confined behind a listener that admits only this user among the
+local ones, and prints at start exactly who can connect (docs/runtime.md#workers-for-several-hosts).
 """
 
 import getpass

@@ -1,17 +1,9 @@
 """Client values and weights before they reach an aggregate: type checks, dropping of invalid clients, clipping.
 
-Every factory of this library (the means, GMA, RFA, Elastic, FedGMA, the robust baselines) accepts the same value
-and weight types and prepares its clients' values the same way, with these helpers; none of them aggregates.
-
-Weight dtypes. A client weight is a scalar of any float or integer dtype (`check_weight_type`: what TFF's
-`MeanFactory` accepts, less bool and complex). The clients cast it to `float_weight_dtype` (float32, or float64
-for float64 weights) before anything else, so clipping to a weight bound and normalizing happen in float: the
-bounds logic is the same for every weight dtype, and an integer weight gives the result of the same weight as a
-float32.
-
-Non-finite input. `drop_invalid_clients` replaces a client whose value has a NaN/Inf, or whose weight is
-non-finite or negative, by a zero value with zero weight, and flags it so that the factories can count it with a
-secure sum. Such a client then contributes nothing to any sum (and nothing to GMA's sign sums or counts).
+Every factory of this library prepares its clients the same way with these helpers (none of them aggregates):
+weights of any float or integer dtype are cast to float first, so the bounds logic is the same for all; a client
+with a non-finite value or weight becomes a zero value of weight 0, flagged so that it can be counted securely.
+Details: docs/methods.md#the-weighted-means-plain-and-secure.
 """
 
 from __future__ import annotations

@@ -1,44 +1,9 @@
 """`ElasticFactory`: Elastic aggregation (Elastic Aggregation paper, Algorithm 1) as a `tff.aggregators` factory.
 
-Each client k sends `collections.OrderedDict(update=Delta_k, sensitivity=Omega_k)` (two structures of the same
-shape: its model update and its per-parameter sensitivity, see `tff_gma.learning.elastic`) with weight
-`|D_k|`. The server computes, with `w_k = |D_k| / sum_k |D_k|`,
-
-    Omega = sum_k w_k Omega_k,        Delta = sum_k w_k Delta_k                 (two weighted means)
-    zeta  = 1 + tau - Omega / max(Omega)      (per tensor: the max is over one tensor, the paper's "layer")
-    out   = zeta * Delta                      (elementwise)
-
-so the most sensitive parameter of a tensor moves by `tau` times its mean update and an insensitive one by
-`1 + tau` times. The sign convention of `Delta` does not matter (zeta multiplies it); in this project it is
-TFF's `initial - trained`, which the server optimizer applies as a gradient, as in the paper's
-`theta <- theta - eta * Delta`.
-
-Zero sensitivity. A tensor whose aggregated sensitivity is zero everywhere (`max(Omega) == 0`: the clients
-measured no sensitivity, e.g. `sensitivity_fraction=0`, or the tensor does not affect the output on the sampled
-data) gets `zeta = 1`: its plain weighted mean, as FedAvg. Zero sensitivity carries no information about which
-of the tensor's parameters are more sensitive, so the tensor is not reshaped; the alternative limit `1 + tau`
-(every parameter "least sensitive") would silently scale the server learning rate of that tensor by `1 + tau`,
-and an all-zero sensitivity would then make elastic aggregation differ from FedAvg by a constant factor instead
-of reducing to it. A negative max (impossible for true sensitivities, which are absolute values; possible only
-through quantization noise of the secure mean) is treated the same way.
-
-Privacy. The two weighted means are the only flows of client values: `federated_mean` (`secure=False`) or only
-`federated_secure_sum_bitwidth` (`secure=True`, see `secure_mean.SecureWeightedMeanFactory`; the sensitivity has
-its own bound `sensitivity_bound`). Dropped clients are counted with a secure sum.
-
-Secure-mode error (`scaled_update_error_bound`). Per tensor, with the exact means Omega and Delta, their secure
-errors |Omega' - Omega| <= E_O and |Delta' - Delta| <= E_D per coordinate (`secure_mean.error_bound`), the
-tensor's max Omega_max and E = max E_O: if Omega_max > E, the computed max is positive and within E of Omega_max,
-so the ratio r = Omega / Omega_max is computed within
-    dr = (E_O + r E + eps (Omega + E_O)) / (Omega_max - E)       (the division rounds once)
-and zeta within dz = 1.0001 (dr + eps (2 + 3 tau)) (tau and 1 + tau round, and the subtraction; 1.0001 covers
-the second-order terms); the product rounds once more:
-    |out' - zeta Delta| <= (dz + eps (zeta + dz)) (|Delta| + E_D) + zeta E_D.
-A tensor with Omega_max = E = 0 (all sensitivities exactly 0, which quantize exactly) keeps zeta = 1 exactly:
-|out' - Delta| <= E_D + eps (|Delta| + E_D). Otherwise (Omega_max <= E) the bound is infinite.
-
-Bad input. A client with a NaN/Inf in its update or sensitivity, or a non-finite or negative weight, is dropped
-(zero value, zero weight) and counted in `dropped_clients`; a round without weight returns a zero update.
+The weighted mean update scaled per parameter by zeta = 1 + tau - Omega / max(Omega), Omega the clients' weighted
+mean sensitivity, the max taken per tensor (client work: `tff_gma.learning.elastic`). A tensor without sensitivity
+keeps zeta = 1, so FedAvg is the limit. Math, privacy, secure-mode error bound:
+docs/methods.md#elastic-aggregation.
 """
 
 from __future__ import annotations
@@ -67,7 +32,12 @@ DEFAULT_TAU = 0.5  # The Elastic aggregation paper's tau.
 
 
 def elastic_scale(omega: tf.Tensor, tau: float) -> tf.Tensor:
-  """zeta = 1 + tau - omega / max(omega) for one tensor; all ones when max(omega) <= 0 (see module docstring)."""
+  """zeta = 1 + tau - omega / max(omega) for one tensor; all ones when max(omega) <= 0.
+
+  Zero sensitivity says nothing about which parameters are more sensitive, so such a tensor keeps its plain mean
+  (zeta = 1, as FedAvg) rather than `1 + tau`, which would scale its server learning rate; a negative max (only
+  from the secure mean's quantization noise) is treated the same way.
+  """
   top = tf.reduce_max(omega) if omega.shape.num_elements() != 0 else tf.zeros([], omega.dtype)
   ratio = tf.math.divide_no_nan(omega, top)
   scaled = 1.0 + tf.constant(tau, omega.dtype) - ratio
@@ -91,7 +61,10 @@ def scale_statistics(scales) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
 
 
 def scaled_update_error_bound(omega, delta, omega_error, delta_error, tau: float, eps: float = 2.0**-24):
-  """Per-coordinate bound on |out' - zeta * Delta| for one tensor in secure mode (NumPy; module docstring).
+  """Per-coordinate bound on |out' - zeta * Delta| for one tensor in secure mode (NumPy).
+
+  Infinite when the tensor's max sensitivity is not above its secure error; derivation:
+  docs/methods.md#elastic-aggregation.
 
   Args:
     omega, delta: the exact weighted means of the sensitivity and of the update, for one tensor.
@@ -132,7 +105,15 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
   """Elastic aggregation: the weighted mean update, scaled per parameter by the aggregated sensitivity.
 
   Values: `collections.OrderedDict(update=<structure>, sensitivity=<same structure>)`; result: the scaled update
-  (the `update` structure). See the module docstring for the math, the zero-sensitivity rule and privacy.
+  (the `update` structure). With w_k the clients' normalized weights:
+
+      Omega = sum_k w_k Omega_k,        Delta = sum_k w_k Delta_k                 (two weighted means)
+      zeta  = 1 + tau - Omega / max(Omega)      (per tensor: the max is over one tensor, the paper's "layer")
+      out   = zeta * Delta                      (elementwise; zeta = 1 for a tensor with max(Omega) <= 0)
+
+  The two weighted means are the only flows of client values (secure sums only with `secure=True`). A client with
+  a non-finite value, or a non-finite or negative weight, is dropped; a round without weight returns zeros. The
+  zero-sensitivity rule and the secure-mode error: docs/methods.md#elastic-aggregation.
 
   Measurements (all at SERVER):
     zeta_min, zeta_max, zeta_mean: statistics of the scale over all coordinates.

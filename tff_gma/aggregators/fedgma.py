@@ -1,26 +1,9 @@
 """`FedGMAFactory`: FedGMA's server step (Gradient-Masked Federated Optimization, Algorithm 1) as a factory.
 
-Each client k sends `collections.OrderedDict(update=Delta_k, gradient=grad^k)` (two structures of the same type:
-its model update, TFF's sign `w - w^k`, and the gradient of its loss at the round's starting model w; see
-`tff_gma.learning.fedgma`) with weight m_k. The server computes
-
-    Delta = sum_k m_k Delta_k / sum_k m_k                 so   w - Delta = sum_k m_k w^k / sum_k m_k (line 8)
-    grad  = AND-mask(grad^1..K) * sum_k m_k grad^k / sum_k m_k                                       (line 7)
-    out   = Delta + eta_s * grad                                                                     (line 9)
-
-and the server optimizer applies `out`: with SGD at learning rate 1 this is the paper's `w_t = w - eta_s * grad`
-with `w` the weighted average of the client models; another server optimizer treats `out` as a pseudo-gradient.
-
-AND-mask threshold. The issue and the paper's experiments (Sec. 4: "p = 0.8, that is, at least 80% of the clients
-should be agreeing on gradient signs") define p as the fraction of clients that must agree on a coordinate's
-sign; that is what `mask_threshold` means here. The server only learns the secure sum of the sign codes, i.e.
-the agreement `A = |mean_k sign(g^k)|`; with q the fraction of clients on the majority sign and no zero
-gradients, `A = 2q - 1`, so the mask keeps a coordinate iff `A >= 2p - 1` (`agreement_threshold(p)`, 0 for
-p <= 1/2), the `binary` GMA mask (`GradientMaskedFactory(tau=2p - 1, mask='binary')`, used as is, so signs
-reach the server only as secure sums of sign codes). A client whose gradient coordinate is exactly 0 counts half
-for each side there (it moves the sum of signs by 0). The paper's Sec. 3 formula,
-`I{p * k <= |sum_k sign(g^k)|}`, thresholds A at p directly; to get it, pass `mask_threshold = (1 + p) / 2`.
-Since the mask is the same for every client, the mean of the masked gradients is the masked mean.
+The weighted mean of the clients' model updates plus `server_step_size` times the AND-masked weighted mean of their
+gradients at the round's start (client work: `tff_gma.learning.fedgma`); the mask, GMA's binary one, keeps a
+coordinate iff at least a fraction p of the clients agree on its sign (agreement >= 2p - 1).
+The server step and why p reads so: docs/methods.md#fedgma.
 """
 
 from __future__ import annotations
@@ -58,7 +41,11 @@ def agreement_threshold(mask_threshold: float) -> float:
 
 
 def fedgma_server_update(mean_update, masked_mean_gradient, server_step_size: float):
-  """Delta + eta_s * masked mean gradient: what the server optimizer applies (module docstring)."""
+  """Delta + eta_s * masked mean gradient: what the server optimizer applies.
+
+  With SGD at learning rate 1 the server then moves to the weighted average of the client models, w - Delta, less
+  eta_s times the masked gradient: the paper's `w_t = w - eta_s * grad`.
+  """
   return tf.nest.map_structure(lambda d, g: d + tf.constant(server_step_size, d.dtype) * g,
                                mean_update, masked_mean_gradient)
 
@@ -94,7 +81,8 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
     Args:
       server_step_size: eta_s >= 0, the step along the masked mean gradient (0: plain FedAvg).
       mask_threshold: p in [0, 1]: keep a coordinate iff at least a fraction p of the clients agree on its sign
-        (agreement |mean of signs| >= 2p - 1; module docstring).
+        (agreement |mean of signs| >= 2p - 1; the paper's Sec. 3 formula, which thresholds the agreement at p,
+        is `mask_threshold=(1 + p) / 2`; docs/methods.md#fedgma).
       secure: both means through secure sums only (`secure_mean.SecureWeightedMeanFactory`).
       value_bound: bound on |coordinate| of a model update; required when `secure=True` (unless
         `mean_factory` is given).

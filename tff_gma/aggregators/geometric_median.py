@@ -1,65 +1,9 @@
 """`GeometricMedianFactory`: Robust Federated Aggregation (RFA) as a `tff.aggregators` factory.
 
-The result is the smoothed geometric median of the client updates computed by the smoothed Weiszfeld algorithm
-with a budget of `num_passes` secure averages (RFA paper, Algorithm 2; math in `weiszfeld`). Each pass is one
-client->server round, so a call with R passes runs exactly R sequential rounds (the audit's
-`aggregation_passes`; one more with `report_final_objective=True`):
-
-  pass 1:      init='mean' (the paper's Algorithm 2): v_1 = weighted mean of w_i with weights a_i;
-               init='zero': a reweighting from v_0 = 0 (the current server model), b_i = a_i / max(nu, ||w_i||)
-  pass k > 1:  broadcast v_{k-1}; client i computes d_i = ||v_{k-1} - w_i|| (whole flattened update) and its own
-               weight b_i = a_i / max(nu, d_i); the server receives only the weighted mean of w_i with weights b_i.
-
-`one_step=True` is one-step RFA (Algorithm 3): a single pass from the zero update, i.e. `init='zero',
-num_passes=1`. The geometric median does not depend on the start; the finite-pass estimate does. The weighted
-mean is exactly what an omniscient attacker controls (it can place it anywhere, e.g. at minus the honest mean),
-while the zero update is the current model, which no client can move: from it every pass reweights towards the
-bulk of the points (see `DEFAULT_INIT` for the measured choice).
-
-Every average goes through one weighted-mean process (`federated_mean` when `secure=False`; only secure sums when
-`secure=True`, see `secure_mean`), so the server learns the estimates, never a client's update, distance or
-weight. The weights are sent scaled as b'_i = a_i * c / max(c, d_i) (a common factor that cancels): they never
-exceed a_i, so they stay inside the secure weight bound. With `secure=False`, c = nu: exactly the smoothed
-Weiszfeld algorithm. In secure mode c = max(nu, S / max_weight_ratio) keeps the weights above the quantization
-resolution, with a distance scale S the server has before the round: pass k >= 2 uses the objective measured
-in the previous round, D(v_{k-2}); one-step RFA uses value_bound * sqrt(n), the largest norm of a clipped update
-(see `weiszfeld` for why, and what this larger smoothing changes).
-
-Objective. D(v) = sum_i a_i ||v - w_i|| / sum_i a_i (the weighted mean distance, i.e. the RFA objective
-normalized by the total weight). In the round of pass k the clients have d_i = ||v_{k-1} - w_i|| at hand, so
-they also send a_i d_i there: a second weighted mean, independent of the estimate's, in the same round (secure
-in secure mode, with the bound 2 * value_bound * sqrt(n) that clipped points and their convex combinations
-cannot exceed). The R passes thus measure D(v_0), ..., D(v_{R-1}), with v_0 = 0 the zero update (one-step:
-D(v_0) only). The objective of the result v_R would take one more round, in which the clients only compute
-distances to v_R; it is skipped unless `report_final_objective=True`, which pays that round (R + 1 in all).
-
-Measurements (all at SERVER):
-  objective: float32[num_passes] (+1 with `report_final_objective`), entry k = D(v_k): the objective at the
-    zero update (k = 0) and at the estimate broadcast by pass k + 1; the last entry is D(v_R), the objective of
-    the result, only with `report_final_objective`.
-  smoothing: the c used by each reweighting pass: float32[num_passes] from the zero start (every pass
-    reweights; one-step: [1]), float32[num_passes - 1] from the mean (pass 1 is the plain weighted mean).
-  aggregation_calls: the number of sequential client->server aggregation rounds run this call: num_passes, plus
-    one with `report_final_objective`. (Each round holds the estimate's weighted mean and the objective's,
-    computed side by side; the final-objective round holds the objective's only.)
-  participating_clients: clients with a finite update and a positive weight.
-  dropped_clients: clients dropped for a non-finite update or a non-finite or negative weight.
-  value_clipped_clients, weight_clipped_clients: clients clipped to the secure bounds (0 unless secure).
-  passes, objectives: the inner weighted-mean processes' measurements (`objectives[k]` measured D(v_k)).
-
-Bad input: as `GradientMaskedFactory` (dropped clients get zero weight in every pass; a round with zero total
-weight returns a zero update).
-
-Defaults: num_passes = 3 (the RFA paper's budget; 1 with `one_step=True`), init = 'zero' (not the paper's
-mean start; measured, see `DEFAULT_INIT`), smoothing nu = 1e-6, `secure=False`
-(mean semantics by default, as TFF's `MeanFactory`; set `secure=True` with `value_bound` for secure sums only),
-`report_final_objective=False` (no round beyond the budget).
-`UnweightedGeometricMedianFactory` is the unweighted variant (a_i = 1), for `build_unweighted_fed_avg`.
-
-Differential privacy: none. `UnweightedGeometricMedianFactory` refuses to be `tff.aggregators.
-DifferentiallyPrivateFactory`'s `record_aggregation_factory` (which needs a sum), and `mean_factory` must weight
-the clients (`tff.aggregators.as_weighted_aggregator(...)` is refused: it would drop the Weiszfeld weights); the
-Weiszfeld weights and objectives get no noise. See `composition` and docs/methods.md.
+The smoothed geometric median of the client updates by smoothed Weiszfeld with a budget of `num_passes` weighted
+means, each one sequential client->server round (RFA paper, Algorithms 2 and 3; math in `weiszfeld`). It starts
+from the zero update by default, not the paper's mean, which an omniscient attacker controls (`DEFAULT_INIT`).
+Rounds, objective, secure smoothing, defaults: docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm.
 """
 
 from __future__ import annotations
@@ -220,7 +164,29 @@ class _RoundLedger:
 
 
 class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
-  """RFA: the smoothed geometric median in `num_passes` rounds of secure averages (see the module docstring)."""
+  """RFA: the smoothed geometric median in `num_passes` rounds of secure averages.
+
+  Pass 1 reweights from the zero update (`init='zero'`, the default: b_i = a_i / max(nu, ||w_i||)) or is the
+  weighted mean (`init='mean'`, the paper's Algorithm 2); pass k > 1 broadcasts v_{k-1}, each client computes its
+  distance d_i = ||v_{k-1} - w_i|| and its weight b_i = a_i / max(nu, d_i), and the server receives only the
+  weighted mean of the w_i with weights b_i. The clients also send a_i d_i, for the objective D(v) (the weighted
+  mean distance), in the same round. Bad input: dropped clients get zero weight in every pass; a round with zero
+  total weight returns a zero update. Details: docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm.
+
+  Measurements (all at SERVER):
+    objective: float32[num_passes] (+1 with `report_final_objective`), entry k = D(v_k): the objective at the
+      zero update (k = 0) and at the estimate broadcast by pass k + 1; the last entry is D(v_R), the objective of
+      the result, only with `report_final_objective`.
+    smoothing: the c used by each reweighting pass: float32[num_passes] from the zero start (every pass
+      reweights; one-step: [1]), float32[num_passes - 1] from the mean (pass 1 is the plain weighted mean).
+    aggregation_calls: the number of sequential client->server aggregation rounds run this call: num_passes, plus
+      one with `report_final_objective`. (Each round holds the estimate's weighted mean and the objective's,
+      computed side by side; the final-objective round holds the objective's only.)
+    participating_clients: clients with a finite update and a positive weight.
+    dropped_clients: clients dropped for a non-finite update or a non-finite or negative weight.
+    value_clipped_clients, weight_clipped_clients: clients clipped to the secure bounds (0 unless secure).
+    passes, objectives: the inner weighted-mean processes' measurements (`objectives[k]` measured D(v_k)).
+  """
 
   def __init__(
       self,
@@ -256,7 +222,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       init: where Weiszfeld starts. 'mean' (the RFA paper's Algorithm 2): pass 1 is the weighted mean.
         'zero': pass 1 is a Weiszfeld reweighting from v_0 = 0 (the current server model), i.e. one-step RFA,
         and each further pass reweights from the previous estimate. Default: 'zero' with `one_step=True`
-        (which is `init='zero', num_passes=1`), else `DEFAULT_INIT` (see the module docstring for why).
+        (which is `init='zero', num_passes=1`), else `DEFAULT_INIT` (see its comment for why).
 
     Raises:
       ValueError: for an invalid argument (the message names it).
@@ -315,7 +281,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
         weiszfeld.distance_bound(self._value_bound, num_elements), self._weight_bound)
 
   def _first_smoothing(self, num_elements: int) -> np.float32:
-    """The c of a zero start's first reweighting: a constant, known before the round (module docstring)."""
+    """The c of a zero start's first reweighting: a constant, known before the round (`weiszfeld`)."""
     if self._secure and self._init == 'zero':
       return np.float32(weiszfeld.one_step_secure_smoothing(
           self._smoothing, self._value_bound, num_elements, self._max_weight_ratio))
@@ -367,7 +333,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
   def _run_rounds(self, ledger: _RoundLedger, computations: _Computations, points, first_smoothing: np.float32):
-    """The rounds of one `next` call (module docstring), in order; returns the estimate v_R at SERVER."""
+    """The rounds of one `next` call (the class docstring), in order; returns the estimate v_R at SERVER."""
     # Round 1: the distances to v_0 = 0 give D(v_0) (and the weights of a zero start, as in one-step RFA).
     # Nothing in it depends on an aggregate, and the zero start's smoothing is a constant, so it is one round.
     distance = tff.federated_map(computations.client_norm, points)

@@ -1,50 +1,8 @@
 """`GradientMaskedFactory`: Gradient Masked Averaging (GMA) as a `tff.aggregators` factory.
 
-Result (GMA paper, eq. 3 and Algorithm 1; math in `sign_agreement`):
-
-    Delta = sum_n s_n Delta_n / sum_n s_n          (s_n the client weights; an inner weighted-mean factory)
-    A_j   = |(1/N) sum_n sign(Delta_n,j)|          (unweighted, over the N participating clients)
-    m_j   = 1 if A_j >= tau else (A_j | 0)         (`mask='soft'` | `mask='binary'`)
-    out   = m * Delta
-
-`tau = 0` gives m = 1 everywhere, i.e. exactly the inner weighted mean.
-
-Privacy. Only two kinds of intrinsics move client data to the server: the inner weighted mean (`federated_mean`
-when `secure=False`; only `federated_secure_sum_bitwidth` when `secure=True`, see `secure_mean`), and
-`federated_secure_sum` for the sign codes (`max_input=2`) and the client counts (`max_input=1`). The server thus
-learns the weighted mean, the per-coordinate sign counts and the number of clients: aggregates, never a
-client's own signs or values. With `secure=True` nothing but secure sums leaves the clients.
-
-Placement. The factory returns m * Delta, so a server optimizer that consumes it (TFF's apply-optimizer finalizer)
-sees the *masked* update: the mask sits before the server optimizer. For a plain SGD server that is the GMA
-paper's Algorithm 2 (w - lr * m * Delta either way); for an adaptive server it is not: Algorithm 2 updates the
-moments of FedAdam/FedYogi with the unmasked Delta and applies m to the final step, whereas Adam normalizes a
-masked Delta by its own (masked) second moment, which largely undoes a soft mask. For adaptive (or any stateful)
-server optimizers use `tff_gma.learning.build_gma_fed_avg`, built on `create_mean_and_mask` (the same
-aggregation, returning Delta and m separately).
-
-Participation and bad input. The agreement is over the clients that contribute to the mean: a finite update and
-a positive weight (TFF's own client work already turns a diverged client into a zero update of weight 0; such
-a client is left out of N rather than voting sign 0). A client with a NaN/Inf anywhere in its update, or a
-non-finite or negative weight, is dropped: zero value, zero weight, zero sign codes, not counted in N, counted
-in `dropped_clients`. A round where every client is dropped (or all weights are zero) returns a zero update.
-With the unweighted factory every client has weight 1 and votes (as with TFF's `UnweightedMeanFactory`, a
-client that TFF's client work zeroed then counts as a zero update).
-
-Defaults: `tau=0.4` and `mask='soft'` as in the paper; `secure=False`, because TFF users expect the plain mean
-semantics of `tff.aggregators.MeanFactory` (no bounds to choose, no clipping, no quantization); the sign
-agreement is always securely summed. Set `secure=True` (with `value_bound`) to move the mean through secure sums as
-well (what the audit checks).
-
-Differential privacy: none. `UnweightedGradientMaskedFactory` refuses to be `tff.aggregators.
-DifferentiallyPrivateFactory`'s `record_aggregation_factory` (which needs a sum; the sign votes would get no
-noise either); see `composition` and docs/methods.md.
-
-Unweighted use: `UnweightedGradientMaskedFactory` (same arguments) is a
-`tff.aggregators.UnweightedAggregationFactory` that runs the weighted process with weight 1 for every client,
-for `tff.learning.algorithms.build_unweighted_fed_avg`. Two classes, as TFF's `MeanFactory` /
-`UnweightedMeanFactory`, rather than one class deriving from both bases: TFF dispatches on
-`isinstance(factory, UnweightedAggregationFactory)` in places, and an object that is both would be ambiguous.
+The weighted mean times a mask of the clients' sign agreement (GMA paper, eq. 3 and Algorithm 1), the signs
+reaching the server only as secure sums. The mask sits before the server optimizer; adaptive servers take
+`tff_gma.learning.build_gma_fed_avg`. Math, privacy, bad input, defaults: docs/methods.md#gmas-factory-and-its-math.
 """
 
 from __future__ import annotations
@@ -88,6 +46,15 @@ def mean_and_mask_type(value_type):
 
 class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
   """Gradient Masked Averaging: the weighted mean, masked by the clients' sign agreement.
+
+      Delta = sum_n s_n Delta_n / sum_n s_n          (s_n the client weights; the inner weighted-mean factory)
+      A_j   = |(1/N) sum_n sign(Delta_n,j)|          (unweighted, over the N participating clients)
+      m_j   = 1 if A_j >= tau else (A_j | 0)         (`mask='soft'` | `mask='binary'`)
+      out   = m * Delta                              (`tau = 0`: exactly the inner weighted mean)
+
+  The signs reach the server only as a `federated_secure_sum` of sign codes, the clients' number as a secure
+  count. A client with a non-finite update, or a non-finite or negative weight, is dropped (zero value and weight,
+  no vote); a round without weight returns a zero update.
 
   The result m * Delta is the update a server optimizer then applies: the mask is placed before the server
   optimizer. That equals the GMA paper's Algorithm 2 only for an SGD server; for FedAdam/FedYogi (whose moments

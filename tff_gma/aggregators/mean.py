@@ -1,18 +1,9 @@
 """The plain weighted mean, the choice between it and the secure one, and the unweighted use of a weighted factory.
 
-GMA and RFA both reduce to weighted means `sum_i a_i w_i / sum_i a_i` of client values `w_i` with client weights
-`a_i` (RFA: one per Weiszfeld pass, with reweighted `a_i`). `weighted_mean_factory(secure, ...)` picks the one
-they use:
-
-* `FederatedMeanFactory` (`secure=False`): one `tff.federated_mean` of the pair `(a_i w_i, a_i)`; the server
-  divides the two means, so `N` cancels and the result is the weighted mean. It returns zeros when the total
-  weight is zero (a plain weighted `federated_mean` would return NaN there), and needs no bounds. The values
-  reach the aggregation in the clear (the runtime sees them), as with TFF's default mean.
-* `secure_mean.SecureWeightedMeanFactory` (`secure=True`): every float leaves the clients only through secure
-  sums, clipped to bounds (see `secure_mean` for it and its error bound).
-
-`as_unweighted` runs a weighted factory with weight 1 for every client, the converse of TFF's
-`tff.aggregators.as_weighted_aggregator`.
+GMA and RFA reduce to weighted means: `weighted_mean_factory(secure, ...)` gives `FederatedMeanFactory` (one
+`federated_mean`, the values in the clear to the runtime) or `secure_mean.SecureWeightedMeanFactory` (secure sums
+only); `as_unweighted` is the converse of TFF's `as_weighted_aggregator`.
+Details: docs/methods.md#the-weighted-means-plain-and-secure.
 """
 
 from __future__ import annotations

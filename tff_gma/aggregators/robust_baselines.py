@@ -1,28 +1,9 @@
 """Robust aggregation baselines that need every client's update at the server. NOT PRIVATE.
 
-The RFA paper (Sec. 5.2) compares RFA with the coordinate-wise median and the trimmed mean (Yin et al., 2018) and
-with multi-Krum (Blanchard et al., 2017). None of them is a function of sums or means of client values, so none
-can be computed by secure aggregation: these factories collect every client's flattened update and weight at the
-server with `tff.federated_aggregate` (the accumulator is the stack of client vectors, shape [n, d]) and apply the
-rule there. The server sees each client's update in the clear. They exist as baselines for the robustness study;
-`tff_gma.audit.audit_computation` reports their `federated_aggregate` as a violation of the default policy.
-
-* `CoordinateMedianFactory`: per coordinate, the median of the client values (the mean of the two middle values
-  for an even count, as `np.median`).
-* `TrimmedMeanFactory(trim_fraction=beta)`: per coordinate, drop the k largest and k smallest values,
-  k = round(beta * n) (halves up) capped at (n - 1) // 2, and average the rest. beta is the corruption level the
-  RFA paper gives it ("knowing rho").
-* `MultiKrumFactory(byzantine_fraction=beta, num_selected=None)`: with f = round(beta * n) (halves up), each
-  client's score is the sum of squared Euclidean distances to its n - f - 2 nearest other clients (at least 1, at
-  most n - 1); the m = n - f clients of lowest score (or `num_selected`, capped at n; 1 is Krum) are averaged with
-  their weights.
-
-n is the number of clients of the round with a positive finite weight and a finite update; the others are
-dropped (they count in `dropped_clients`). The median and the trimmed mean are unweighted (as in Yin et al.):
-the weights only decide who is dropped. A round without clients returns zeros.
-
-Measurements (at SERVER): `participating_clients` (n), `dropped_clients`, and for multi-Krum `selected_clients`,
-for the trimmed mean `trimmed_per_side` (k).
+The RFA paper's comparisons (Sec. 5.2): the coordinate-wise median, the trimmed mean (Yin et al., 2018) and
+multi-Krum (Blanchard et al., 2017). None is a function of sums or means, so none can use secure aggregation: each
+collects every client's update at the server with `federated_aggregate`, which the audit reports as a violation.
+The rules: docs/methods.md#the-robust-baselines-not-private.
 """
 
 from __future__ import annotations
@@ -150,7 +131,12 @@ def collect_at_server(pairs, size: int):
 
 
 class _CollectingFactory(tff.aggregators.WeightedAggregationFactory):
-  """Base: collects the clients' flattened updates at the server and applies `_rule` there (NOT PRIVATE)."""
+  """Base: collects the clients' flattened updates at the server and applies `_rule` there (NOT PRIVATE).
+
+  The rule sees the n clients with a finite update and a positive finite weight; the others are dropped. A round
+  without clients returns zeros. Measurements (at SERVER): `participating_clients` (n), `dropped_clients`, and the
+  rule's own.
+  """
 
   def _rule(self, points: tf.Tensor, weights: tf.Tensor) -> tuple[tf.Tensor, collections.OrderedDict]:
     """(aggregate [d], extra measurements) of the kept clients' points [n, d] and weights [n]."""
@@ -209,7 +195,10 @@ def _check_fraction_below_half(value, name: str) -> float:
 
 
 class CoordinateMedianFactory(_CollectingFactory):
-  """Coordinate-wise median of the client updates (unweighted). NOT PRIVATE: every update reaches the server."""
+  """Coordinate-wise median of the client updates (unweighted). NOT PRIVATE: every update reaches the server.
+
+  The mean of the two middle values for an even count, as `np.median`; the weights only decide who is dropped.
+  """
 
   def _rule(self, points, weights):
     del weights
@@ -217,7 +206,11 @@ class CoordinateMedianFactory(_CollectingFactory):
 
 
 class TrimmedMeanFactory(_CollectingFactory):
-  """Coordinate-wise trimmed mean (unweighted). NOT PRIVATE: every update reaches the server."""
+  """Coordinate-wise trimmed mean (unweighted). NOT PRIVATE: every update reaches the server.
+
+  Per coordinate, drops the k largest and k smallest values, k = round(beta * n) (halves up) capped at
+  (n - 1) // 2, and averages the rest. Measures `trimmed_per_side` (k).
+  """
 
   def __init__(self, trim_fraction: float):
     """Args: `trim_fraction`: beta in [0, 0.5), the fraction of clients trimmed on each side (the corruption level)."""
@@ -230,7 +223,12 @@ class TrimmedMeanFactory(_CollectingFactory):
 
 
 class MultiKrumFactory(_CollectingFactory):
-  """Multi-Krum: the weighted mean of the lowest-score updates. NOT PRIVATE: every update reaches the server."""
+  """Multi-Krum: the weighted mean of the lowest-score updates. NOT PRIVATE: every update reaches the server.
+
+  With f = round(beta * n) (halves up), a client's score is the sum of squared distances to its n - f - 2 nearest
+  other clients (at least 1, at most n - 1); the m = n - f lowest (or `num_selected`, at most n; 1 is Krum) are
+  averaged with their weights. Measures `selected_clients` (m).
+  """
 
   def __init__(self, byzantine_fraction: float, num_selected: Optional[int] = None):
     """Args: `byzantine_fraction`: beta in [0, 0.5), f = round(beta * n); `num_selected`: m (default n - f)."""

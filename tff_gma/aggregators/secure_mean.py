@@ -1,49 +1,9 @@
 """`SecureWeightedMeanFactory`: a weighted mean whose floats leave the clients only through secure sums.
 
-GMA and RFA reduce to weighted means `sum_i a_i w_i / sum_i a_i` of client values `w_i` with client weights `a_i`;
-with `secure=True` they take this one (`mean.weighted_mean_factory`; the plain one is `mean.FederatedMeanFactory`).
-Every float leaves the clients only through `tff.federated_secure_sum_bitwidth`, by TFF's own quantized secure sum
-(`tff.aggregators.secure_quantized_sum`, the primitive behind `tff.aggregators.SecureSumFactory` for floats). Each
-client clips its weight to `[0, weight_bound]` and each coordinate of its value to `[-value_bound, value_bound]`
-(both counted), and sends `u_i = a_i / weight_bound` in `[0, 1]` and `u_i w_i` in `[-value_bound, value_bound]`.
-Normalizing the weight *before* multiplying is what keeps `u_i w_i` inside the value bound (TFF's `MeanFactory`
-clips `a_i w_i` itself, so a client weight of 90 would clip an update of 0.02); the common factor
-`1 / weight_bound` cancels in the division.
-
-Error of the secure mean. Per coordinate, let `m` be the exact weighted mean of the clipped values `w_i` with
-the clipped weights `a_i` (real arithmetic), `M = max_i |w_i|`, `N` the number of clients in the round,
-`U = sum_i a_i / weight_bound`, `B = value_bound`, `L = 2**32 - 1` (`SECAGG_LEVELS`) and `eps` the unit
-roundoff of the coarser of the value's dtype and the weight's float dtype (2**-24 for float32). The result
-differs from `m` by two kinds of error:
-
-* Quantization. TFF's quantized secure sum maps a float `x` in `[lo, hi]` to the integer nearest to
-  `x * L / (hi - lo)`, sums the integers exactly and scales the sum back, so each client adds at most
-  `(hi - lo) / (2 L)` to a sum: `B / L` to each coordinate of `sum u_i w_i`, `1 / (2 L)` to `sum u_i`. The
-  float64 arithmetic of that scaling adds less than 4e-6 of this, relative (TFF's
-  `_client_tensor_shift_for_secure_sum` rounds `x * scale` in float64, at most 2**-20 of the 1/2 step; the
-  decoding makes 3 float64 roundings of a sum of size at most `N * max(|lo|, |hi|)`, i.e. 3 * 2**-53 * L = 1.4e-6
-  of `N (hi - lo) / (2 L)` for the values, twice that for the weights); `QUANTIZATION_SLACK = 1 + 1e-5` covers
-  it. Dividing the two perturbed sums, with `s = QUANTIZATION_SLACK`:
-
-      |mean - m| <= s N (B + |m| / 2) / (L U - s N / 2)            (`discretization_error_bound`)
-
-* Float rounding. Each client rounds its weight up to three times (cast to float, divide by `weight_bound`,
-  cast to the value's dtype; the weight of the weight sum twice) and `u_i w_i` once; the server rounds the two
-  sums to their dtypes and the quotient, at most twice in casts and once in the division. The per-client
-  relative errors of the weights move the mean by at most `4 eps M + 2 eps |m|` (`sum_i a_i (w_i - m) = 0`
-  cancels the rest), the final roundings scale it by at most `1 + 4 eps`.
-
-Together, to first order, `N (B + |m| / 2) / (L U) + eps (4 M + 6 |m|)`; `error_bound` computes the full
-bound, with every higher-order term and rounded-up constant (they add less than a relative 1e-4). Example: 10
-clients of weight 100, `weight_bound=1e4`, `value_bound=1`, values of size about 1: `U = 0.1`, quantization
-2.3e-8, rounding about 6e-7 (float32 rounding dominates). Keep `weight_bound` near the largest real weight: the
-quantization error grows as `weight_bound / sum a_i`.
-
-Weight dtypes. The clients cast a weight of any float or integer dtype to float before clipping and normalizing
-it (`client_values.float_weight_dtype`), so the bounds logic is the same for every weight dtype.
-
-Counting. Counts of clients (participating, dropped, clipped) are secure sums of 0/1 indicators with
-`max_input=1`, in both modes: the server learns the counts, never which client they came from.
+What GMA, RFA, Elastic and FedGMA use with `secure=True`: clients clip to the bounds, normalize their weight by
+`weight_bound` before multiplying (so `u_i w_i` stays inside the value bound) and send both through TFF's quantized
+secure sum. `discretization_error_bound` and `error_bound` bound the result's error (quantization, float rounding);
+their derivation: docs/methods.md#the-weighted-means-plain-and-secure.
 """
 
 from __future__ import annotations
@@ -58,7 +18,7 @@ from tff_gma import checks
 from tff_gma.aggregators import client_values
 
 SECAGG_LEVELS = 2**32 - 1  # Quantization levels of TFF's float secure sum (`primitives.secure_quantized_sum`).
-QUANTIZATION_SLACK = 1 + 1e-5  # Covers the float64 arithmetic of that quantization (module docstring: < 4e-6).
+QUANTIZATION_SLACK = 1 + 1e-5  # Covers the float64 arithmetic of that quantization (< 4e-6; docs/methods.md).
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -68,10 +28,12 @@ QUANTIZATION_SLACK = 1 + 1e-5  # Covers the float64 arithmetic of that quantizat
 def discretization_error_bound(
     num_clients: int, total_weight: float, value_bound: float, weight_bound: float, mean_abs=0.0,
 ):
-  """Worst-case per-coordinate quantization error of `SecureWeightedMeanFactory` (see the module docstring).
+  """Worst-case per-coordinate quantization error of `SecureWeightedMeanFactory`.
 
   `s N (B + |m| / 2) / (L U - s N / 2)`: the error of the mean if the secure sums' quantization were the only
-  error (`error_bound` adds float rounding).
+  error (`error_bound` adds float rounding). Each client adds at most `B / L` to each coordinate of the values'
+  sum and `1 / (2 L)` to the normalized weights' sum `U`, with `L = SECAGG_LEVELS` and `s = QUANTIZATION_SLACK`
+  (derivation: docs/methods.md#the-weighted-means-plain-and-secure).
 
   Args:
     num_clients: N, the number of clients in the round.
@@ -99,8 +61,9 @@ def error_bound(
 ):
   """Worst-case per-coordinate error of `SecureWeightedMeanFactory`'s result: quantization and float rounding.
 
-  Against the exact weighted mean `m` of the clipped values with the clipped weights (module docstring). With
-  `U_f` the normalized total weight as the clients compute it (within `eps` of `U`), the perturbed sums'
+  Against the exact weighted mean `m` of the clipped values with the clipped weights; to first order
+  `N (B + |m| / 2) / (L U) + eps (4 M + 6 |m|)` (derivation: docs/methods.md#the-weighted-means-plain-and-secure).
+  With `U_f` the normalized total weight as the clients compute it (within `eps` of `U`), the perturbed sums'
   quotient is off by at most
 
       E'' = (U / (1 - eps) ((4 eps + 7 eps^2) M + (2 eps + eps^2) |m|) + s N B / L + |m| s N / (2 L))
@@ -153,7 +116,9 @@ def secure_count(indicators):
 class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
   """Weighted mean whose floats leave the clients only through TFF's 32-bit quantized secure sum.
 
-  Clients clip and normalize (see the module docstring) and send the pair `(u_i w_i, u_i)` to one
+  Clients clip each coordinate of their value to `[-value_bound, value_bound]` and their weight a_i to
+  `[0, weight_bound]`, normalize the weight first, u_i = a_i / weight_bound (so that u_i w_i stays inside the
+  value bound; the factor cancels in the division), and send the pair `(u_i w_i, u_i)` to one
   `tff.aggregators.secure_quantized_sum`, with bounds `[-value_bound, value_bound]` for the weighted values and
   `[0, 1]` for the normalized weight; the server returns `sum u w / sum u` (zero when `sum u == 0`).
 

@@ -1,19 +1,8 @@
 """Plain-TF math of Gradient Masked Averaging (GMA paper, eq. 3 and Algorithm 1): signs, agreement, mask.
 
-For N participating clients with updates Delta_n, the agreement of coordinate j is
-
-    A_j = |(1/N) sum_n sign(Delta_n,j)|                         (in [0, 1], unweighted)
-
-and the mask is `soft`: m_j = 1 if A_j >= tau else A_j, or `binary` (the AND-mask of the FedGMA workshop
-paper): m_j = 1 if A_j >= tau else 0. The server applies m to the weighted mean update.
-
-Secure form. A client never sends its signs in the clear: it sends the codes c_n,j = sign(Delta_n,j) + 1 in
-{0, 1, 2} (int32), which fit the secure-sum intrinsic with `max_input=2`, the smallest bound that holds them.
-The server only learns S_j = sum_n c_n,j and the (also securely summed) count N, and recovers
-
-    sum_n sign(Delta_n,j) = S_j - N,   so   A_j = |S_j - N| / N.
-
-A dropped (non-finite) client sends all-zero codes and count 0, so it cancels out of both S and N.
+A_j = |(1/N) sum_n sign(Delta_n,j)| over the N participating clients; the mask is 1 where A_j >= tau, else A_j
+(`soft`) or 0 (`binary`). Clients send sign codes sign + 1 in {0, 1, 2}, so the server needs only their secure
+sum S_j and the count N: A_j = |S_j - N| / N (docs/methods.md#gmas-factory-and-its-math).
 """
 
 from __future__ import annotations

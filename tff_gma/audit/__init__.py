@@ -1,15 +1,9 @@
 """Privacy audit of TFF aggregations: where, how, and how often client data reaches the server.
 
-`audit_computation(comp, policy=AuditPolicy())` walks a computation's building blocks and returns an `AuditReport`
-(`.ok`, `.violations`, `.flows`, `.aggregation_passes`, `.to_markdown()`, `.to_json()`); the command line
-`python -m tff_gma.audit module:attr [--value_type float32[10]]` prints that report and exits 0 (PASS), 1
-(violations) or 2 (an error: no verdict); it imports the target in a child process and reaches the verdict in its
-own (`tff_gma.audit.isolation` says why). See `tff_gma.audit.static` for what is analysed and how, and
-`AUDIT_SCOPE` (in every report) for what a PASS establishes and what it does not: it says which intrinsics carry
-client data to the server, not that an allowed aggregate reveals little about one client.
-
-The empirical checks that retrain clients (RFA's effective weights, membership inference) belong to the
-experiment harness (`training.engine.rfa_weights`, `training.engine.membership_attack`), not to this static audit.
+`audit_computation(comp, policy=AuditPolicy())` walks a computation's building blocks and returns an `AuditReport`;
+`python -m tff_gma.audit module:attr` prints it and exits 0 (PASS), 1 (violations) or 2 (no verdict). A PASS says
+which intrinsics carry client data to the server, not that an allowed aggregate reveals little about one client
+(`AUDIT_SCOPE`). docs/audit.md has the rest, and the harness's empirical checks beyond it.
 """
 
 __all__ = [

@@ -1,33 +1,9 @@
 """Command line: audit a TFF computation, process or factory and print the report.
 
-  python -m tff_gma.audit MODULE:ATTR [--value_type float32[10]] [--weight_type float32]
-                                      [--policy default|allow-plain-sum] [--allow URI]... [--format markdown|json]
-                                      [--output PATH] [--timeout SECONDS] [--traceback]
-
-`MODULE:ATTR` names a `tff.Computation`, an `AggregationProcess` / `LearningProcess` (or other
-`IterativeProcess`), an aggregation factory (give `--value_type`), or a zero-argument callable returning one of
-these. A type is `DTYPE` or `DTYPE[D1,D2,...]` (a `?` dimension is unknown), or `MODULE:ATTR` naming a `tff.Type`.
-
-How the verdict is protected (`tff_gma.audit.isolation` says why). This process never imports the target. A
-child process (`tff_gma.audit.loader`) imports it, builds what it names and sends back its computations as
-serialized TFF protos on a pipe this process made; this process parses them, analyses the building blocks
-itself (`tff_gma.audit.static`) and prints the report. Nothing the child writes is a verdict: its stdout and
-stderr reach this process's stderr only, each line prefixed `[target] `; a message that is missing, malformed or
-followed by an abnormal end of the child is exit 2. The child is killed (with its process group) after
-`--timeout` seconds, when this process gets SIGTERM, SIGINT or SIGHUP, and by the kernel when this process dies
-any other way (`PR_SET_PDEATHSIG`).
-
-Exit status: 0 when the policy is met (PASS), 1 when there are violations (FAIL): these two are verdicts, reached
-by this process's own analysis, and the report is printed (and written to `--output`). 2 for everything else,
-with no verdict and no report: bad arguments, a target module that cannot be imported (import error, syntax
-error, an exception or `sys.exit` at import), a missing attribute, a builder that raises, a target the audit
-cannot read, a child that ends without sending a well-formed result (`os._exit`, a signal, Ctrl-C, a crash), a
-child past `--timeout`, this process stopped by a signal, a computation whose names could pass for the report's
-own lines, an `--output` that cannot be written (a symbolic link, a directory, a missing directory, a path under a
-file, a read-only file system or a directory this user may not write: checked before the audit), or an exception
-inside the audit. Each prints one `error: ...` line on stderr (`--traceback` adds the Python traceback). A PASS
-establishes what the report's Scope paragraph says, no more (`tff_gma.audit.static.AUDIT_SCOPE`). The audit is
-static: neither process installs an execution context or starts a TFF worker.
+`python -m tff_gma.audit MODULE:ATTR [--value_type float32[10]] [...]` exits 0 (PASS) or 1 (violations), verdicts
+this process reaches itself and prints with the report, or 2 (no verdict: any error, in one `error: ...` line). It
+never imports the target: a child process (`loader`) does and sends back the computations as data (`isolation`
+says why). Arguments, exit statuses, how the verdict is protected: docs/audit.md#from-the-shell.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Which part of a composed learning process's round each flow sits in (`Flow.component`).
 
-Part of the audit's building-block walker (see `tff_gma.audit.walker`): it reads the top-level block of a `next`
-and the evaluation's values, so it imports TFF's compiler internals as the walker does.
-
-For the `next` of a learning process composed by `tff.learning.templates.compose_learning_process`
-(TFF's builders and this library's use it), each flow is named by the part of the round it sits in
-(`Flow.component`): the distributor, the client work, the metrics aggregator, the model aggregator or the
-finalizer. The composer calls each of its four processes once, in a local of its top-level block, and builds
-its state and metrics from their outputs under the fields `distributor`, `client_work`, `aggregator`,
-`finalizer`; the audit reads which local each field comes from, and a flow takes the component of the local it
-sits in. TFF's metrics aggregator runs inside the client work: a client-work flow is the metrics aggregator's
-when its result reaches the client work's measurements `train` (TFF's training client works) or `eval`
-(`build_fed_eval`) directly, through no later flow (the evaluation tracks, per value, the flows it comes from).
-Any other computation, or a `next` built differently, has no components (`None`); its flows keep their `where`.
+For the `next` of a process composed by `tff.learning.templates.compose_learning_process`: the distributor, the
+client work, the metrics aggregator, the model aggregator or the finalizer, read from the locals of its top-level
+block (`None` for any other computation). Part of the audit's building-block walker, so it imports TFF's compiler
+internals as `walker` does. How it is read: docs/audit.md#which-part-of-the-round-a-flow-sits-in.
 """
 
 from __future__ import annotations

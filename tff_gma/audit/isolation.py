@@ -1,31 +1,9 @@
-"""The audit's two processes: a child that imports the target and sends back its computations as data, and the
-parent that runs the child, bounds it in time, and checks what it sent.
+"""The audit's two processes: a child imports the target and sends its computations as data; the parent checks them.
 
-Why. Naming `MODULE:ATTR` runs that module's code in the process that imports it. A verdict computed or printed in
-that process can be forged: code at import can print `**Verdict: PASS.**`, write to every inherited pipe and call
-`os._exit(0)`. So the command (`python -m tff_gma.audit`, the parent) never imports the target. A child process
-does (`tff_gma.audit.loader`): it loads the target, builds what it names (a builder's call, a factory's `create`)
-and writes one message on a pipe the parent made: the computations serialized as TFF's own `pb.Computation`
-protos (the form a `tff.Computation` holds and `to_building_block` reads), with what they are (a computation, a
-process and its class, a factory's process and its types), or an error message. Nothing in it is a verdict, and
-nothing the child prints reaches the parent's stdout. The parent reads the message as data (`decode_message`:
-framing, schema, protos), analyses the building blocks itself and prints the report and verdict; a message that is
-malformed, missing, cut short or followed by an abnormal end of the child is no verdict (exit 2).
-
-What this does not stop. Whatever the child can write the target's code can write too (it runs in the child): it
-can send computations other than the one `MODULE:ATTR` names, as it could name other ones, or behave differently
-when audited. The verdict is the parent's analysis of the computations the child sent, no more; a per-run secret
-would not change that (the child, hence the target, would hold it). To vouch for what is deployed, audit the
-deployed object.
-
-The child's process:
-* runs in its own process group, with stdin from /dev/null and SIGINT/SIGQUIT/SIGHUP at their defaults; its stdout
-  and stderr go to a pipe whose lines the parent copies to its own stderr prefixed `[target] `, with control
-  characters escaped (so they can neither reach the report's stream nor rewrite the terminal);
-* gets `PR_SET_PDEATHSIG=SIGKILL` (`tff_gma.confinement`'s helper): the kernel kills it when the parent dies,
-  whatever ends the parent, SIGKILL included;
-* is killed with its process group when it runs past `timeout_s`, when the parent gets SIGTERM/SIGINT/SIGHUP
-  (`stop_on_signals`), and, for what it left behind, as soon as it ends.
+The parent runs the child and bounds it in time. Importing `MODULE:ATTR` runs its code, which could forge a verdict
+reached or printed in that process; so the parent never imports it, and reads the child's one message (serialized
+TFF protos) as data. What this stops and what it does not, and how the child is bounded:
+docs/audit.md#how-the-verdict-is-protected.
 """
 
 from __future__ import annotations
@@ -355,7 +333,12 @@ class Child:
 
 
 def start_child(argv: Sequence[str], timeout_s: float, env: Optional[dict[str, str]] = None) -> Child:
-  """Starts `python ARGV RESULT_FD` (the loader) as described in the module docstring.
+  """Starts `python ARGV RESULT_FD` (the loader) as the audit's child.
+
+  The child runs in its own process group, with stdin from /dev/null, SIGINT/SIGQUIT/SIGHUP at their defaults and
+  `PR_SET_PDEATHSIG=SIGKILL`; its stdout and stderr go to one pipe whose lines the parent copies to its own stderr
+  prefixed `[target] `, control characters escaped. It is killed with its group past `timeout_s`, when the parent
+  gets SIGTERM/SIGINT/SIGHUP (`stop_on_signals`), and, for what it left behind, as soon as it ends.
 
   Call before starting threads (it forks with a `preexec_fn`); `collect` then reads it to its end.
   """

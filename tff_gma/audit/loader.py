@@ -1,12 +1,8 @@
 """The audit's child: imports the target, builds what it names, and sends back its computations as data.
 
-`python -m tff_gma.audit.loader REQUEST_JSON RESULT_FD` is started by the audit command (`tff_gma.audit.isolation`
-says why and how): it loads `MODULE:ATTR`, calls it if it is a builder, `create`s a factory with the value (and
-weight) type, and writes one message on `RESULT_FD`: the computations as serialized `pb.Computation` protos, or
-an error line. It prints no report and gives no verdict: the parent analyses what it sent.
-
-`load_message` is the same work without the process (the command's `run_in_process`, for tests and trusted
-callers).
+`python -m tff_gma.audit.loader REQUEST_JSON RESULT_FD` (started by the audit command; `isolation` says why) writes
+one message on `RESULT_FD`: the computations as serialized `pb.Computation` protos, or an error line; no report,
+no verdict. `load_message` is the same work without the process, for tests and trusted callers.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Static privacy audit of TFF computations: where client data reaches the server, and how.
 
-`audit_computation` walks a computation's building blocks (the compiled form TFF executes, not the Python that
-built it) and lists every *flow*: a call to an intrinsic whose argument holds a `tff.CLIENTS`-placed value and
-whose result holds a `tff.SERVER`-placed one (`federated_sum`, `federated_mean`, `federated_aggregate`, the
-secure-sum family, ... and any intrinsic with that signature, known or not), plus the two `federated_select`
-intrinsics, which move the clients' *keys* to the server. Each flow is checked against an `AuditPolicy`; by
-default only the means and the secure sums may carry client data to the server.
-
-The audit's modules, one job each: `policy` (which intrinsics may carry client data), `walker` (the abstract
-evaluation of the building blocks: flows, counts, passes, secure-sum parameters), `components` (which part of a
-composed learning process's round a flow sits in) and `report` (the flow and report types, markdown and JSON).
-This module holds the entry points and re-exposes their public names. It, `walker` and `components` are the
-audit's building-block walker, the modules that import TFF's compiler internals.
-
-What it does not see: what the TensorFlow inside `federated_map` computes (an aggregate of an encoding of the raw
-data is still an aggregate, and is reported as such), and the runtime's deployment (whether `federated_mean` is
-computed by a trusted aggregator is outside the building block; the default policy trusts it, as the issue asks).
-So a PASS says which intrinsics carry client data, not how much an aggregate reveals: a `federated_mean` of vectors
-in which each client writes its value into its own coordinate passes, and hands the server every client's value.
-Every report states this scope in a fixed paragraph, `AUDIT_SCOPE`.
+`audit_computation` walks a computation's building blocks and lists every flow of client data to the server (an
+intrinsic taking a CLIENTS-placed value to a SERVER-placed one), checked against an `AuditPolicy`. This module holds
+the entry points and re-exposes the public names of `policy`, `walker`, `components` and `report`. What it reads,
+and what a PASS does not establish: docs/audit.md#how-the-walk-reads-a-computation.
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
 """The audit's building-block walker: an abstract evaluation that finds every flow of client data to the server.
 
-This module, `tff_gma.audit.components` (which reads a composed learning process's top-level block) and the entry
-points in `tff_gma.audit.static` are the audit's building-block walker: they read TFF's compiled form by design, so
-they import TFF's compiler internals (`tensorflow_federated.python...`) directly, the one exception to keeping such
-uses behind `tff_gma.tff_internals`. The report and policy types they fill in import none.
-
-How the walk works. The building block is evaluated abstractly: every value is replaced by its *aggregation
-level*, the length of the longest chain of client-to-server aggregations it depends on (0 for the parameters and
-constants). Structures keep one level per element and functions are closures, so selecting the untouched part
-of a zipped state does not inherit the level of an aggregate next to it. Calls to lambdas are inlined (a lambda
-called twice runs, and is counted, twice); block locals are evaluated once, in order, as TFF's runtime does. A
-flow's *pass* is one more than the largest level among its inputs: an aggregate whose input was computed at the
-clients from a broadcast of an earlier aggregate is in a later pass; independent aggregates share a pass. The
-number of passes of a computation (`aggregation_passes`) is the largest pass of its flows: the number of
-sequential client-server round trips one call needs. (TFF's `transformations.to_call_dominant` would inline in
-the same way, but it renames every local, losing the traced function names that `Flow.where` shows.)
-
-Counts are static: `Flow.count` is the number of times the call site is reached by this evaluation per call of
-the computation, with lambdas inlined; there is no data-dependent control flow in TFF's federated language, so
-this is what the runtime executes. Secure-sum parameters (`bitwidth`, `max_input`, `modulus`) are read from the
-building block when they are constants (a literal, or a TensorFlow computation without parameter whose output is a
-`Const` op) and reported as `'dynamic'` otherwise (e.g. bounds taken from the aggregator's state). Intrinsic calls
-that the evaluation never reaches (inside a function that is never called, or handed to an opaque call) are still
-listed, with count 0, so that nothing is hidden. Aggregations of values holding no tensor (TFF's null aggregations
-of `<>`) move nothing and are not listed. A select counts as a round trip like an aggregation (the keys go up, the
-selected values come back).
+Every value is replaced by its aggregation level (the longest chain of client-to-server aggregations it depends
+on), so a flow's pass and each call site's static count follow. With `components` and `static`'s entry points it
+reads TFF's compiled form by design, so it imports TFF's compiler internals directly, the one exception to
+`tff_gma.tff_internals`. How the walk works: docs/audit.md#how-the-walk-reads-a-computation.
 """
 
 from __future__ import annotations

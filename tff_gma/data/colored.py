@@ -1,25 +1,9 @@
 """Spurious colour-label correlations for feature skew, after FedCMNIST (Francis et al., 2021).
 
-Grey-scale digits become colour images whose colour is a spurious, client-specific cue for the label:
-
-* The palette has one colour per class: hues evenly spaced on the colour wheel at full saturation and value, so
-  every colour has a channel equal to 1 and the grey image is recoverable as the per-pixel channel maximum.
-* A colouring (a "spurious mechanism", GMA paper Sec. 5.3) is a permutation `mapping` of the palette over the
-  classes plus a correlation p: an example of label y is painted `mapping[y]` with probability p and otherwise a
-  uniformly random other colour. The digit (foreground) is painted, the background stays black: x * colour.
-* Each train client has its own permutation, distinct from every other client's, so the colour predicts the label
-  within a client but the association changes from client to client; held-out test clients get permutations no
-  train client has, so a model that learnt colours fails on them and one that learnt digits does not.
-* Correlations follow colored MNIST (Arjovsky et al., 2019; the FedGMA workshop paper): train clients' p are
-  evenly spaced over [0.8, 0.9] (flip probabilities 0.1 to 0.2), held-out clients use 0.9.
-
-A second construction (`Coloring.create_shared`, the `*_shared` partitions of `federated`) is colored MNIST's own
-(Arjovsky et al.'s environments; the FedGMA workshop paper's train clients): every train client shares ONE class ->
-colour permutation and differs in the strength p of the correlation (the client's spurious mechanism), so pooled the
-colour predicts the label and a model can learn the shortcut; each held-out test client gets a permutation that
-gives no class its training colour (a derangement of the shared one: colour-label correlations never seen in
-training, the multiclass form of colored MNIST's reversed test colours). The per-client permutations above, pooled
-over clients, carry little label information, so a model trained on their union need not learn colour at all.
+Grey digits are painted with a colour that predicts the label with probability p under a client's own class ->
+colour permutation (`Coloring.create`) or, as colored MNIST, one permutation shared by the train clients
+(`Coloring.create_shared`); held-out test clients get permutations the train clients never saw, so a model that
+learnt colours fails on them. The construction and its correlations: docs/experiments.md#the-librarys-data-modules.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """scikit-learn's handwritten digits as the embedded, offline default federated data set.
 
-1,797 real 8x8 grey-scale digits (10 classes) ship inside scikit-learn, so this loads with no network. Pixels
-are scaled from [0, 16] to [0, 1] and shaped [8, 8, 1]. The train/test split is fixed (stratified, 20% test,
-independent of the run's seed) so that results of different runs are comparable.
-
-Every array partition applies (`federated.ARRAY_PARTITIONS`): iid, label_skew, dirichlet, quantity_skew, and the
-FedCMNIST-style feature_skew / mixed_skew, which make the digits 3-channel colour images [8, 8, 3] and add
-held-out OOD test clients (`tff_gma.data.colored`).
+1,797 real 8x8 grey-scale digits (10 classes) ship inside scikit-learn, so this loads with no network; pixels in
+[0, 1], shaped [8, 8, 1], with a fixed stratified 20% test split (independent of the run's seed) so that runs are
+comparable. Every array partition applies (`federated.ARRAY_PARTITIONS`); feature and mixed skew make them colour
+images [8, 8, 3] with held-out OOD test clients (`tff_gma.data.colored`).
 """
 
 from __future__ import annotations

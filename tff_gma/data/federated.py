@@ -1,14 +1,9 @@
 """`FederatedDataset`: what the experiment runner trains and evaluates on, built from arrays and a partition.
 
-Array datasets (the embedded digits, the TFDS images, pooled EMNIST) go through `from_arrays`, which handles every
-partition over labelled pools: the label/quantity partitions of `partition`, and the FedCMNIST-style feature
-and mixed skews of `colored`, which also produce held-out out-of-distribution (OOD) test clients.
-
-`from_arrays(..., train_subset_fraction=f)` first keeps a class-stratified subset of the training pool
-(`stratified_subset`: round(f * n) examples of each class of n, at least one, drawn with `SUBSET_SEED`, in their
-original order), then partitions and colours that subset; the test split (and the OOD test clients made from it)
-stays whole. The seed is fixed, not the partition's: every seed, method and partition of a study trains on the same
-examples. The default 1.0 keeps the pool as it is (the same arrays, untouched).
+`from_arrays` handles every partition over a labelled pool (digits, the TFDS images, pooled EMNIST): those of
+`partition` and the colourings of `colored`, which add held-out OOD test clients. `train_subset_fraction` < 1
+partitions a class-stratified subset drawn with a fixed seed (`SUBSET_SEED`), so every seed, method and partition
+of a study trains on the same examples; the test split stays whole. More: docs/experiments.md#the-librarys-data-modules.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The IDX file format of (Fashion-)MNIST, read with NumPy, and the Fashion-MNIST files Debian installs.
 
-IDX (LeCun et al.): a big-endian header, then the values. The header is a magic number `0x0000TTNN` (two zero
-bytes, the value type `TT`, 0x08 for unsigned bytes, and the number of dimensions `NN`), then one 32-bit size per
-dimension. MNIST's images are `0x00000803` (2051: N x 28 x 28), its labels `0x00000801` (2049: N).
-
-`read_idx` reads the header first and then at most the values it announces, so a file cannot make it allocate
-more than it promised (a small gzip that expands to gigabytes, a large sparse file): the announced size is
-computed with Python integers (no overflow) and refused above `MAX_VALUES`; a raw file's size is checked against
-it before any value is read, a gzipped one is decompressed in bounded chunks and refused at the first byte past
-the announced values. Only regular files are read (a FIFO or a device is refused without blocking). Every error
-names the file. `fashion_mnist_arrays` reads the four files of Fashion-MNIST from a directory (Debian's package
-`dataset-fashion-mnist` puts the original files in `DEBIAN_DIR`), with their names gzipped or not, and checks that
-images and labels agree (in number, the test images in shape with the training images, labels in range). Nothing
-here imports TensorFlow.
+`read_idx` reads the header first and then at most the values it announces (refused above `MAX_VALUES`, gzip
+decompressed in bounded chunks, regular files only), so a file cannot make it allocate more than it promised; every
+error names the file. `fashion_mnist_arrays` reads and cross-checks the four files of Fashion-MNIST. No TensorFlow.
+The format and the checks: docs/experiments.md#the-librarys-data-modules.
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
 """Loaders for the real data sets, and `load_federated_data`, the one entry point of the experiment runner.
 
-* `digits`: the embedded scikit-learn digits (offline default, `tff_gma.data.digits`).
-* `fashion_mnist`: by default (`fashion_mnist_source='idx'`) the original IDX files, read with NumPy
-  (`tff_gma.data.idx`), from `data_dir` or, without one, from where Debian's package `dataset-fashion-mnist`
-  installs them; never the network: a `data_dir` without the four files is an `idx.IdxError` naming what it lacks
-  and the install command. TFDS's copy only when asked for (`fashion_mnist_source='tfds'`). 60,000 train / 10,000
-  test images.
-* `mnist`, `cifar10`, `cifar100` (and `fashion_mnist` with `fashion_mnist_source='tfds'`): TFDS (`tfds.load`,
-  downloading into `data_dir` unless it is already there), images scaled to [0, 1], the TFDS `train`/`test` splits
-  as train pool / central test split.
-* `emnist`: TFF's Federated EMNIST (LEAF's FEMNIST: handwriting grouped by writer). Partition `by_writer` keeps
-  the natural clients, one per writer; every other partition re-partitions the pooled training examples.
-  Pixels are inverted to the MNIST convention (0 = background, 1 = ink), which the colourings of
-  feature/mixed skew need and the models do not care about.
-* `shakespeare`: TFF's Shakespeare (one client per speaking role), as next-character sequences
-  (`tff_gma.data.shakespeare`). `by_writer` keeps the natural clients; `iid` and `quantity_skew` deal the pooled
-  sequences anew. Label partitions do not apply (targets are sequences).
-
-`train_subset_fraction` < 1 (`load_federated_data`) partitions a class-stratified subset of the training pool drawn
-with a fixed seed (`federated.stratified_subset`, `federated.SUBSET_SEED`); the test split stays whole. It applies to
-the array pools (every data set but Shakespeare, and EMNIST's `by_writer`, whose clients are the writers).
-
-For the natural-client partitions, `num_clients` below the number of writers/roles selects that many of them at
-random (seeded); the central test split is then the selected clients' test examples.
-The loaders of TFF data sets take the TFF loading function as an argument (`load_fn`, default: TFF's own,
-looked up when called), so tests inject TFF's synthetic client data; TFDS is mocked with
-`tfds.testing.mock_data`.
+`digits` (embedded), `fashion_mnist` (Debian's IDX files, never the network; TFDS only when asked), `mnist`,
+`cifar10`, `cifar100` (TFDS), `emnist` and `shakespeare` (TFF's, their natural clients with `by_writer`). The
+loaders of TFF data sets take TFF's loading function as an argument (`load_fn`), so tests inject synthetic data.
+Each data set's source, splits and partitions: docs/experiments.md#the-librarys-data-modules.
 """
 
 from __future__ import annotations

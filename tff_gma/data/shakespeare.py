@@ -1,11 +1,9 @@
 """Shakespeare next-character prediction (LEAF; McMahan et al., 2017; Reddi et al., 2021), as arrays.
 
-The tokenisation follows TFF's baseline (`tff.simulation.baselines.shakespeare`): the tutorial's 86-character
-vocabulary mapped to ids 1..86, 0 for padding, then out-of-vocabulary, beginning- and end-of-snippet ids, 90 ids
-in all. Each snippet becomes [BOS, chars..., EOS], is padded with PAD to a multiple of `sequence_length + 1` and
-cut into chunks of that length; a chunk c gives the example x = c[:-1], y = c[1:] (int32 [sequence_length]).
-Chunks never cross snippets. Padding positions have y == PAD; losses and metrics should skip them
-(`tff_gma.models.model_fn(..., pad_id=PAD)`).
+The tokenisation of TFF's baseline (`tff.simulation.baselines.shakespeare`): 86 characters, padding, OOV, begin
+and end of snippet, 90 ids. Snippets are cut into chunks of `sequence_length + 1` (x = c[:-1], y = c[1:]) padded
+with PAD, which losses and metrics skip (`tff_gma.models.model_fn(..., pad_id=PAD)`).
+Details: docs/experiments.md#the-librarys-data-modules.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Pieces shared by the composed learning processes: model types, the local pass, client weights, checks.
 
-All client-side functions here are plain TF on a `tff.learning.models.VariableModel` (usable eagerly in tests and
-inside the `tf.function`s of the client works). Every composed method trains locally through one function,
-`local_pass` (a loop of `optimizer_step`s, or of the method's own step), so the methods differ only in what they
-do around it. Conventions follow TFF's `model_delta_client_work`:
-
-* the model update is `initial - trained` over the trainable weights (the finalizer's server optimizer applies
-  it as a gradient: `theta <- theta - lr * update`);
-* the client weight is the number of examples trained on, and 0 when the update is not finite (the update is
-  then zeroed too, and the client's metrics are reset so that they do not reach the aggregate).
+Every composed method trains locally through one function, `local_pass`, so the methods differ only in what they do
+around it. As TFF's model-delta client work: the update is `initial - trained`, the weight the number of examples
+trained on, and a non-finite update is sent as zeros with weight 0 and the client's metrics reset.
+More: docs/methods.md#the-composed-processes-shared-pieces.
 """
 
 from __future__ import annotations

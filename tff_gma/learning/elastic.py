@@ -1,28 +1,9 @@
 """Elastic aggregation (Elastic Aggregation paper, Algorithm 1) as a composed `tff.learning` process.
 
-Client work (`build_elastic_client_work`), per round, on the round's client dataset (a stream of batches, as
-for FedAvg):
-
-1. B_k = the first `k` batches of the stream, `k = min(ceil(sensitivity_fraction * n), n - 1)` for a stream of
-   `n` batches (at least one batch is left to train on; `k = 0` when `n <= 1`). For each batch x of B_k, at the
-   round's starting model theta:
-       g = grad ||F(theta; x)||_2^2,        Omega_k <- mu * Omega_k + (1 - mu) * |g|     (Omega_k starts at 0)
-   with F the model's output (logits; no labels are used) and ||F(theta; x)||_2^2 the batch mean of the
-   per-example squared norms (a mean rather than a sum so that a short last batch weighs as much as the
-   others; a constant factor would not change zeta, which only uses Omega / max(Omega)).
-2. D_k = the remaining batches: local training as FedAvg with the client optimizer.
-3. Returns `OrderedDict(update=Delta_k, sensitivity=Omega_k)` with weight |D_k| (examples trained on).
-   `Delta_k = theta - theta_k` (TFF's sign; see `tff_gma.aggregators.elastic`).
-
-B_k and D_k are disjoint within the round: both come from one pass over one iterator of the stream, so a
-dataset that reshuffles on each iteration cannot mix them. Deviation from the paper, which samples B_k once
-before training: here B_k is re-drawn each round from the round's (shuffled) stream, so the process takes the same
-client datasets as TFF's FedAvg; with `local_epochs > 1` the stream repeats the client's data, so B_k's examples
-can reappear in D_k's later epochs (use one local epoch, or data that repeats B_k never, to match the paper).
-
-Server: `tff_gma.aggregators.elastic.ElasticFactory` (weighted means of Delta and Omega, then
-`zeta = 1 + tau - Omega / max(Omega)` per tensor), then the server optimizer (`theta <- theta - eta * Delta`
-for SGD, as the paper).
+Each client measures its parameters' sensitivity Omega_k on its round's first batches, trains as FedAvg on the
+rest and sends both; the server scales the mean update by the sensitivity (`tff_gma.aggregators.ElasticFactory`).
+Unlike the paper, the sensitivity batches are re-drawn each round from the round's stream, so the process takes
+TFF's FedAvg client datasets. The client work in detail: docs/methods.md#elastic-aggregation.
 """
 
 from __future__ import annotations
@@ -113,7 +94,13 @@ def build_elastic_client_work(
     sensitivity_fraction: float = DEFAULT_SENSITIVITY_FRACTION,
     metrics_aggregator=None,
 ) -> tff.learning.templates.ClientWorkProcess:
-  """The client work of elastic aggregation (module docstring): state = the client optimizer's hyperparameters.
+  """The client work of elastic aggregation: state = the client optimizer's hyperparameters.
+
+  Per round, from the round's starting model theta: B_k = the stream's first k = min(ceil(sensitivity_fraction *
+  n), n - 1) batches (0 when n <= 1) give Omega_k <- mu * Omega_k + (1 - mu) * |grad ||F(theta; x)||_2^2| (F the
+  logits, the batch mean of the per-example squared norms; Omega_k from 0); D_k = the remaining batches train as
+  FedAvg. Both come from one pass over one iterator, so they are disjoint. The client sends
+  `OrderedDict(update=theta - theta_k, sensitivity=Omega_k)` with weight |D_k| (examples trained on).
 
   Measurements: `train`, the aggregated training metrics (of the D_k batches only).
   """

@@ -1,32 +1,9 @@
 """FedProx (Li et al., 2020) with the paper's proximal term, as a composed `tff.learning` process.
 
-Round t: client k, handed the server model w_t, approximately minimises h_k(w; w_t) = F_k(w) + mu/2 ||w - w_t||^2
-with local steps of the client optimizer (FedProx's inexact local solver), so every local step uses
-
-    grad h_k(w) = grad F_k(w) + mu * (w - w_t)                      (`add_proximal_term`)
-
-which pulls the client's weights back toward w_t; its update is w_t - w (TFF's sign for a model delta), averaged
-and applied by the server optimizer as FedAvg's.
-
-Why not TFF's. TFF 0.87's FedProx (`tff.learning.algorithms.build_weighted_fed_prox`, whose client work is
-`tensorflow_federated/python/learning/templates/proximal_client_work.py`) adds `mu * (w_t - w)`, the gradient of
--mu/2 ||w - w_t||^2: its local steps push the weights away from w_t, the more so the larger mu (with plain SGD at
-learning rate lr, each step multiplies the drift from w_t by 1 + lr * mu where the paper's shrinks it by
-1 - lr * mu). docs/methods.md ("FedProx: the proximal term's sign") has a reproducer;
-tests/tff_gma/learning/fed_prox_test.py pins TFF's behaviour so that an upstream fix is noticed.
-
-Pieces (the harness's FedProx, `training.engine.fedavg_family`, trains with them; its default in-graph loop,
-`tff_gma.learning.in_graph`, adds the same term):
-
-* `add_proximal_term`: the gradient correction;
-* `build_fed_prox_update`: the client update, TFF's model-delta update with the term, its local pass
-  `client_lib.local_pass` (DATASET_ITERATOR: a while loop over the dataset's iterator; DATASET_REDUCE:
-  `Dataset.reduce`); a NaN/Inf update is sent as zeros with weight 0 and the client's metrics reset, as TFF's
-  FedAvg model-delta client work and the in-graph loop do (TFF 0.87's FedProx client work keeps such a client's
-  metrics);
-* `build_fed_prox_client_work`: the `ClientWorkProcess`, with the types of TFF's FedProx client work (no state: the
-  client optimizer keeps the hyperparameters it was built with), so processes composed from either have one state;
-* `build_weighted_fed_prox`: the learning process, in place of `tff.learning.algorithms.build_weighted_fed_prox`.
+Every local step uses grad F_k(w) + mu * (w - w_t), which pulls the client back toward the server model w_t. TFF
+0.87's own FedProx adds mu * (w_t - w) and pushes it away, the more so the larger mu; these pieces replace its
+client work with the same types. Reproducer: docs/methods.md#fedprox-the-proximal-terms-sign; the pieces:
+docs/methods.md#fedproxs-pieces. tests/tff_gma/learning/fed_prox_test.py pins TFF's sign to notice a fix upstream.
 """
 
 from __future__ import annotations
@@ -171,8 +148,9 @@ def build_weighted_fed_prox(
   Composed with `tff.learning.templates.compose_learning_process` from TFF's broadcast, `build_fed_prox_client_work`,
   `model_aggregator` (weights float32) and TFF's apply-optimizer finalizer: `initialize`, `next(state,
   client_datasets)`, `get_model_weights`, `set_model_weights`, `get_hparams`, `set_hparams`, the state and the
-  metrics have the types of TFF's builder with the same arguments; only the clients' local steps differ (module
-  docstring). With `proximal_strength=0` the updates are FedAvg's.
+  metrics have the types of TFF's builder with the same arguments; only the clients' local steps differ (the
+  paper's `+ mu * (w - w_t)`, `add_proximal_term`, where TFF 0.87's adds `mu * (w_t - w)`). With
+  `proximal_strength=0` the updates are FedAvg's.
 
   Args:
     model_fn: a no-argument callable returning a `tff.learning.models.VariableModel` (TFF's builder also takes a

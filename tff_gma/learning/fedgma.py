@@ -1,20 +1,8 @@
 """FedGMA (Gradient-Masked Federated Optimization, workshop paper, Algorithm 1) as a composed `tff.learning` process.
 
-Client k, from the round's starting model w:
-  * grad^k = the gradient of its loss at w: the example-weighted mean of the batch-loss gradients over the
-    round's client dataset, or over its first `gradient_batches` batches (computed before training; the paper's
-    Algorithm 1 writes the last local step's gradient, its text "the gradient of their loss with respect to the
-    initial parameters": this is the latter, the full-data gradient at w);
-  * w^k = w after local training as FedAvg; it sends the model update Delta_k = w - w^k (TFF's sign).
-Both go up as `OrderedDict(update=Delta_k, gradient=grad^k)` with weight m_k (examples trained on).
-
-Server (`tff_gma.aggregators.FedGMAFactory`, then the finalizer):
-    Delta = sum_k m_k Delta_k / sum_k m_k                 so   w - Delta = sum_k m_k w^k / sum_k m_k (line 8)
-    grad  = AND-mask(grad^1..K) * sum_k m_k grad^k / sum_k m_k                                       (line 7)
-    update = Delta + eta_s * grad;   w_t = w - server_lr * update                                   (line 9)
-With the default server optimizer (SGD, learning rate 1) this is the paper's `w_t = w - eta_s * grad` with
-`w` the weighted average of the client models; another server optimizer treats `update` as a pseudo-gradient.
-The AND-mask's threshold p (`mask_threshold`) is explained in `tff_gma.aggregators.fedgma`.
+Each client sends its model update and its loss gradient at the round's starting model (the text's reading of the
+paper, computed before training); the server averages the models and steps along the AND-masked mean gradient
+(`tff_gma.aggregators.FedGMAFactory`). The rule and the threshold p: docs/methods.md#fedgma.
 """
 
 from __future__ import annotations
@@ -88,7 +76,12 @@ def build_fedgma_client_work(
     gradient_batches: Optional[int] = None,
     metrics_aggregator=None,
 ) -> tff.learning.templates.ClientWorkProcess:
-  """FedGMA's client work (module docstring); state = the client optimizer's hyperparameters."""
+  """FedGMA's client work; state = the client optimizer's hyperparameters.
+
+  From the round's starting model w: grad^k, the example-weighted mean loss gradient over the round's dataset (or
+  its first `gradient_batches` batches), computed before training; then local training as FedAvg to w^k. Sends
+  `OrderedDict(update=w - w^k, gradient=grad^k)` with weight the number of examples trained on.
+  """
   client_lib.check_optimizer(client_optimizer, 'client_optimizer_fn')
   gradient_batches = checks.check_positive_int(gradient_batches, 'gradient_batches', optional=True)
   types = client_lib.model_types(model_fn, metrics_aggregator)
@@ -120,7 +113,7 @@ def build_fedgma(
       paper's server (weighted model average, then the masked step).
     server_step_size: eta_s >= 0 (the paper tunes it; 0 gives FedAvg).
     mask_threshold: the AND-mask's p in [0, 1], the fraction of clients that must agree on a sign (paper: 0.8;
-      module docstring).
+      `FedGMAFactory`).
     gradient_batches: None (default) for the gradient over the whole round dataset at the starting model, or
       the number of leading batches to use (cheaper: the full pass costs as much as one more local epoch).
     secure, value_bound, gradient_bound, weight_bound, mean_factory: see `FedGMAFactory`.

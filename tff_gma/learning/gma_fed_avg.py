@@ -1,27 +1,9 @@
 """GMA for any server optimizer (GMA paper, Algorithm 2: FedAvg, FedAdam, FedYogi) as a composed `tff.learning` process.
 
-Round t, with w the global model, s_n the client weights and Delta_n = w - w_n the client updates (TFF's sign):
-
-    Delta = sum_n s_n Delta_n / sum_n s_n                   (the unmasked weighted mean)
-    m     = the GMA mask of the clients' signs               (`tff_gma.aggregators.gradient_masked`, tau, soft|binary)
-    state', w_opt = server_optimizer(state, w, Delta)         (the moments z_t, v_t updated with the unmasked Delta)
-    w_t   = w + m * (w_opt - w)                               (for Adam/Yogi: w - eta_g * m * z_t / (sqrt(v_t) + eps))
-
-so the mask scales the optimizer's step, not its input. Masking Delta before the optimizer (what
-`GradientMaskedFactory` does as a `model_aggregator`) is the same for plain SGD, but an adaptive optimizer divides
-a masked Delta by the root of its own (masked) second moment, which largely cancels a soft mask.
-
-Pieces (each usable alone; `build_gma_fed_avg` composes them with TFF's broadcast and model-delta client work):
-
-* the aggregator, `GradientMaskedFactory.create_mean_and_mask`: GMA's one aggregation (weighted mean, secure sign
-  sums, dropping of non-finite clients, GMA's measurements) returning `OrderedDict(mean=Delta, mask=m)`;
-* the finalizer, `build_gma_finalizer`: TFF's `build_apply_optimizer_finalizer` with the mask on the step;
-* `build_gma_server_processes`: the pair, for harnesses that compose rounds themselves.
-
-How the mask travels. `compose_learning_process` hands the finalizer only the aggregator's result (its state goes
-back to the aggregator, its measurements to the metrics), so the mask rides in that result, beside the mean. The
-pair is computed from the same round's clients, costs no extra aggregation, and keeps the state, metrics and
-`get_model_weights`/`set_model_weights` of TFF's `build_weighted_fed_avg` unchanged.
+The server optimizer's state sees the unmasked weighted mean and the GMA mask scales its step, w + m * (w_opt - w),
+where `GradientMaskedFactory` as a model aggregator masks the optimizer's input (the same for SGD; an adaptive
+optimizer largely cancels a soft mask). The mask rides beside the mean in the aggregator's result, so the process
+keeps `build_weighted_fed_avg`'s state and metrics. Details: docs/methods.md#gma-with-any-server-optimizer.
 """
 
 from __future__ import annotations
@@ -207,7 +189,10 @@ def build_gma_fed_avg(
     metrics_aggregator=None,
     loop_implementation: tff.learning.LoopImplementation = client_lib.DEFAULT_LOOP_IMPLEMENTATION,
 ) -> tff.learning.templates.LearningProcess:
-  """GMA with any server optimizer (Algorithm 2; module docstring), as `build_weighted_fed_avg` builds FedAvg.
+  """GMA with any server optimizer (Algorithm 2), as `build_weighted_fed_avg` builds FedAvg.
+
+  Each round: Delta = the clients' weighted mean update, m = GMA's mask of their signs, the server optimizer's
+  state updated with the unmasked Delta and its step masked, w_t = w + m * (w_opt - w).
 
   Composed with `tff.learning.templates.compose_learning_process` from TFF's broadcast, TFF's model-delta client
   work, GMA's mean-and-mask aggregator and `build_gma_finalizer`: `initialize`, `next(state, client_datasets)`,

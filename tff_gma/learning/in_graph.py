@@ -1,40 +1,9 @@
 """The FedAvg family's client work with its local epochs as one in-graph loop over the client's examples.
 
-TFF's model-delta client work (`tff.learning.templates.build_model_delta_client_work`; FedProx's:
-`tff_gma.learning.fed_prox`) walks a client's `tf.data` batches with a dataset loop and keeps the model in
-`tf.Variable`s: every step pulls a batch through the input pipeline and reads and assigns every weight. For small
-models that bookkeeping, not the arithmetic, is most of a round. This client work computes the same update with:
-
-* the client's dataset read once into tensors inside the client computation (`read_batches`: every batch of the
-  dataset as given, shuffled, repeated and batched by the caller, concatenated, with the batch boundaries), so the
-  steps take the same batches in the same order as the dataset loop;
-* the model as a `tff.learning.models.FunctionalModel` (pure functions of the weight tensors) and the weights, the
-  client optimizer's state (a functional `tff.learning.optimizers.Optimizer`) and the example count as the loop
-  tensors of one `tf.while_loop` over the batch slices;
-* the training metrics in the `VariableModel`'s own Keras metric objects, updated per step with the functional
-  predictions, so `report_local_unfinalized_metrics` and `metric_finalizers` are exactly the variable model's (the
-  metrics aggregator and everything composed after the client work see the same types and values);
-* FedProx's proximal term as the paper has it (`fed_prox.add_proximal_term`: + mu * (w - w_t), toward the server
-  model; TFF 0.87's FedProx client work has the opposite sign, see `tff_gma.learning.fed_prox`), and the non-finite
-  handling as TFF's model-delta client work does it.
-
-`build_in_graph_client_work` returns a `ClientWorkProcess` with the state TFF's gives (the optimizer's
-hyperparameters; FedProx's: none), so a learning process composed from it has TFF's state type: checkpoints load in
-either. It is a TFF computation like TFF's: the audit sees the same intrinsics. `build_in_graph_update` is the
-client update alone (a `tf.function`), for running clients outside TFF's runtime.
-
-The harness's FedAvg family trains with it by default (`--client_loop=in_graph`, `training.engine.fedavg_family`),
-TFF's iterator loop kept behind `--client_loop=iterator`. Measured in TFF 0.87.0's worker (TF 2.14): three rounds
-of FedAvg with the mean, GMA, 3-pass RFA, FedProx, FedAdam and FedAdam with GMA give the same model bit for bit
-with either loop, on the logistic model, the digits CNN and LeNet (tests/training/client_loop_test.py): the
-functional model runs the Keras layers' own ops on the same batches in the same order. Its speed: see
-docs/benchmark.md ("A round against its in-graph floor"); the walk over the batches is a small part of a round in
-TFF's worker.
-
-What it takes: a model without non-trainable weights, without layer losses (regularizers) and without layers that
-draw random numbers in training (Dropout and kin), whose functional
-twin's trainable weights match the variable model's in order and shape (`in_graph_support` says why not when it
-cannot); data elements `(x, y)` or `{'x', 'y'}` with a first (batch) axis.
+For small models TFF's dataset loop over `tf.Variable`s costs more than the arithmetic; this computes the same
+update (the same batches in order, bit for bit) with the examples read once into tensors, a functional model and
+one `tf.while_loop`, and keeps TFF's client work's state, metrics and intrinsics. What it takes, and what it is
+measured to give: docs/methods.md#the-in-graph-client-loop.
 """
 
 from __future__ import annotations
@@ -92,7 +61,12 @@ def _split(batch) -> tuple[Any, Any]:
 
 def in_graph_support(model_fn: VariableModelFn, functional_model: Optional[tff.learning.models.FunctionalModel]
                      ) -> Optional[str]:
-  """None when the in-graph loop can train this model, else why not (one line, for the caller's log)."""
+  """None when the in-graph loop can train this model, else why not (one line, for the caller's log).
+
+  The loop needs a model without non-trainable weights, without layer losses (regularizers) and without layers
+  that draw random numbers in training (Dropout and kin), whose functional twin's trainable weights match the
+  variable model's in order and shape, and data elements `(x, y)` or `{'x', 'y'}` with a first (batch) axis.
+  """
   if functional_model is None:
     return 'no functional model (tff.learning.models.functional_model_from_keras) was given for it'
   with tf.Graph().as_default():
@@ -131,7 +105,7 @@ def build_in_graph_update(
   """
   on_examples = _update_on_examples(model_fn, functional_model, weighting, proximal_strength)
 
-  @tf.function(autograph=False)  # Graph code as written (module doc): AutoGraph cost seconds at every build.
+  @tf.function(autograph=False)  # Graph code as written: AutoGraph cost seconds at every build.
   def client_update(optimizer, initial_weights, data, optimizer_hparams=None):
     examples, offsets = read_batches(data)
     return on_examples(optimizer, initial_weights, examples, offsets, optimizer_hparams)
@@ -225,7 +199,8 @@ def build_in_graph_client_work(
     metrics_aggregator=None,
 ) -> tff.learning.templates.ClientWorkProcess:
   """TFF's model-delta client work (FedProx's, `fed_prox.build_fed_prox_client_work`'s, with `proximal_strength`
-  > 0) with the in-graph loop (module doc).
+  > 0) with the in-graph loop: the client's batches read once into tensors, the functional model's weights and
+  the optimizer's state as loop tensors of one `tf.while_loop`, the metrics in the variable model's own objects.
 
   Same state as TFF's: the optimizer's hyperparameters (FedProx's: none), so processes composed from either have
   one state type. Raises ValueError naming the reason when `in_graph_support` refuses the model.

@@ -1,29 +1,8 @@
 """Personalized RFA (RFA paper, Algorithm 4): shared parameters aggregated by RFA, personal parameters on device.
 
-Model. As in the paper, a client predicts with the sum of the shared parameters w (the server model's trainable
-weights) and its own personal parameters v_k of the same shapes (additive personalization, v_k = 0 initially):
-the objective is sum_k alpha_k F_k(w + v_k). Non-trainable weights are shared only.
-
-Round (residual learning, the paper's "train the shared and personalized parameters on each other's residuals"):
-
-    client k:  phase 1 (personal): from w + v_k, local SGD on its batches with w fixed  -> v_k' = trained - w
-               phase 2 (shared):   from w + v_k', local SGD on its batches with v_k' fixed -> w_k = trained - v_k'
-               sends the model update w - w_k (TFF's `initial - trained`) with its number of examples as weight
-    server:    w <- finalizer(w, aggregate(w - w_k))   -- `model_aggregator`, by default RFA (the geometric
-               median, `tff_gma.aggregators.GeometricMedianFactory`); the mean gives personalized FedAvg.
-
-Since d/dv F(w + v) = d/dw F(w + v), each phase is local SGD on the summed model; what differs is which part
-keeps the result. Each phase makes one pass over the round's batches (the dataset as given, with its local epochs)
-with a fresh client optimizer state; metrics are phase 2's. A client whose personal step is not finite keeps its
-old v_k; a client whose update is not finite sends zero with weight 0 (TFF's convention).
-
-Where the personal parameters live. TFF has no client state and a `LearningProcess` cannot output CLIENTS-placed
-values, so v_k comes in with the client's data -- `OrderedDict(batches=<dataset of batches>, personal=<dataset of
-at most one element: v_k as a tuple of arrays>)`, empty meaning v_k = 0 -- and goes out through
-`next_with_client_state` (`client_lib.LearningProcessWithClientState`), which runs the same round as `next` and
-also returns every client's v_k' at CLIENTS. A simulation keeps them by client id between rounds and evaluates
-the personalized models on held-out examples (the harness's `training.engine.client_state`). The plain `next` drops the
-new v_k: it trains w only, with every v_k frozen.
+A client predicts with w + v_k and trains its personal v_k, then the shared w, each on the other's residual; the
+server aggregates the shared updates (RFA by default). v_k comes in with the client's data and goes out through
+`next_with_client_state`, since TFF has no client state. Round and state: docs/methods.md#personalized-rfa.
 """
 
 from __future__ import annotations
@@ -97,6 +76,16 @@ def build_personalized_rfa(
     metrics_aggregator=None,
 ) -> client_lib.LearningProcessWithClientState:
   """Personalized RFA (RFA paper, Algorithm 4): a `LearningProcess` whose clients keep v_k.
+
+      client k:  phase 1 (personal): from w + v_k, local SGD on its batches with w fixed  -> v_k' = trained - w
+                 phase 2 (shared):   from w + v_k', local SGD on its batches with v_k' fixed -> w_k = trained - v_k'
+                 sends w - w_k with its number of examples as weight
+      server:    w <- finalizer(w, aggregate(w - w_k))
+
+  Each phase is one pass over the round's batches from a fresh optimizer state; metrics are phase 2's. A client
+  whose personal step is not finite keeps its v_k; one whose update is not finite sends zero with weight 0. Client
+  data are `OrderedDict(batches=<dataset of batches>, personal=<dataset of at most one element: v_k as a tuple of
+  arrays>)` (empty: v_k = 0); `next_with_client_state` also returns every client's v_k', the plain `next` drops it.
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.

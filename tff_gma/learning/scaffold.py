@@ -1,41 +1,9 @@
 """SCAFFOLD (Karimireddy et al., 2020, Algorithm 1) as a composed `tff.learning` process, with client momentum.
 
-Round, with server model x, server control variate c and client control variates c_i:
-
-    client i:  y <- x;  K times (one per batch):  g_k = g_i(y);  y <- SGDM_step(y, g_k - c_i + c)
-               c_i+ = (1 / K) sum_k g_k;    sends  Delta_i = x - y,  dc_i = c_i+ - c_i
-    server:    x <- x - eta_g * aggregate(Delta_i)          (`model_aggregator`, then the server optimizer)
-               c <- c + (|S| / N) * mean_i(dc_i)             (`tff.federated_mean`, or the secure mean with
-                                                              `secure=True`; |S| by a secure count)
-
-The local step is TFF's SGD with momentum (`tff.learning.optimizers.build_sgdm(client_lr, client_momentum)`, the
-momentum buffer starting at 0 each round) applied to the corrected gradient g_i(y) - c_i + c. The new client
-control variate is the mean of the K minibatch gradients g_i(y_k) seen along the local path. Without momentum
-this is exactly the paper's option II, c_i+ = c_i - c + (x - y) / (K eta_l): there x - y = eta_l sum_k (g_k - c_i
-+ c), so the formula gives (1 / K) sum_k g_k. With momentum the step amplifies the gradients (up to 1 / (1 - beta))
-and option II would mis-scale c_i+ by that amplification; the mean gradient is what option II estimates in both
-cases, so it is what the clients compute (the project's choice; docs/methods.md, SCAFFOLD).
-
-`Delta_i = x - y` is TFF's sign for model updates (the finalizer's SGD applies `x - eta_g * Delta`, SCAFFOLD's
-`x + eta_g * (y - x)`). The model updates go through any weighted `tff.aggregators` factory: the weighted mean
-(default), `GradientMaskedFactory` (GMA on SCAFFOLD, the GMA paper's Table 7), `GeometricMedianFactory`...,
-weighted by the clients' example counts (`client_weighting=NUM_EXAMPLES`, TFF's default and the harness's) or
-equally (`UNIFORM`, the paper's 1/|S|: weight 1 per client that trained). The controls are averaged unweighted,
-as in the paper, so that c stays the mean of all clients' c_i. N is `num_clients`, the population size; None
-means full participation (|S| / N = 1). A client without batches, or whose update or mean gradient is not finite,
-sends a zero update with weight 0 and dc_i = 0 and keeps its c_i.
-
-Where the state lives.
-  * x, c: in the `LearningAlgorithmState` (c is the client work's state), so they are checkpointed with it (e.g.
-    `tff.program.FileProgramStateManager`).
-  * c_i: with the client. TFF has no client state and a `LearningProcess` cannot output CLIENTS-placed values,
-    so a client's c_i comes in with its data -- client data are `OrderedDict(batches=<dataset of batches>,
-    control_variate=<dataset of at most one element: c_i as a tuple of arrays>)`, an empty dataset meaning
-    c_i = 0 -- and goes out through `next_with_client_state` (`client_lib.LearningProcessWithClientState`),
-    which runs the same round as `next` (same components) and also returns every client's c_i+ at CLIENTS. A
-    simulation keeps them by client id between rounds (the harness's `training.engine.client_state`). The plain `next`
-    (the `LearningProcess` interface) drops the clients' new control variates: a driver that calls it keeps every
-    c_i at its old value, which is not SCAFFOLD beyond the first round; use `next_with_client_state` to train.
+Clients step on the corrected gradient g - c_i + c with TFF's SGD with momentum; their new control variate is the
+mean of their minibatch gradients (option II exactly without momentum, still what it estimates with). c_i comes in
+with the client's data and goes out through `next_with_client_state`, since TFF has no client state.
+Round, state and why: docs/methods.md#scaffolds-process.
 """
 
 from __future__ import annotations
@@ -65,7 +33,7 @@ CONTROL_VARIATE = 'control_variate'
 
 def control_variate_update(gradient_sum: tuple, num_steps: tf.Tensor, client_control: tuple,
                            valid: tf.Tensor) -> tuple:
-  """dc_i = (1 / K) sum_k g_k - c_i (c_i+ - c_i, module docstring); zeros unless `valid`, K > 0 and it is finite."""
+  """dc_i = (1 / K) sum_k g_k - c_i (c_i+ - c_i); zeros unless `valid`, K > 0 and it is finite."""
   steps = tf.cast(num_steps, tf.float32)
   mean_gradient = tuple(tf.math.divide_no_nan(s, tf.cast(steps, s.dtype)) for s in gradient_sum)
   ok = tf.logical_and(tf.logical_and(valid, num_steps > 0), client_values.all_finite(mean_gradient))
@@ -208,7 +176,17 @@ def build_scaffold(
     secure: bool = False,
     value_bound: Optional[float] = None,
 ) -> client_lib.LearningProcessWithClientState:
-  """SCAFFOLD as a `tff.learning.templates.LearningProcess` whose clients keep c_i (module docstring).
+  """SCAFFOLD as a `tff.learning.templates.LearningProcess` whose clients keep c_i.
+
+      client i:  y <- x;  K times (one per batch):  g_k = g_i(y);  y <- SGDM_step(y, g_k - c_i + c)
+                 c_i+ = (1 / K) sum_k g_k;    sends  Delta_i = x - y,  dc_i = c_i+ - c_i
+      server:    x <- x - eta_g * aggregate(Delta_i)          (`model_aggregator`, then the server optimizer)
+                 c <- c + (|S| / N) * mean_i(dc_i)             (unweighted; |S| by a secure count)
+
+  Client data are `OrderedDict(batches=<dataset of batches>, control_variate=<dataset of at most one element: c_i
+  as a tuple of arrays>)` (empty: c_i = 0). Train with `next_with_client_state`, which also returns every client's
+  c_i+; the plain `next` keeps every c_i at its old value. A client without batches, or whose update or mean
+  gradient is not finite, sends a zero update of weight 0 and dc_i = 0.
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.

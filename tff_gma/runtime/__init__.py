@@ -1,38 +1,9 @@
 """The TFF simulation execution context, with the C++ worker's lifecycle and exposure owned by this process.
 
-TFF's own `tff.backends.test.set_sync_test_cpp_execution_context()` is the context that can run the secure
-intrinsics in simulation (it lowers `federated_secure_sum*` to plain sums with overflow checks). It starts the
-C++ `worker_binary` as a child process that inherits the caller's stdout/stderr, is stopped only from a
-`__del__`, and listens on all interfaces with no authentication. This module builds the same context around a
-worker it owns:
-
-* the worker runs in a private network namespace (`tff_gma.confinement`): the driver reaches it through a Unix
-  socket in a private (0700) directory, and no TCP port is open on the host; where the kernel refuses the
-  namespace, `$TFF_GMA_WORKER_CONFINEMENT` decides (`require`, the default: refuse; `auto` or `off`, opt-ins:
-  warn once and run it unconfined);
-* the worker's stdout/stderr go to a log file (or are discarded), never to the caller's pipes; the default log
-  lives in that private directory, and those of dead processes are removed;
-* the worker runs in its own session (a Ctrl-C reaches Python, which then stops the worker cleanly), with SIGINT
-  and SIGQUIT at their defaults whatever this process ignores (a background job's), and gets
-  `PR_SET_PDEATHSIG=SIGKILL`, so the kernel kills it if this process dies by any means, SIGKILL included;
-* it is stopped by a bounded escalation (SIGINT, then SIGTERM, then SIGKILL, `confinement.stop_process`), never
-  waited for without a limit;
-* once this module has started a worker (not at import), an `atexit` hook stops it at normal exit and after an
-  uncaught exception, and SIGTERM is turned into a normal exit (running that hook) when no other SIGTERM handler
-  is installed.
-
-Importing this module changes nothing in TFF or the process: TFF's default context stays TFF's, and no exit hook,
-signal handler or logging filter is installed until one of the functions below starts a worker or a context.
-
-Usage: `tff_gma.runtime.set_simulation_context()` once, before running computations from Python;
-`set_async_simulation_context()` for TFF programs (`tff.program`, `tff.learning.programs.train_model`), on the same
-worker; `set_multi_worker_context(targets)` to split rounds over several workers. Which to use when, and TFF's own
-contexts: docs/runtime.md#contexts.
-
-The package by job: `worker_process.py` (`WorkerProcess`: start, stop, exit hook, SIGTERM), `listeners.py` (the
-sockets a confined worker is reached through, and the confinement glue), `files.py` (the private directory, logs,
-stale files), `contexts.py` (the simulation contexts and TFF's default context), `multi_worker.py` (several
-workers per round), `state.py` (everything kept per process, in one object). The names below are the API.
+TFF's own test context runs the secure intrinsics on a worker that inherits the caller's pipes, is stopped only from
+a `__del__` and listens unauthenticated on all interfaces; this builds the same contexts around a worker it owns:
+confined, logging to a file, stopped at exit by a bounded escalation. Importing it installs nothing. Which context
+when: docs/runtime.md#contexts; the package's modules by job: docs/architecture.md#the-library-tff_gma.
 """
 
 from tff_gma.runtime.contexts import check_context_runs

@@ -1,10 +1,9 @@
 """`WorkerProcess`: one TFF C++ worker owned by this process, from its start to its stop.
 
-TFF's own contexts start `worker_binary` inheriting the caller's pipes, stop it only from a `__del__`, and leave
-it listening on all interfaces. A `WorkerProcess` starts it confined where the kernel allows (`listeners.py`,
-`tff_gma.confinement`), logging to a file, in its own session with default SIGINT/SIGQUIT and a
-`PR_SET_PDEATHSIG`, and stops it by a bounded escalation; once one has started, an exit hook stops every live
-one and SIGTERM becomes a normal exit.
+TFF's own contexts start `worker_binary` inheriting the caller's pipes, stop it only from a `__del__`, and leave it
+listening on all interfaces. A `WorkerProcess` starts it confined where the kernel allows (`listeners.py`), logging
+to a file, in its own session with default SIGINT/SIGQUIT and a `PR_SET_PDEATHSIG`, and stops it by a bounded
+escalation; once one has started, an exit hook stops every live one and SIGTERM becomes a normal exit.
 """
 
 from __future__ import annotations

@@ -115,11 +115,12 @@ def rfa_reference(values, weights, num_passes, one_step=False, secure=False, fin
 
 def secure_error_bounds(values, weights, num_passes, one_step=False, final_objective=False,
                         init=geometric_median.DEFAULT_INIT):
-  """(estimate, objectives, smoothings) error bounds in secure mode: the propagation documented in `weiszfeld`.
+  """(estimate, objectives, smoothings) error bounds in secure mode: the propagation documented in docs/methods.md.
 
-  Composed along the NumPy reference, step by step as `weiszfeld`'s docstring derives it: the estimate's error
-  e_k (a bound on the Euclidean norm of the error of v_k), each measured objective's and each smoothing's. Every
-  secure mean's own error is `secure_mean.error_bound` with all the round's clients counted in N.
+  Composed along the NumPy reference, step by step as docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm
+  derives it: the estimate's error e_k (a bound on the Euclidean norm of the error of v_k), each measured
+  objective's and each smoothing's. Every secure mean's own error is `secure_mean.error_bound` with all the round's
+  clients counted in N.
   """
   eps = weiszfeld.FLOAT32_ROUNDOFF
   reference = rfa_reference(values, weights, num_passes, one_step, secure=True, final_objective=final_objective,
