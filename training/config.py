@@ -14,10 +14,13 @@ Where the library has a default (GMA's tau, RFA's passes, the partitions' k, alp
 paper values), these dataclasses take it from the library. The demo, the benchmark and the studies build from these
 dataclasses rather than from literals.
 
-Checks: the dataclasses of a method check their own values on construction (a `ValueError` naming the field),
-once, wherever the configuration is built; the whole run's consistency (`training.runner.experiment.validate`:
-combinations, and settings the chosen method does not read, `training.engine.registry.check_settings`) needs the
-registry and is checked there.
+Checks: each method setting's value is checked once in the harness, by the dataclass that holds it, when it is
+built (`__post_init__`: a one-line `ValueError` naming the setting, which is the flag's name); the runner's
+`experiment.validate` builds them from its `ExperimentConfig`, and the demo, the benchmark and the studies build them
+directly. What needs the chosen method (a setting it does not read, a bound of its aggregator) is the registry's
+(`training.engine.registry.check_settings`), which the runner's validation calls. Nothing downstream (the registry's
+builders, `training.engine.methods`) checks a value again; the library's factories and builders (`tff_gma`) keep
+their own argument checks, the library's boundary for users who call it directly.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class AlgorithmConfig:
   client_loop: str = 'in_graph'  # One of CLIENT_LOOPS.
 
   def __post_init__(self):
+    """The harness's one check of these values (module docstring, Checks); tff_gma checks its own arguments."""
     if self.name not in FEDAVG_FAMILY:
       raise ValueError(f'algorithm must be one of {FEDAVG_FAMILY}, got {self.name!r}')
     for field in ('client_lr', 'server_lr'):
@@ -102,10 +106,11 @@ class AggregatorParams:
   corrupt_fraction: float = 0.0  # The corruption level rho, known to trimmed_mean and krum.
 
   def __post_init__(self):
+    """The harness's one check of these values (module docstring, Checks); tff_gma checks its own arguments."""
     checks.check_fraction(self.tau, 'tau')
     checks.check_positive_int(self.num_passes, 'num_passes')
     checks.check_positive_finite(self.smoothing, 'smoothing')
-    if self.rfa_init not in ('mean', 'zero'):
+    if self.rfa_init not in geometric_median.INITS:
       raise ValueError(f"rfa_init must be 'mean' or 'zero', got {self.rfa_init!r}")
     checks.check_bool(self.secure, 'secure')
     if self.secure_bound is not None:
@@ -123,6 +128,7 @@ class MethodParams:
   fedgma_threshold: float = fedgma_learning.DEFAULT_MASK_THRESHOLD  # FedGMA AND-mask p.
 
   def __post_init__(self):
+    """The harness's one check of these values (module docstring, Checks); tff_gma checks its own arguments."""
     checks.check_fraction(self.elastic_tau, 'elastic_tau')
     checks.check_fraction(self.elastic_mu, 'elastic_mu', high_open=True)
     checks.check_fraction(self.sensitivity_fraction, 'sensitivity_fraction', high_open=True)

@@ -79,7 +79,7 @@ def define_flags() -> None:
 # The project's private aggregators and methods (the non-private robust baselines of the RFA study are left out:
 # they are study baselines, run them with --aggregators).
 DEFAULT_METHODS = registry.method_names(registry.DEMO)
-_CONFIG = config_lib.AlgorithmConfig()
+_ALGORITHM_CONFIG = config_lib.AlgorithmConfig()
 _LOCAL_EPOCHS, _BATCH_SIZE = config_lib.ExperimentConfig.local_epochs, config_lib.ExperimentConfig.batch_size
 STUDY_SETTING = 'label10'  # The GMA study's setting that the demo's defaults are.
 CORRUPT_FRACTION = 0.25
@@ -89,6 +89,11 @@ class Hyperparameters(NamedTuple):
   config: config_lib.AlgorithmConfig
   params: config_lib.AggregatorParams
   source: str  # Where they come from, for the header.
+
+
+def _reads_tau(aggregator: str) -> bool:
+  """Whether the aggregator reads GMA's tau (its record's `reads`): the study tuned it, the header shows it."""
+  return 'tau' in registry.aggregator(aggregator).reads
 
 
 def choose_hyperparameters(names: Sequence[str], study_results: str, is_study_setting: bool) -> dict[str, Any]:
@@ -106,12 +111,13 @@ def choose_hyperparameters(names: Sequence[str], study_results: str, is_study_se
     if record is None and ('fedavg', 'mean') in chosen:
       record, source = chosen[('fedavg', 'mean')], f'FedAvg-mean\'s in the GMA study ({STUDY_SETTING}); not tuned'
     if record is None:
-      out[name] = Hyperparameters(_CONFIG, config_lib.AggregatorParams(), 'defaults (no study choice)')
+      out[name] = Hyperparameters(_ALGORITHM_CONFIG, config_lib.AggregatorParams(), 'defaults (no study choice)')
       continue
-    config = config_lib.AlgorithmConfig(name='fedavg', client_lr=record['client_lr'], server_lr=record['server_lr'])
-    tau = record.get('tau') if aggregator.startswith('gma') else None
-    params = config_lib.AggregatorParams() if tau is None else config_lib.AggregatorParams(tau=tau)
-    out[name] = Hyperparameters(config, params, source)
+    algorithm_config = config_lib.AlgorithmConfig(name='fedavg', client_lr=record['client_lr'],
+                                                  server_lr=record['server_lr'])
+    tau = record.get('tau') if _reads_tau(aggregator) else None
+    aggregator_params = config_lib.AggregatorParams() if tau is None else config_lib.AggregatorParams(tau=tau)
+    out[name] = Hyperparameters(algorithm_config, aggregator_params, source)
   return out
 
 
@@ -139,7 +145,7 @@ def run_one(name: str, train_data, evaluator, build_keras, model_fn, num_rounds:
 
   Returns (rows, method).
   """
-  hyperparameters = hyperparameters or Hyperparameters(_CONFIG, config_lib.AggregatorParams(), 'defaults')
+  hyperparameters = hyperparameters or Hyperparameters(_ALGORITHM_CONFIG, config_lib.AggregatorParams(), 'defaults')
   update_corruption = None if not attacked else corruption.UpdateCorruption(
       'omniscient', tuple(attacked), tuple(train_data.client_ids), seed)
   method = methods.build(model_fn, *registry.resolve(name), algorithm_config=hyperparameters.config,
@@ -169,12 +175,12 @@ def _print_setup(names: Sequence[str], chosen: dict[str, Any], num_train: int, n
   """The header: the setup, each method's hyperparameters and where they came from, what the columns mean."""
   print(f'Digits ({num_train} train / {num_test} test), {FLAGS.partition}, '
         f'{FLAGS.num_clients} clients (all per round), {FLAGS.model} model, FedAvg (client SGD momentum '
-        f'{_CONFIG.client_momentum}, {_LOCAL_EPOCHS} local epoch, batch {_BATCH_SIZE}), {FLAGS.rounds} rounds, '
-        f'seed {FLAGS.seed}; client metrics through secure sums.')
+        f'{_ALGORITHM_CONFIG.client_momentum}, {_LOCAL_EPOCHS} local epoch, batch {_BATCH_SIZE}), '
+        f'{FLAGS.rounds} rounds, seed {FLAGS.seed}; client metrics through secure sums.')
   print('Hyperparameters per method:')
   for name in names:
     h = chosen[name]
-    tau = f', tau {h.params.tau:g}' if registry.resolve(name)[1].startswith('gma') else ''
+    tau = f', tau {h.params.tau:g}' if _reads_tau(registry.resolve(name)[1]) else ''
     print(f'  {name}: client lr {h.config.client_lr:g}, server lr {h.config.server_lr:g}{tau} ({h.source})')
   print(f'audit: the static audit of one round (PASS: client data reaches the server only through means and secure '
         f'sums). omniscient: test accuracy after {FLAGS.omniscient_rounds} rounds with {len(attacked)} of '

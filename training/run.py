@@ -34,6 +34,7 @@ from absl import logging
 
 from tff_gma import models
 from tff_gma import runtime
+from tff_gma.aggregators import geometric_median
 from tff_gma.data import idx
 from tff_gma.data import loaders
 from training import command_line
@@ -52,7 +53,7 @@ _ENUMS = {
     'model': list(models.MODELS),
     'algorithm': list(registry.ALGORITHMS),
     'aggregator': list(registry.AGGREGATORS),
-    'rfa_init': ['mean', 'zero'],
+    'rfa_init': list(geometric_median.INITS),
     'client_execution': list(client_execution.MODES),
     'dataset_placement': list(worker_datasets.PLACEMENTS),
     'client_loop': list(config_lib.CLIENT_LOOPS),

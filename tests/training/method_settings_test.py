@@ -164,9 +164,10 @@ def _process_fingerprint(algorithm: str, aggregator: str, settings: tuple) -> tu
 
 def _family_fingerprint(algorithm: str, settings: tuple) -> tuple:
   """What `fedavg_family` builds a FedAvg-family process from: its client and server optimizers, FedProx's mu."""
-  config = dataclasses.replace(_parts(dict(settings))[0], name=algorithm)
-  return (_normalized(fedavg_family.client_optimizer(config)), _normalized(fedavg_family.server_optimizer(config)),
-          fedavg_family.proximal_strength(config))
+  algorithm_config = dataclasses.replace(_parts(dict(settings))[0], name=algorithm)
+  return (_normalized(fedavg_family.client_optimizer(algorithm_config)),
+          _normalized(fedavg_family.server_optimizer(algorithm_config)),
+          fedavg_family.proximal_strength(algorithm_config))
 
 
 def _fingerprint(record_kind: str, record: str, settings: dict) -> tuple:
@@ -322,3 +323,19 @@ def test_a_scaffold_run_from_before_momentum_counted_does_not_resume_with_it(tmp
       experiment.check_resumable(config)
   else:
     experiment.check_resumable(config)
+
+
+@pytest.mark.parametrize('aggregator', ['trimmed_mean', 'krum'])
+def test_robust_baselines_refuse_half_the_clients_corrupt_naming_the_flag(tmp_path, aggregator):
+  """Their library factories take a corruption level below one half: the run's validation refuses 0.5 in one line
+  naming --corrupt_fraction (`Aggregator.upper_bounds`), not the library argument's name at build time."""
+  config = config_lib.ExperimentConfig(aggregator=aggregator, corrupt_fraction=0.5, output_dir=str(tmp_path / 'never'))
+  with pytest.raises(experiment.ConfigError) as refused:
+    experiment.validate(config)
+  message = str(refused.value)
+  assert message.startswith(f"corrupt_fraction: aggregator '{aggregator}' ") and '\n' not in message, message
+  assert message.endswith('must lie below 0.5, got 0.5 (algorithm=fedavg)'), message
+  experiment.validate(dataclasses.replace(config, corrupt_fraction=0.49))
+  with pytest.raises(ValueError, match=r'\[0, 0\.5\)'):  # The bound is the library's own.
+    registry.build(aggregator, config_lib.AggregatorParams(corrupt_fraction=0.5))
+  registry.build(aggregator, config_lib.AggregatorParams(corrupt_fraction=0.49))

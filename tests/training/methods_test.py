@@ -79,7 +79,7 @@ def test_fedadam_with_gma_is_algorithm_2():
   data = loaders.load_federated_data('digits', 'iid', 3, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  config = config_lib.AlgorithmConfig(name='fedadam', client_lr=0.05, server_lr=0.05)
+  algorithm_config = config_lib.AlgorithmConfig(name='fedadam', client_lr=0.05, server_lr=0.05)
   datasets = [round_loop.client_dataset(data.train, c, local_epochs=1, batch_size=32, seed=0, round_num=1)
               for c in data.train.client_ids]
 
@@ -87,17 +87,18 @@ def test_fedadam_with_gma_is_algorithm_2():
     state = process.next(round_loop.seeded_initial_state(process, build_keras, 0), datasets).state
     return process.get_model_weights(state).trainable
 
-  runner = one_round(methods.build(model_fn, 'fedadam', 'gma', algorithm_config=config).process)
+  runner = one_round(methods.build(model_fn, 'fedadam', 'gma', algorithm_config=algorithm_config).process)
   # The corrupted runs compose the same server: with no client corrupted, the same round.
   ids = tuple(data.train.client_ids)
-  corruptible = methods.build(model_fn, 'fedadam', 'gma', algorithm_config=config,
+  corruptible = methods.build(model_fn, 'fedadam', 'gma', algorithm_config=algorithm_config,
                               update_corruption=corruption.UpdateCorruption('gaussian', (), ids, 0))
   corrupted_state, _ = corruptible.run_round(
       round_loop.seeded_initial_state(corruptible.process, build_keras, 0), ids, datasets, 1)
   algorithm_2 = one_round(learning.build_gma_fed_avg(
-      model_fn, fedavg_family.client_optimizer(config), fedavg_family.server_optimizer(config),
+      model_fn, fedavg_family.client_optimizer(algorithm_config), fedavg_family.server_optimizer(algorithm_config),
       loop_implementation=tff.learning.LoopImplementation.DATASET_ITERATOR))  # The runner's client loop.
-  drop_in = one_round(fedavg_family.build_learning_process(model_fn, config, aggregators.GradientMaskedFactory()))
+  drop_in = one_round(fedavg_family.build_learning_process(model_fn, algorithm_config,
+                                                          aggregators.GradientMaskedFactory()))
   for a, b, c in zip(runner, algorithm_2, corruptible.process.get_model_weights(corrupted_state).trainable):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # The same computation: float noise only.
     np.testing.assert_allclose(c, b, rtol=1e-6, atol=1e-7)
@@ -117,9 +118,9 @@ def test_gma_dropin_is_the_factory_inside_tffs_builder_and_gma_is_algorithm_2():
   data = loaders.load_federated_data('digits', 'label_skew', 4, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  config = config_lib.AlgorithmConfig(name='fedadam', client_lr=0.05, server_lr=0.05)
+  algorithm_config = config_lib.AlgorithmConfig(name='fedadam', client_lr=0.05, server_lr=0.05)
   stock = tff.learning.algorithms.build_weighted_fed_avg(
-      model_fn, fedavg_family.client_optimizer(config), fedavg_family.server_optimizer(config),
+      model_fn, fedavg_family.client_optimizer(algorithm_config), fedavg_family.server_optimizer(algorithm_config),
       model_aggregator=aggregators.GradientMaskedFactory(), loop_implementation=fedavg_family.LOOP_IMPLEMENTATION)
   ids = data.train.client_ids
   datasets = [round_loop.client_dataset(data.train, c, local_epochs=1, batch_size=16, seed=0, round_num=1)
@@ -132,8 +133,8 @@ def test_gma_dropin_is_the_factory_inside_tffs_builder_and_gma_is_algorithm_2():
     return [np.asarray(w) for w in process.get_model_weights(state).trainable]
 
   expected = one_round(stock)
-  dropin = one_round(methods.build(model_fn, 'fedadam', 'gma_dropin', algorithm_config=config).process)
-  step = one_round(methods.build(model_fn, 'fedadam', 'gma', algorithm_config=config).process)
+  dropin = one_round(methods.build(model_fn, 'fedadam', 'gma_dropin', algorithm_config=algorithm_config).process)
+  step = one_round(methods.build(model_fn, 'fedadam', 'gma', algorithm_config=algorithm_config).process)
   for got, want in zip(dropin, expected):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
   assert max(np.max(np.abs(a - b)) for a, b in zip(step, expected)) > 1e-4  # Algorithm 2 is another step.

@@ -162,22 +162,23 @@ def build(
   """
   registry.check(algorithm, aggregator, update_corruption.kind if update_corruption else corruption_lib.NONE,
         client_execution)
-  config = algorithm_config or config_lib.AlgorithmConfig()
-  config = dataclasses.replace(config, name=algorithm if algorithm in config_lib.FEDAVG_FAMILY else 'fedavg')
-  params = aggregator_params or config_lib.AggregatorParams()
-  extra = method_params or config_lib.MethodParams()
+  # The optimizers are the FedAvg-family algorithm's own, FedAvg's for a composed algorithm: the name says which.
+  optimizers_of = algorithm if registry.algorithm(algorithm).kind == registry.FEDAVG_FAMILY else 'fedavg'
+  algorithm_config = dataclasses.replace(algorithm_config or config_lib.AlgorithmConfig(), name=optimizers_of)
+  aggregator_params = aggregator_params or config_lib.AggregatorParams()
+  method_params = method_params or config_lib.MethodParams()
   corrupted = update_corruption is not None
   key = None if cache_key is None else (
-      cache_key, algorithm, aggregator, config, params, extra, num_clients, metrics_aggregator, corrupted,
-      client_execution, None if client_sources is None else client_sources.key)
+      cache_key, algorithm, aggregator, algorithm_config, aggregator_params, method_params, num_clients,
+      metrics_aggregator, corrupted, client_execution, None if client_sources is None else client_sources.key)
   if key is not None and key in _PROCESS_CACHE:
     process = _PROCESS_CACHE[key]
   else:
     refusal = client_sources_refusal(algorithm, aggregator, corrupted, client_execution)
     if client_sources is not None and refusal is not None:
       raise ValueError(f'client_sources: {refusal}; got {algorithm}/{aggregator}')
-    process = _build_process(model_fn, algorithm, aggregator, config, params, extra, num_clients,
-                             metrics_aggregator, corrupted, client_execution, client_sources)
+    process = _build_process(model_fn, algorithm, aggregator, algorithm_config, aggregator_params, method_params,
+                             num_clients, metrics_aggregator, corrupted, client_execution, client_sources)
     if key is not None:
       _PROCESS_CACHE[key] = process
   if isinstance(process, client_execution_lib.LocalRound):
@@ -202,27 +203,28 @@ def client_sources_refusal(algorithm: str, aggregator: str, corrupted: bool, cli
   return None
 
 
-def _build_process(model_fn, algorithm: str, aggregator: str, config: config_lib.AlgorithmConfig,
-                   params: config_lib.AggregatorParams, extra: config_lib.MethodParams, num_clients: Optional[int],
-                   metrics_aggregator, corrupted: bool, client_execution: str = client_execution_lib.WORKER,
-                   client_sources=None) -> tff.learning.templates.LearningProcess | client_execution_lib.LocalRound:
+def _build_process(model_fn, algorithm: str, aggregator: str, algorithm_config: config_lib.AlgorithmConfig,
+                   aggregator_params: config_lib.AggregatorParams, method_params: config_lib.MethodParams,
+                   num_clients: Optional[int], metrics_aggregator, corrupted: bool,
+                   client_execution: str = client_execution_lib.WORKER, client_sources=None
+                   ) -> tff.learning.templates.LearningProcess | client_execution_lib.LocalRound:
   aggregator_record, algorithm_record = registry.aggregator(aggregator), registry.algorithm(algorithm)
   if aggregator_record.kind == registry.PROCESS or algorithm_record.kind == registry.COMPOSED:
-    return registry.build_process(model_fn, algorithm, aggregator, config, params, extra, num_clients=num_clients,
-                                  metrics_aggregator=metrics_aggregator)
-  model_aggregator = registry.build(aggregator, params)
+    return registry.build_process(model_fn, algorithm, aggregator, algorithm_config, aggregator_params,
+                                  method_params, num_clients=num_clients, metrics_aggregator=metrics_aggregator)
+  model_aggregator = registry.build(aggregator, aggregator_params)
   # GMA with FedAdam/FedYogi is the GMA paper's Algorithm 2: the adaptive moments see the unmasked mean and the mask
   # scales the step (the drop-in factory would mask before Adam, which largely undoes the mask). FedAvg/FedProx
   # keep the drop-in factory: with their SGD server both placements are the same.
   mask_on_step = (isinstance(model_aggregator, aggregators.GradientMaskedFactory)
-                  and config.name in config_lib.ADAPTIVE_ALGORITHMS and aggregator_record.mask_on_step)
+                  and algorithm_config.name in config_lib.ADAPTIVE_ALGORITHMS and aggregator_record.mask_on_step)
   if client_execution == client_execution_lib.LOCAL:  # The same components; the clients train in this process.
-    components = fedavg_family.build_components(model_fn, config, model_aggregator, metrics_aggregator,
+    components = fedavg_family.build_components(model_fn, algorithm_config, model_aggregator, metrics_aggregator,
                                                 mask_on_step=mask_on_step)
-    return client_execution_lib.LocalRound(components, model_fn, config, metrics_aggregator)
+    return client_execution_lib.LocalRound(components, model_fn, algorithm_config, metrics_aggregator)
   if corrupted:
     return corruption_lib.build_learning_process(
-        model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)
+        model_fn, algorithm_config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)
   return fedavg_family.build_learning_process(
-      model_fn, config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step,
+      model_fn, algorithm_config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step,
       client_sources=client_sources)

@@ -1,8 +1,12 @@
 """The one registry of methods: a record per aggregator and per algorithm, saying what it is and what it supports.
 
 A method is an algorithm (`ALGORITHMS`) with an aggregator (`AGGREGATORS`); `resolve` turns the demo's and the
-benchmark's short names into the pair, `check` refuses the pairs (and the modes) the records rule out. Nothing
-outside this module tests a method's name: the drivers read the records.
+benchmark's short names into the pair, `check` refuses the pairs (and the modes) the records rule out. What a
+method is, what it reads and what it supports is read from its records (`check`, `check_settings`, `used_settings`,
+`method_names`, `is_private` and the fields below); a driver names a method only for what no record says (a study's
+arms, the RFA weight audit's replay of `rfa`/`rfa_one_step`). The FedAvg family's members differ in their
+optimizers, told apart by `config.AlgorithmConfig.name` (`training.engine.fedavg_family`; GMA's placement with an
+adaptive server in `training.engine.methods`).
 
 * `Aggregator.kind`: `MODEL_AGGREGATOR`, a `tff.aggregators.WeightedAggregationFactory` built from
   `config.AggregatorParams` and given to the algorithm as its `model_aggregator`; or `PROCESS`, an aggregation
@@ -23,16 +27,22 @@ Settings. `SETTINGS` are the method settings: the fields of `config.AlgorithmCon
 client walks its batches, not what it computes; the summary records the loop used, none for the others). Each
 record's `reads` names the settings it reads. A builder takes exactly those, as typed keyword-only arguments, and
 its record's `reads` is read off its signature (`_reads`), so the two cannot disagree; before them come the
-structural arguments it uses (`model_fn`, `model_aggregator`, `metrics_aggregator`, `num_clients`, and for a
-`PROCESS` aggregator the algorithm's `client_optimizer`, `server_optimizer`), all passed by name by `_call`. The
-FedAvg family's records list the optimizer settings `training.engine.fedavg_family` reads. A method reads its
-algorithm's and its aggregator's settings (`used_settings`); `secure_bound` only with `secure=True`;
-`corrupt_fraction` also under any `--corruption` (the corruption level).
+structural arguments it uses (`model_fn`, `model_aggregator`, `metrics_aggregator`, `num_clients`,
+`client_optimizer`, `server_optimizer`), all passed by name by `_call`. The optimizers are built once, by
+`build_process` from the run's `config.AlgorithmConfig` (`fedavg_family.client_optimizer`, `server_optimizer`): a
+`PROCESS` aggregator gets its algorithm's, a composed algorithm that takes them FedAvg's, and such an algorithm's
+`reads` adds their settings (`_OPTIMIZER_READS`). The FedAvg family's records list the optimizer settings
+`training.engine.fedavg_family` reads. A method reads its algorithm's and its aggregator's settings
+(`used_settings`); `secure_bound` only with `secure=True`; `corrupt_fraction` also under any `--corruption` (the
+corruption level).
 
 `check_settings` refuses, in one line naming the setting and the method, a setting the method does not read whose
 value differs from its default: "set by the user" means "not the default", since a flagfile may carry every
-default and a value equal to the default changes nothing. The runner calls it in `experiment.validate`, so such a
-setting fails before anything is written; the benchmark calls it on its entries.
+default and a value equal to the default changes nothing. It also refuses a value its aggregator cannot take
+although the setting's own range allows it (`Aggregator.upper_bounds`). The runner calls it in
+`experiment.validate`, so such a setting fails before anything is written; the benchmark calls it on its entries.
+A setting's own range is checked where its dataclass is built (`training.config`), once: nothing here checks a
+value again, and the library's factories and builders check their own arguments.
 
 The baselines of the RFA robustness study (`median`, `trimmed_mean`, `krum`) collect every client's update at the
 server (`tff_gma.aggregators.robust_baselines`): `secure=True` is refused with them (`Aggregator.refusals`),
@@ -40,7 +50,7 @@ whatever the algorithm. `clip_mean`, `zeroing_mean` are TFF's own norm clipping/
 mean; with `secure=True` the weighted mean is `tff_gma.aggregators.SecureWeightedMeanFactory(secure_bound)`, TFF's
 norm estimate sums its indicators with a secure sum (`PrivateQuantileEstimationProcess.no_noise(
 secure_estimation=True)`) and the clipped/zeroed count is a secure sum too. `trimmed_mean` and `krum` are told
-the corruption level (`corrupt_fraction`), as in the RFA paper. FedGMA's gradient mean is secure under
+the corruption level (`corrupt_fraction`), as in the RFA paper, below one half. FedGMA's gradient mean is secure under
 `secure=True` (bounded by `secure_bound`, like the model updates).
 """
 
@@ -167,15 +177,10 @@ def _zeroing_mean(*, secure: bool, secure_bound: Optional[float]) -> tff.aggrega
   return tff.aggregators.zeroing_factory(norm, mean, zeroed_count_sum_factory=count)
 
 
-# The learning processes of the composed methods (`tff_gma.learning`). The composed algorithms take FedAvg's client
-# optimizer (SGD with momentum) and server optimizer (SGD), `_fedavg_optimizers`; Elastic (a PROCESS aggregator)
-# takes its algorithm's, built by the caller.
-def _fedavg_optimizers(client_lr: float, client_momentum: float, server_lr: float):
-  config = config_lib.AlgorithmConfig(name='fedavg', client_lr=client_lr, server_lr=server_lr,
-                                      client_momentum=client_momentum)
-  return fedavg_family.client_optimizer(config), fedavg_family.server_optimizer(config)
-
-
+# The learning processes of the composed methods (`tff_gma.learning`). A builder that names `client_optimizer`
+# and `server_optimizer` gets them built by `build_process` from the run's `AlgorithmConfig`
+# (`fedavg_family.client_optimizer`, `server_optimizer`): Elastic (a PROCESS aggregator) its algorithm's, FedGMA and
+# personalized RFA FedAvg's (SGD with momentum; SGD). SCAFFOLD's library builder takes the rates themselves.
 def _elastic(model_fn, client_optimizer, server_optimizer, metrics_aggregator, *, elastic_tau: float,
              elastic_mu: float, sensitivity_fraction: float, secure: bool, secure_bound: Optional[float]):
   return learning.build_elastic_fed_avg(
@@ -188,12 +193,10 @@ def _elastic_probe(*, elastic_tau: float, secure: bool, secure_bound: Optional[f
   return 'update_and_sensitivity', aggregators.ElasticFactory(tau=elastic_tau, secure=secure, value_bound=secure_bound)
 
 
-def _fedgma(model_fn, model_aggregator, metrics_aggregator, *, client_lr: float, client_momentum: float,
-            server_lr: float, fedgma_step_size: float, fedgma_threshold: float, secure: bool,
-            secure_bound: Optional[float]):
+def _fedgma(model_fn, client_optimizer, server_optimizer, model_aggregator, metrics_aggregator, *,
+            fedgma_step_size: float, fedgma_threshold: float, secure: bool, secure_bound: Optional[float]):
   # `secure` makes the AND-masked gradient mean secure (its coordinates bounded by secure_bound, like the model
   # updates'); the model updates go through `model_aggregator`, the aggregator record's (secure with it too).
-  client_optimizer, server_optimizer = _fedavg_optimizers(client_lr, client_momentum, server_lr)
   return learning.build_fedgma(
       model_fn, client_optimizer, server_optimizer, server_step_size=fedgma_step_size,
       mask_threshold=fedgma_threshold, secure=secure, value_bound=secure_bound, mean_factory=model_aggregator,
@@ -209,9 +212,7 @@ def _scaffold(model_fn, model_aggregator, num_clients, metrics_aggregator, *, cl
                                  value_bound=secure_bound)
 
 
-def _personalized(model_fn, model_aggregator, metrics_aggregator, *, client_lr: float, client_momentum: float,
-                  server_lr: float):
-  client_optimizer, server_optimizer = _fedavg_optimizers(client_lr, client_momentum, server_lr)
+def _personalized(model_fn, client_optimizer, server_optimizer, model_aggregator, metrics_aggregator):
   return learning.build_personalized_rfa(model_fn, client_optimizer, server_optimizer, model_aggregator,
                                          metrics_aggregator)
 
@@ -253,6 +254,9 @@ class Aggregator:
   # (setting, why): a setting it cannot honour although the algorithm may read it (FedGMA's `secure`), refused
   # with the method whatever the algorithm.
   refusals: tuple[tuple[str, str], ...] = ()
+  # (setting, bound, why): a setting it reads that must lie below `bound` with it, narrower than the setting's own
+  # range (the robust baselines' corruption level), refused by `check_settings` in the flag's name.
+  upper_bounds: tuple[tuple[str, float, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,21 +280,34 @@ class Algorithm:
 
 
 def _model_aggregator(name, description, build, *, private=True, multi_worker=True, roles=(), mask_on_step=True,
-                      refusals=()):
+                      refusals=(), upper_bounds=()):
   return Aggregator(name, description, MODEL_AGGREGATOR, private, build, multi_worker=multi_worker,
-                    roles=frozenset(roles), mask_on_step=mask_on_step, reads=_reads(build), refusals=refusals)
+                    roles=frozenset(roles), mask_on_step=mask_on_step, reads=_reads(build), refusals=refusals,
+                    upper_bounds=upper_bounds)
+
+
+# The settings behind the structural optimizers (`fedavg_family.client_optimizer`, `server_optimizer`).
+_OPTIMIZER_READS = {'client_optimizer': ('client_lr', 'client_momentum'), 'server_optimizer': ('server_lr',)}
+_FEDAVG_READS = tuple(setting for settings in _OPTIMIZER_READS.values() for setting in settings)
 
 
 def _composed(name, description, build_process, **kwargs):
+  # The settings it reads: those of the optimizers its builder takes, then its builder's keyword-only parameters.
+  parameters = inspect.signature(build_process).parameters
+  optimizer_reads = tuple(setting for optimizer, settings in _OPTIMIZER_READS.items() if optimizer in parameters
+                          for setting in settings)
   return Algorithm(name, description, COMPOSED, True, build_process, client_execution=(client_execution_lib.WORKER,),
-                   update_corruption=False, reads=_reads(build_process), **kwargs)
+                   update_corruption=False, reads=optimizer_reads + _reads(build_process), **kwargs)
 
 
-_FEDAVG_READS = ('client_lr', 'client_momentum', 'server_lr')  # fedavg_family.client_optimizer, server_optimizer.
 # FedAdam/FedYogi's server optimizer: Reddi et al.'s epsilon, and which implementation (`adaptive_optimizer`).
 _ADAPTIVE_READS = _FEDAVG_READS + ('adaptive_epsilon', 'adaptive_optimizer')
 
 _COLLECTS_UPDATES = (('secure', 'needs every client update at the server'),)
+# The robust baselines are told the corruption level and need an honest majority: below one half (their library
+# factories' own limit, `tff_gma.aggregators.robust_baselines`).
+_TRIMS = (('corrupt_fraction', 0.5, 'trims that share of the updates from each side'),)
+_DISCARDS = (('corrupt_fraction', 0.5, 'discards that share of the updates (f = corrupt_fraction * n)'),)
 
 _AGGREGATORS = (
     # TFF's MeanFactory sums the weighted values with a plain federated_sum (private only with secure=True).
@@ -311,9 +328,10 @@ _AGGREGATORS = (
     _model_aggregator('median', 'coordinate-wise median (NOT private: every update at the server)', _median,
                       private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES),
     _model_aggregator('trimmed_mean', 'coordinate-wise trimmed mean, trimming corrupt_fraction per side (NOT private)',
-                      _trimmed_mean, private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES),
+                      _trimmed_mean, private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES,
+                      upper_bounds=_TRIMS),
     _model_aggregator('krum', 'multi-Krum with f = corrupt_fraction * n, averaging n - f (NOT private)', _krum,
-                      private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES),
+                      private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES, upper_bounds=_DISCARDS),
     # TFF's adaptive norm estimate sums an indicator per client in plain unless secure=True: not what the audit
     # calls private by default.
     _model_aggregator('clip_mean', "TFF's norm clipping at an adaptive median norm, then the weighted mean",
@@ -357,32 +375,37 @@ def algorithm(name: str) -> Algorithm:
   return ALGORITHM_RECORDS[name]
 
 
-def build(name: str, params: Optional[config_lib.AggregatorParams] = None
+def build(name: str, aggregator_params: Optional[config_lib.AggregatorParams] = None
           ) -> tff.aggregators.WeightedAggregationFactory:
-  """The model aggregator `name` (a `MODEL_AGGREGATOR` record) with the settings it reads from `params`."""
+  """The model aggregator `name` (a `MODEL_AGGREGATOR` record) with the settings it reads from
+  `aggregator_params`."""
   record = aggregator(name)
   if record.kind != MODEL_AGGREGATOR:
     raise ValueError(f'aggregator: {name!r} is a learning process of its own, not a model aggregator')
-  return _call(record.build, settings_of(params or config_lib.AggregatorParams()))
+  return _call(record.build, settings_of(aggregator_params or config_lib.AggregatorParams()))
 
 
 def build_process(model_fn, algorithm_name: str, aggregator_name: str, algorithm_config: config_lib.AlgorithmConfig,
                   aggregator_params: config_lib.AggregatorParams, method_params: config_lib.MethodParams, *,
                   num_clients: Optional[int], metrics_aggregator) -> tff.learning.templates.LearningProcess:
   """The learning process of a method with a `PROCESS` aggregator or a `COMPOSED` algorithm (the FedAvg family
-  with a model aggregator is `training.engine.fedavg_family`'s). Each builder gets exactly its parameters."""
+  with a model aggregator is `training.engine.fedavg_family`'s). Each builder gets exactly its parameters.
+
+  `algorithm_config.name` names the FedAvg-family algorithm whose optimizers the method takes (`methods.build` sets
+  it: the algorithm itself under a `PROCESS` aggregator, `fedavg` for a composed algorithm).
+  """
   algorithm_record, aggregator_record = algorithm(algorithm_name), aggregator(aggregator_name)
   settings = settings_of(algorithm_config, aggregator_params, method_params)
+  optimizers = dict(client_optimizer=fedavg_family.client_optimizer(algorithm_config),
+                    server_optimizer=fedavg_family.server_optimizer(algorithm_config))
   if aggregator_record.kind == PROCESS:  # With the algorithm's own optimizers (FedAvg, FedAdam, FedYogi).
-    config = dataclasses.replace(algorithm_config, name=algorithm_name)
-    return _call(aggregator_record.build_process, settings, model_fn=model_fn,
-                 client_optimizer=fedavg_family.client_optimizer(config),
-                 server_optimizer=fedavg_family.server_optimizer(config), metrics_aggregator=metrics_aggregator)
+    return _call(aggregator_record.build_process, settings, model_fn=model_fn, metrics_aggregator=metrics_aggregator,
+                 **optimizers)
   if algorithm_record.kind != COMPOSED:
     raise ValueError(f'algorithm: {algorithm_name} with a model aggregator is built by training.engine.fedavg_family')
   return _call(algorithm_record.build_process, settings, model_fn=model_fn,
                model_aggregator=build(aggregator_name, aggregator_params), num_clients=num_clients,
-               metrics_aggregator=metrics_aggregator)
+               metrics_aggregator=metrics_aggregator, **optimizers)
 
 
 def probe(name: str, aggregator_params: config_lib.AggregatorParams, method_params: config_lib.MethodParams
@@ -421,11 +444,16 @@ def _readers(name: str) -> str:
 def check_settings(algorithm_name: str, aggregator_name: str, settings: Mapping[str, Any],
                    corruption: str = 'none') -> None:
   """Raises ValueError, one line naming the setting and the method, for a setting in `settings` (`settings_of`)
-  that the method does not read and that differs from its default (module docstring)."""
+  that the method does not read and that differs from its default, or that its aggregator cannot take
+  (`Aggregator.refusals`, `Aggregator.upper_bounds`; module docstring)."""
   for name, why in aggregator(aggregator_name).refusals:
     if name in settings and settings[name] != DEFAULTS[name]:
       raise ValueError(f'{name}: aggregator {aggregator_name!r} {why} and cannot run with {name}={settings[name]!r} '
                        f'(algorithm={algorithm_name})')
+  for name, bound, why in aggregator(aggregator_name).upper_bounds:
+    if name in settings and not settings[name] < bound:
+      raise ValueError(f'{name}: aggregator {aggregator_name!r} {why}, so {name} must lie below {bound:g}, got '
+                       f'{settings[name]!r} (algorithm={algorithm_name})')
   used = used_settings(algorithm_name, aggregator_name, settings, corruption)
   for name in SETTINGS:
     if name in used or name not in settings or settings[name] == DEFAULTS[name]:
