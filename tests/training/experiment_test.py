@@ -15,7 +15,13 @@ from training import config as config_lib
 from training.engine import registry
 from training.runner import checkpoints
 from training.runner import dir_lock
+from training.runner import config_checks
+from training.runner import errors
 from training.runner import experiment
+from training.runner import resume_checks
+from training.runner import round_steps
+from training.runner import run_setup
+from training.runner import run_summary
 
 _TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='label_skew', num_clients=4, clients_per_round=3, rounds=3, model='logistic',
@@ -458,3 +464,20 @@ def test_a_run_whose_server_update_stays_non_finite_stops_saying_why(tmp_path):
   assert summary['rounds_completed'] == 4  # The 5th round's row is not released.
   healthy = experiment.run(dataclasses.replace(_TOY, output_dir=str(tmp_path / 'ok')), show_progress=False)
   assert healthy.summary['non_finite_update_rounds'] == 0 and 'stopped' not in healthy.summary
+
+
+def test_the_names_other_code_imports_from_experiment_are_the_steps_own():
+  # The studies, the runner, command_line's refusal list and the tests import these from `experiment`.
+  steps = {
+      'ConfigError': errors, 'TrainingStopped': errors, 'UnsafeOutputError': errors,
+      'DirectoryLockedError': errors, 'CheckpointError': errors, 'MAX_SEED': config_checks,
+      'validate': config_checks, 'CONFIG_FILE': resume_checks, 'completed_config': resume_checks,
+      'check_not_superseded': resume_checks, 'check_resumable': resume_checks, 'Setup': run_setup,
+      'build_setup': run_setup, 'client_loop_used': run_setup, 'place_datasets': run_setup,
+      'PERSONAL_TEST_FRACTION': run_setup, 'NON_FINITE_ROUNDS_TO_STOP': round_steps,
+      'evaluate_weights': round_steps, 'all_clients_dropped': round_steps, 'LAST_EVALS_FOR_FINAL': run_summary}
+  for name, module in steps.items():
+    assert getattr(experiment, name) is getattr(module, name), name
+  assert (experiment._read_rows, experiment._plot_figure, experiment._plot) == (
+      run_summary.read_rows, run_summary.plot_figure, run_summary.write_plot)
+  assert experiment.ConfigError is errors.ConfigError and issubclass(experiment.ConfigError, ValueError)

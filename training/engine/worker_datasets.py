@@ -39,9 +39,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from training.engine import client_pipeline
 from training.engine import corruption as corruption_lib
 from training.engine import methods
-from training.runner import round_loop
 
 WORKER = 'worker'
 DRIVER = 'driver'
@@ -113,11 +113,11 @@ class ClientSources:
 
   def dataset(self, sources: tf.data.Dataset) -> tf.data.Dataset:
     """The round's dataset of a client's `sources` (TF code for the client's graph): the files' examples,
-    through `round_loop.round_pipeline` with the seed pair."""
+    through `client_pipeline.round_pipeline` with the seed pair."""
     source = sources.get_single_element()
     examples = tf.data.Dataset.from_tensor_slices(self._examples(source))
-    return round_loop.round_pipeline(examples, source['seed'], source['seed2'], local_epochs=self.local_epochs,
-                                     batch_size=self.batch_size)
+    return client_pipeline.round_pipeline(examples, source['seed'], source['seed2'], local_epochs=self.local_epochs,
+                                          batch_size=self.batch_size)
 
   def batches(self, sources: tf.data.Dataset) -> tuple[Any, tf.Tensor]:
     """`in_graph.read_batches(self.dataset(sources))`, computed without walking the examples through tf.data.
@@ -132,7 +132,7 @@ class ClientSources:
     examples = self._examples(source)
     count = tf.shape(examples['y'], out_type=tf.int64)[0] * self.local_epochs
     indices = tf.data.Dataset.range(tf.shape(examples['y'], out_type=tf.int64)[0])
-    order = round_loop.shuffled(indices, source['seed'], source['seed2']).repeat(self.local_epochs).batch(
+    order = client_pipeline.shuffled(indices, source['seed'], source['seed2']).repeat(self.local_epochs).batch(
         count).get_single_element()
     offsets = tf.cast(tf.concat([tf.range(0, count, self.batch_size), [count]], 0), tf.int32)
     return tf.nest.map_structure(lambda leaf: tf.gather(leaf, order), examples), offsets

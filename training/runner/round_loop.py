@@ -5,8 +5,8 @@ run repeats them), the method's round (`Method.run_round`), its metrics flattene
 callbacks in order (evaluation, releases, checkpoints, progress: each may add to the row before the next sees it).
 What differs between the drivers is only which callbacks they pass:
 
-* the runner (`training.runner.experiment`): the RFA weight audit before the round, then the dropped-client check,
-  evaluation every `eval_every` rounds, the CSV/TensorBoard releases and the checkpoint;
+* the runner (`training.runner.round_steps`): the RFA weight audit before the round, then the non-finite and
+  dropped-client checks, evaluation every `eval_every` rounds, the CSV/TensorBoard releases and the checkpoint;
 * the demo (`training.demo`): evaluation every round, the rows kept for its table;
 * the benchmark (`training.bench`): no callback, `step()` timed round by round.
 """
@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from training.engine import client_pipeline
 from training.engine import methods as methods_lib
 
 
@@ -44,35 +45,16 @@ def client_seed(seed: int, round_num: int, index: int) -> int:
   return _round_seed(seed, round_num, index + 1)
 
 
-SHUFFLE_BUFFER = 10_000
+# The pipeline itself is the engine's (the TFF worker builds the same one from files): its names, as before.
+SHUFFLE_BUFFER = client_pipeline.SHUFFLE_BUFFER
+round_pipeline = client_pipeline.round_pipeline
+shuffled = client_pipeline.shuffled
 
 
 def shuffle_seeds(op_seed: int) -> tuple[int, int]:
   """The (seed, seed2) pair `Dataset.shuffle(seed=op_seed)` takes in this process: TF's global seed (set by
   `seeded_initial_state`) with the op seed."""
   return tf.compat.v1.random.get_seed(op_seed)
-
-
-def round_pipeline(examples: tf.data.Dataset, seed, seed2, *, local_epochs: int, batch_size: int) -> tf.data.Dataset:
-  """A client's examples as one round takes them: shuffled by the seed pair (reshuffled each epoch), repeated for
-  the local epochs, batched.
-
-  The shuffle is the op `Dataset.shuffle` builds in eager mode, with the seed pair given (possibly as tensors): a
-  TFF computation's graph has no TF global seed, so `Dataset.shuffle(seed=...)` there would pair the op seed with
-  another global seed (and a seed of 0 cannot be paired inside a graph); the datasets built here and those built
-  in the TFF worker (`training.engine.worker_datasets`) shuffle alike.
-  """
-  return shuffled(examples, seed, seed2).repeat(local_epochs).batch(batch_size)
-
-
-def shuffled(examples: tf.data.Dataset, seed, seed2) -> tf.data.Dataset:
-  """`examples` as `round_pipeline` shuffles them (reshuffled each epoch), before the epochs and the batches."""
-  spec = tf.nest.flatten(examples.element_spec)
-  variant = tf.raw_ops.ShuffleDatasetV3(
-      input_dataset=tf.data.experimental.to_variant(examples), buffer_size=tf.constant(SHUFFLE_BUFFER, tf.int64),
-      seed=tf.cast(seed, tf.int64), seed2=tf.cast(seed2, tf.int64), seed_generator=tf.raw_ops.DummySeedGenerator(),
-      output_types=[s.dtype for s in spec], output_shapes=[s.shape for s in spec], reshuffle_each_iteration=True)
-  return tf.data.experimental.from_variant(variant, examples.element_spec)
 
 
 def client_dataset(
