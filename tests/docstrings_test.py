@@ -1,8 +1,9 @@
 """Module docstrings say what and why in a few lines: every module of tff_gma/ and training/ has one, of at most 6.
 
 Plain pytest, no TensorFlow: it parses the source only. The first line is a one-sentence summary, as TFF's; the
-detail lives in class and function docstrings and in docs/, and tff_gma's pointers there (`docs/NAME.md#anchor`)
-must resolve. training/'s modules get the limit in a second pass: until then they are expected to fail."""
+detail lives in class and function docstrings and in docs/, and the pointers there (`docs/NAME.md#anchor`) in
+tff_gma's and training's source must resolve. training/'s modules get the limit in a second pass: until then they
+are expected to fail."""
 
 import ast
 import os
@@ -80,15 +81,15 @@ def test_module_docstring_is_short(path):
   assert problem is None, f'{path}: {problem}'
 
 
-def _library_pointers():
-  for path in python_files('tff_gma'):
+def _source_pointers():
+  for path in (path for package in PACKAGES for path in python_files(package)):
     for number, line in enumerate(_read(path).splitlines(), start=1):
       for name, anchor in _DOCS_POINTER.findall(line):
         yield pytest.param(name, anchor, id=f'{path}:{number}:docs/{name}{"#" + anchor if anchor else ""}')
 
 
-@pytest.mark.parametrize('name, anchor', list(_library_pointers()))
-def test_library_pointer_into_docs_resolves(name, anchor):
+@pytest.mark.parametrize('name, anchor', list(_source_pointers()))
+def test_pointer_into_docs_resolves(name, anchor):
   target = os.path.join(ROOT, 'docs', name)
   assert os.path.isfile(target), f'docs/{name} does not exist'
   if anchor:

@@ -1,5 +1,6 @@
-"""What the harness's commands share: a usage error, or a file-system error, is one line; never the command's whole
-help or a traceback."""
+"""What the harness's commands share: a usage or file-system error is one line, never a traceback.
+
+Never the command's whole help either (`one_line_usage_errors`, `parse_flags`, `run_main`)."""
 
 from __future__ import annotations
 

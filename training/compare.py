@@ -2,31 +2,8 @@
 
     python -m training.compare DIR [DIR ...] [--plot=PATH]
 
-Each DIR is a run's --output_dir, or a directory whose `seed_<s>` subdirectories are runs (what
-`python -m training.run --seeds=0,1,2 --output_dir=DIR` writes). Runs whose settings differ only by `seed` and
-`output_dir` form one group (settings a run lacks are read at the value that run used:
-`experiment.completed_config`). The command prints a Markdown table with one row per group: the settings that
-differ across the groups, the seeds, and the final and best accuracy from each run's summary.json (final: the mean
-over the last 10 evaluated rounds; best: the highest evaluation), as mean +- standard deviation over the group's
-runs (the sample standard deviation, n - 1; a single run shows its value alone), in percent. A tuning run
-(`--validation_fraction` > 0) has no test accuracy: its row shows the validation accuracy, and a `split` column
-says which.
-
-One PNG (`--plot`; by default `compare.png` in the first DIR given: that run's directory, or the `--seeds`
-directory; never a directory above the DIRs; `--plot=` draws none) shows each group's mean accuracy curve over its
-runs against the round, from metrics.csv, with a band of +- one standard deviation where the group has several
-runs. The plot never replaces a file that is not a plot of this command (its PNG carries the text chunk
-'Software: training.compare'): a run's summary.json given as --plot, say, is refused.
-
-A run's files are read through `safe_files` (a regular file only, never blocking on a FIFO or reading a device;
-at most `safe_files.MAX_JSON_BYTES` per JSON file and `MAX_CSV_BYTES` per metrics.csv; UTF-8), and checked for
-type: the settings against `ExperimentConfig`'s field types, the accuracies as numbers in [0, 1] or null. A NaN
-or an infinite accuracy (summary.json or metrics.csv), which no run writes, is a damaged file: an error, not a row.
-
-Errors (no such directory, a directory that holds no run, a run that has not finished, a damaged or wrongly typed
-summary.json, config.json or metrics.csv, an unwritable --plot or one that would replace another file) end in one
-line, `error: ...`, exit 1, and nothing is written.
-"""
+DIR: a run's --output_dir, or a `--seeds` directory of `seed_<s>` runs; runs differing only by seed form a group.
+Groups, columns, plot, errors: docs/experiments.md#comparing-runs-and-seeds-trainingcompare---seeds"""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
 """Every default of the harness, once: the settings of a method and of a run.
 
-* `AlgorithmConfig`: the client and server optimisation of the FedAvg family (learning rates, momentum, FedProx's
-  mu, FedAdam/FedYogi's epsilon);
-* `AggregatorParams`: the model aggregators' hyperparameters (GMA's tau, RFA's passes, smoothing and start, secure
-  sums);
-* `MethodParams`: the composed methods' (Elastic's tau, mu and sensitivity share; FedGMA's server step and mask p);
-* `ExperimentConfig`: a whole run, flat. Its field names are the runner's flag names, and the runner's flags are
-  generated from its fields (`training.run`): default, type and help text (`metadata['help']`) come from here.
-  The method fields take their defaults from the three dataclasses above, and `algorithm_config()`,
-  `aggregator_params()`, `method_params()` map them back, so a default is written in one place.
-
-Where the library has a default (GMA's tau, RFA's passes, the partitions' k, alpha, beta, Elastic's and FedGMA's
-paper values), these dataclasses take it from the library. The demo, the benchmark and the studies build from these
-dataclasses rather than from literals.
-
-Checks: each method setting's value is checked once in the harness, by the dataclass that holds it, when it is
-built (`__post_init__`: a one-line `ValueError` naming the setting, which is the flag's name); the runner's
-`experiment.validate` builds them from its `ExperimentConfig`, and the demo, the benchmark and the studies build them
-directly. What needs the chosen method (a setting it does not read, a bound of its aggregator) is the registry's
-(`training.engine.registry.check_settings`), which the runner's validation calls. Nothing downstream (the registry's
-builders, `training.engine.methods`) checks a value again; the library's factories and builders (`tff_gma`) keep
-their own argument checks, the library's boundary for users who call it directly.
-"""
+`AlgorithmConfig`, `AggregatorParams` and `MethodParams` hold a method's settings, `ExperimentConfig` a whole run (its
+fields are the runner's flags). Each method setting is checked once, here, where its dataclass is built; defaults the
+library has are taken from it. Detail: docs/experiments.md#settings-and-their-one-check"""
 
 from __future__ import annotations
 
@@ -77,7 +58,7 @@ class AlgorithmConfig:
   client_loop: str = 'in_graph'  # One of CLIENT_LOOPS.
 
   def __post_init__(self):
-    """The harness's one check of these values (module docstring, Checks); tff_gma checks its own arguments."""
+    """The harness's one check of these values (docs/experiments.md#settings-and-their-one-check)."""
     if self.name not in FEDAVG_FAMILY:
       raise ValueError(f'algorithm must be one of {FEDAVG_FAMILY}, got {self.name!r}')
     for field in ('client_lr', 'server_lr'):
@@ -106,7 +87,7 @@ class AggregatorParams:
   corrupt_fraction: float = 0.0  # The corruption level rho, known to trimmed_mean and krum.
 
   def __post_init__(self):
-    """The harness's one check of these values (module docstring, Checks); tff_gma checks its own arguments."""
+    """The harness's one check of these values (docs/experiments.md#settings-and-their-one-check)."""
     checks.check_fraction(self.tau, 'tau')
     checks.check_positive_int(self.num_passes, 'num_passes')
     checks.check_positive_finite(self.smoothing, 'smoothing')
@@ -128,7 +109,7 @@ class MethodParams:
   fedgma_threshold: float = fedgma_learning.DEFAULT_MASK_THRESHOLD  # FedGMA AND-mask p.
 
   def __post_init__(self):
-    """The harness's one check of these values (module docstring, Checks); tff_gma checks its own arguments."""
+    """The harness's one check of these values (docs/experiments.md#settings-and-their-one-check)."""
     checks.check_fraction(self.elastic_tau, 'elastic_tau')
     checks.check_fraction(self.elastic_mu, 'elastic_mu', high_open=True)
     checks.check_fraction(self.sensitivity_fraction, 'sensitivity_fraction', high_open=True)

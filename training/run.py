@@ -1,19 +1,9 @@
-"""The experiment runner.
+"""The experiment runner: `python -m training.run --flagfile=configs/<name>.flags [--flag=value ...]`.
 
-    python -m training.run --flagfile=configs/<name>.flags [--flag=value ...]
-
-Trains one federated experiment (see `training.runner.experiment` for what is written to --output_dir). Rerunning the
-same command resumes from the last completed round; a larger --rounds continues training. Unknown flags and
-inconsistent settings fail before any training, naming the flag (`invalid flags: ...`, exit 1, nothing written).
-An --output_dir that another run holds, or whose checkpoints are all damaged, fails in one line (`error: ...`,
-exit 1). Ctrl-C ends with one line saying after which round the run stopped and the command that resumes it
-(exit 130); SIGTERM the same (exit 143).
-
-`--seeds=0,1,2` (instead of --seed) runs the same settings once per seed, one after another, seed s into
-`<output_dir>/seed_<s>`: every seed's settings and directory are checked before any training, and rerunning the
-command resumes each seed's run as a single run resumes (finished ones just rewrite their summary). Compare them
-with `python -m training.compare <output_dir>`.
-"""
+Trains one federated experiment into --output_dir; rerunning the command resumes (a larger --rounds continues).
+Bad flags fail before any training in one line (exit 1); Ctrl-C says how to resume (exit 130). `--seeds=0,1,2`: one
+run per seed into <output_dir>/seed_<s>, compared by `python -m training.compare <output_dir>`.
+Outputs, exit codes, resuming: docs/experiments.md#one-experiment-python--m-trainingrun"""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
-"""Writing a run's files so that nobody else's symbolic link can redirect them.
+"""A run's files written so that nobody else's symbolic link can redirect them, and read back within bounds.
 
-A run writes into `--output_dir`. Were that directory writable by other users, one of them could plant a link
-named `summary.json` (or `metrics.csv`, `.run.lock`...) pointing at a file of the run's user, and the run would
-overwrite it. So:
-
-* `check_output_dir` refuses an output directory that other users may write into (group- or world-writable)
-  unless it is the run user's own and sticky (as /tmp is: others cannot then remove or rename the run's files),
-  and refuses one in which any of the names the run writes is already a symbolic link (TFF's release and state
-  managers, which write `metrics.csv`, `tensorboard/` and `checkpoints/`, follow links);
-* `write_atomic` writes the run's own files as a new file made with O_EXCL | O_NOFOLLOW beside the target, then
-  renamed over it: a rename replaces a link at the target, it never writes through it, and a reader sees the old
-  file or the new one, never half of one.
-
-Reading a run's files back (`training.compare`, the runner's resume) goes through `read_bytes` and the readers
-built on it (`read_text`, `read_json_object`, `read_csv`): a regular file only, opened with O_NONBLOCK and checked
-with fstat before any read (a FIFO would block the reader forever, a link to /dev/zero feed it until memory runs
-out), at most a size bound (`MAX_JSON_BYTES`, `MAX_CSV_BYTES`), UTF-8, and the structure the caller expects. A file
-that is not what it should be raises `DamagedFileError`, whose message is the reason alone (the caller names the
-file: '<path> is damaged (<reason>)'); an `OSError` (no such file, permission) is raised as `open` raises it.
-"""
+Writes: `check_output_dir` refuses a directory others may plant links in, `write_atomic` renames a fresh file over
+the target. Reads (`read_bytes` and the readers on it): a regular file only, bounded, UTF-8, else
+`DamagedFileError`. Why and how: docs/experiments.md#a-runs-files-safe-from-links"""
 
 from __future__ import annotations
 

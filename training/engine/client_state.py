@@ -1,12 +1,8 @@
 """`ClientStateStore`: the values clients keep between rounds, held by the simulation.
 
-TFF has no client state and a `LearningProcess` cannot output CLIENTS-placed values, so the library's methods whose
-clients keep something across rounds (SCAFFOLD's control variates c_i, personalized RFA's personal parameters v_k)
-are `tff_gma.learning.LearningProcessWithClientState`s: the values come in with the client data and go out of
-`next_with_client_state`. In simulation, one store serves them all: it keeps those arrays by client id (zeros for
-a client not seen yet), builds each client's input (`run_round`), and saves them per round beside the server
-state's checkpoints, keeping as many rounds as the checkpoints (`checkpoint`/`restore`).
-"""
+TFF has no client state, so SCAFFOLD's and personalized RFA's clients get theirs from this store: by client id (zeros
+for a new one), fed into each round and saved per round beside the checkpoints.
+Detail: docs/experiments.md#client-state"""
 
 from __future__ import annotations
 

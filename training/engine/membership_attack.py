@@ -1,27 +1,8 @@
 """Membership inference against a trained model's outputs (GMA paper, App. F; Tople et al. 2020).
 
-A black-box attacker sees the model's logits for an example and guesses whether that example was in the training
-set. `membership_attack` trains a logistic-regression attacker on labelled member (training) and non-member
-(held-out) examples and reports its accuracy on examples it did not train on. Because the attacker's data is
-balanced (equally many members and non-members), 50% is chance: an attack accuracy near 50% means the outputs
-leak little about membership; the GMA paper reports 57% (mean) vs 55% (GMA) on CIFAR-10 with ResNets.
-
-Protocol (GMA paper, Fig. 6a, after Tople et al.): draw n = min(#members, #non-members) examples of each kind
-(seeded), split each kind in two halves, train the attacker on one half of both kinds and test it on the other;
-and the other way round (2-fold), reporting the mean of the two test accuracies (every drawn example is scored
-once, by an attacker that did not see it).
-
-Features (`features=`), each standardized before the logistic regression:
-  * 'logits': the raw logit vector, as in the paper's App. F.
-  * 'sorted_probs': the softmax probabilities sorted in decreasing order: class-agnostic confidence profile
-    (Shokri et al.'s attack-model input).
-  * 'loss': the example's cross-entropy -log p(y | x): the true label matters (Yeom et al.'s loss attack; a
-    lower loss on training examples is what overfitting looks like).
-  * 'all' (default): the three concatenated; the strongest of these attackers.
-The report also gives the "gap attack" (guess "member" iff the model classifies the example correctly), whose
-accuracy is 1/2 + (train accuracy - test accuracy) / 2 on balanced data: the leakage explained by the
-generalization gap alone.
-"""
+A logistic-regression attacker, trained on balanced member / non-member examples (2-fold), guesses membership from
+the model's outputs; 50% is chance. Also the "gap attack" (member iff classified correctly). Protocol, features,
+reading the numbers: docs/experiments.md#the-membership-inference-attacker"""
 
 from __future__ import annotations
 
@@ -42,7 +23,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def attack_features(logits: np.ndarray, labels: np.ndarray, features: str = DEFAULT_FEATURES) -> np.ndarray:
-  """The attacker's input for each example: [N, F] float64 (see the module docstring)."""
+  """The attacker's input for each example: [N, F] float64 (docs/experiments.md#the-membership-inference-attacker)."""
   if features not in FEATURES:
     raise ValueError(f'features must be one of {FEATURES}, got {features!r}')
   logits = np.asarray(logits, np.float64)
@@ -97,7 +78,7 @@ def membership_attack(
     seed: int = 0,
     features: str = DEFAULT_FEATURES,
 ) -> dict[str, Any]:
-  """Logistic-regression membership inference on a model's logits (balanced, 2-fold; module docstring).
+  """Logistic-regression membership inference on a model's logits (balanced, 2-fold; docs/experiments.md).
 
   Args:
     logits_members, labels_members: the model's logits [N, C] and true labels [N] on training examples.

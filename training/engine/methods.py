@@ -1,30 +1,8 @@
 """Building a method: `build` makes the learning process of a registry pair, `Method` drives its rounds.
 
-A method is a learning algorithm with an aggregator (their records: `training.engine.registry`), built by `build`
-and driven through one interface, `Method`:
-
-* `run_round(state, client_ids, datasets, round_num) -> (state, metrics)`;
-* `checkpoint_client_state(directory, round_num)` / `restore_client_state(directory, round_num)`: what clients
-  keep between rounds (nothing for most methods);
-* `evaluate_clients(evaluator, model_weights)`: evaluations that need the clients' own values (personalized
-  RFA's personalized models), `{}` for the others.
-
-What is behind it:
-* TFF's FedAvg/FedProx/FedAdam/FedYogi composed from the one client work of `training.engine.fedavg_family`, with any
-  aggregator of `training.engine.registry` as the model aggregator; with update corruption (`gaussian`, `omniscient`),
-  the same process with the corrupted client work of `training.engine.corruption` and its simulated attacker;
-* the composed processes of `tff_gma.learning`: Elastic FedAvg (`--aggregator=elastic`, with the FedAvg/FedAdam/
-  FedYogi server optimizers), FedGMA (`--algorithm=fedgma`), SCAFFOLD (`--algorithm=scaffold`) and personalized
-  RFA (`--algorithm=personalized`); the last two keep client state (`training.engine.client_state`).
-
-Where the clients train (`build(..., client_execution=...)`, the runner's `--client_execution`): `worker` (default)
-runs the whole round in the TFF worker; `local` runs the FedAvg family's client work in this process's TensorFlow
-(its GPUs where there are any) and the rest of the round in the worker (`training.engine.client_execution`), from the
-same `fedavg_family.Components`; the composed methods and the update corruptions are refused there (`check`).
-
-Adding an aggregator or an algorithm is one record in `training.engine.registry` (plus its module and test); the
-records' builders are what `_build_process` calls.
-"""
+One interface for every method (`run_round`, its clients' state saved and restored, `evaluate_clients`): the FedAvg
+family with any model aggregator, or a composed process of `tff_gma.learning`; clients train in the TFF worker or,
+for the FedAvg family, in this process (`client_execution`). docs/experiments.md#building-and-driving-a-method"""
 
 from __future__ import annotations
 
@@ -50,7 +28,10 @@ KEEP_CHECKPOINTS = 3  # Rounds of server checkpoints (and of client state) kept 
 
 
 class Method:
-  """A built method: its learning process and how a round of it runs (see the module docstring)."""
+  """A built method: its learning process and how a round of it runs.
+
+  docs/experiments.md#building-and-driving-a-method says what is behind it.
+  """
 
   def __init__(self, process: tff.learning.templates.LearningProcess,
                round_fn: Optional[Callable[..., tuple[Any, Any]]] = None,

@@ -1,28 +1,9 @@
 """A round's client datasets built inside the TFF worker, from files written once, instead of sent every round.
 
-A `tf.data.Dataset` handed to a TFF computation from Python is serialized with its examples and sent to the worker:
-every round, every participant's examples cross again. Measured on this 2-core machine (TFF 0.87's worker, ten
-clients of 600 LeNet-shaped examples, batch 16, medians of 7): a federated computation that walks the sent
-datasets took 0.32 s, one that builds the same datasets from files in the client's computation 0.11 s; TFF's
-client work alone on them 1.21 s against 1.04 s (bit-identical updates); a whole FedAvg round on Fashion-MNIST,
-interleaved in one process, 1.26 s against 1.14 s (100 clients of 600) and 0.39 s against 0.30 s (500 clients of
-120) (`docs/benchmark.md`).
-
-`WorkerDatasets` writes each client's examples once (one serialized tensor file per leaf, in a private 0700
-directory removed by `close`). A method built with its `ClientSources` (`methods.build(client_sources=...)`) has
-the FedAvg family's client work take, per client, a one-element sequence (file prefix, shuffle seed pair) and build
-in its own TF graph the dataset `round_loop.client_dataset` builds in Python: the same elements in the same order,
-shuffled with the same seeds, repeated and batched the same way, then TFF's own update on it. So a round computes
-exactly what it computed with sent datasets (tests/training/worker_datasets_test.py: bit-identical states), and
-only a file name and two seeds per client cross. (TFF's `compose_dataset_computation_with_learning_process` was
-tried first: it builds the dataset in one computation and hands it to the client work's, which serializes it
-again inside the worker, and measured no faster.)
-
-It applies to the FedAvg family's own client work in the worker (`applies` says why not otherwise): not with
-`--workers` (remote hosts do not read this machine's files), nor for methods that build their rounds themselves
-(client state, local client execution, update corruption) or whose client work is their own (Elastic, FedGMA,
-SCAFFOLD, personalized RFA).
-"""
+A dataset handed to a TFF computation is serialized and sent every round; here only a file prefix and a seed pair
+cross per client, and the worker builds the same dataset bit for bit (`client_pipeline`). For the FedAvg family's
+own client work in the worker only (`applies`). docs/experiments.md#client-datasets-built-in-the-worker;
+measurements: docs/benchmark.md#client-datasets-sent-or-built-in-the-worker-2026-11-23"""
 
 from __future__ import annotations
 
@@ -149,7 +130,7 @@ class ClientSources:
 
 
 class WorkerDatasets:
-  """Client datasets the worker builds from files (module docstring); `inputs` is the run's `ClientInputs`."""
+  """Client datasets the worker builds from files (docs/experiments.md); `inputs` is the run's `ClientInputs`."""
 
   def __init__(self, inputs, directory: Optional[str] = None):
     self._inputs = inputs

@@ -1,13 +1,8 @@
 """A run's work after a round (evaluation, the metrics rows, the checkpoint), beside the next round's training.
 
-That work reads only what the round left: its NumPy state and weights, snapshots no later round changes. It runs in
-one thread, in the order it was submitted, while the next round trains in the TFF worker, so on two cores the two
-overlap instead of taking turns. The order is what the runner's crash safety rests on (a round's evaluation joins its
-row before the rows are written, the rows before the checkpoint that holds their rounds), and one thread keeps it.
-It stays in turn (`background=False`) where that work reads what the next round changes (the clients' own values:
-SCAFFOLD, personalized RFA) or where the next round trains in this process too (`--client_execution=local`).
-A failed task's error is raised in the round loop (`check`, `wait`), as if the work had run there.
-"""
+One thread, in submission order (the order crash safety rests on), so on two cores the work overlaps the next round
+in the TFF worker; in turn where it reads what the next round changes. A failed task raises in the round loop.
+Detail: docs/experiments.md#after-round-work-beside-the-next-round"""
 
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
 """Resuming a run from its checkpoints: the newest one that loads, with its client state and metrics rows.
 
-`tff.program.FileProgramStateManager` keeps the learning-process state of a round in `checkpoints/program_state_<round>`
-(a SavedModel, written to a temporary directory and renamed, so a crash while saving leaves no partial one; the
-first and the latest `KEEP_CHECKPOINTS - 1` are kept). A checkpoint damaged afterwards (an emptied
-`saved_model.pb`, a truncated variables file, a missing `variables/`) makes its `load_latest` fail with errors of
-TensorFlow's loader that name no checkpoint, although the previous checkpoint is intact. `resume` instead tries
-the checkpoints newest first; a round resumes only if its server state and its client state (`Method.
-restore_client_state`, for the methods whose clients keep values) both load. Damaged newer checkpoints are moved
-aside into `checkpoints/damaged/` (kept for inspection; the round is then trained again and saved anew), and the
-caller is told which round it resumes from and why. When none loads, `CheckpointError` names every damaged path
-and what failed, and nothing is moved.
-
-The run's metrics.csv is read back on resume (a row cut while written dropped, the rows after the resumed round
-dropped) through `safe_files.read_text`/`read_csv`: bounded, a regular file only, never blocking on a FIFO.
-`check_resume_files`, which the runner calls before it writes anything, refuses in one line (`CheckpointError`
-naming the file) a `checkpoints` path that is not a directory and a metrics.csv that is damaged (not a regular
-file, too large, not UTF-8, a row longer than the header, a round that is not a whole number).
-"""
+TFF's `load_latest` fails on a damaged newest checkpoint with errors that name none; `resume` tries them newest first,
+moves damaged ones into `checkpoints/damaged/`, and `CheckpointError` names every path when none loads.
+`check_resume_files` refuses a damaged metrics.csv before anything is written.
+Detail: docs/experiments.md#resuming-from-checkpoints"""
 
 from __future__ import annotations
 
@@ -88,7 +75,9 @@ class Resumed:
 
 def resume(manager: tff.program.FileProgramStateManager, output_dir: str, structure: Any,
            restore_client_state: Callable[[int], None]) -> Resumed:
-  """Loads the newest checkpoint of `output_dir` that loads, with its client state (see the module docstring).
+  """Loads the newest checkpoint of `output_dir` that loads, with its client state.
+
+  The guarantees: docs/experiments.md#resuming-from-checkpoints.
 
   Args:
     manager: the run's state manager (rooted at `checkpoint_dir(output_dir)`).

@@ -92,7 +92,9 @@ def _check_numbers(config: config_lib.ExperimentConfig) -> None:
   if not isinstance(config.seed, (int, np.integer)) or not 0 <= config.seed <= MAX_SEED:
     raise ConfigError(f'seed must be an integer in [0, {MAX_SEED}] (NumPy\'s and Keras\' seeds are 32-bit), got '
                       f'{config.seed!r}')
-  for field in dataclasses.fields(config):  # Every float setting: NaN or an infinity never trains anything.
+  for field in dataclasses.fields(config):  # Every other float setting: NaN or an infinity never trains anything.
+    if field.name in registry.SETTINGS:
+      continue  # A method setting: its dataclass checked it (`_check_names`).
     value = getattr(config, field.name)
     if isinstance(value, float) and not math.isfinite(value):
       raise ConfigError(f'{field.name} must be finite, got {value!r}')
@@ -124,8 +126,6 @@ def _check_combinations(config: config_lib.ExperimentConfig) -> None:
     raise ConfigError(f'corruption: {config.corruption} applies to image classification, not {config.dataset}')
   # A method setting the method does not read, set to other than its default: refused (registry docstring).
   registry.check_settings(config.algorithm, config.aggregator, registry.settings_of(config), config.corruption)
-  if config.aggregator in registry.MODEL_AGGREGATORS:
-    registry.build(config.aggregator, config.aggregator_params())  # Raises on settings the aggregator refuses.
   if config.rfa_weight_bound is not None:
     rfa_weights.check_bound(config.rfa_weight_bound)
     if config.aggregator not in ('rfa', 'rfa_one_step') or config.algorithm not in config_lib.FEDAVG_FAMILY:

@@ -1,26 +1,8 @@
 """An exclusive lock on a run's output directory: one run at a time writes into it.
 
-Two runs writing into one `--output_dir` at once interleave their rounds in `metrics.csv` and their checkpoints,
-and end with a summary of neither. `DirectoryLock(directory)` takes `fcntl.flock(LOCK_EX | LOCK_NB)` on
-`directory/.run.lock`, a file holding the holder's pid (and host):
-
-* a second run (another process, or another `experiment.run` of the same process: flock locks belong to the open
-  file, not to the process) fails at once with `DirectoryLockedError`, naming the directory and the holder's pid;
-* the kernel drops the flock when its holder exits, however it exits (kill -9 included): a lock file left by a
-  dead process is stale, and the next run takes it over (and says so). A lock whose flock is held is never taken
-  over, even when its pid is not running here: the holder may be a process of another PID namespace (a
-  container sharing the directory) or a child that inherited the open file;
-* released on every exit path (`with`, or `release()` in a `finally`): the lock file is removed while the lock is
-  still held, and directories that acquiring created and that stayed empty are removed again. A process that
-  opened the old file before its removal sees, once it holds the flock, that the path no longer names that file,
-  and retries on the new one, so removing it cannot let two runs in.
-
-The directory itself is flocked too, for as long as the lock is held: deleting `.run.lock` (by hand, or by a
-cleanup script) releases nothing, so a second run is still refused. The lock file is opened without following a
-symbolic link (a link planted as `.run.lock` is refused, not written through).
-
-Different directories never block each other, so a study may run many runs in one process.
-"""
+Two runs in one --output_dir would interleave their rows and checkpoints. `DirectoryLock` flocks `.run.lock` (and the
+directory): a second run fails at once naming the holder's pid, a dead holder's lock is taken over, and it is
+released on every exit path. Guarantees and their reasons: docs/experiments.md#the-output-directorys-lock"""
 
 from __future__ import annotations
 
@@ -70,7 +52,7 @@ def _describe(holder: dict[str, str]) -> str:
 
 
 class DirectoryLock:
-  """`with DirectoryLock(path):` holds `path/.run.lock` exclusively (see the module docstring)."""
+  """`with DirectoryLock(path):` holds `path/.run.lock` exclusively (docs/experiments.md#the-output-directorys-lock)."""
 
   def __init__(self, directory: str):
     self.directory = directory

@@ -1,5 +1,7 @@
-"""The runner's refusals and its stop: each a message for the user (one line naming the setting, the directory or
-the cause), not a bug (`training.command_line.is_run_refusal` reads them from `training.runner.experiment`)."""
+"""The runner's refusals and its stop: each a message for the user, not a bug.
+
+One line naming the setting, the directory or the cause (`training.command_line.is_run_refusal` reads them from
+`training.runner.experiment`)."""
 
 from __future__ import annotations
 

@@ -1,62 +1,9 @@
-"""One federated experiment: data, model, learning process, rounds, evaluation, outputs and checkpoints.
+"""One federated experiment: `run(config)` trains an `ExperimentConfig` and writes its outputs into `output_dir`.
 
-`config_lib.ExperimentConfig` holds every setting (the runner maps its absl flags onto it); `run(config)` trains and
-writes into `config.output_dir`:
-
-* `metrics.csv`: one row per completed round (`tff.program.CSVFileReleaseManager`, keyed by round): the
-  process's metrics, the aggregator's measurements, and the evaluations of the rounds that evaluate;
-* TensorBoard event files (`tff.program.TensorBoardReleaseManager`) under `tensorboard/`;
-* `checkpoints/`: the learning-process state after every round (`tff.program.FileProgramStateManager`);
-* `summary.json`: final accuracy (mean over the last 10 evaluated rounds), best accuracy, rounds completed, where
-  the clients trained (`client_execution`, and `client_devices`: this process's TensorFlow devices in `local`
-  mode, the TFF worker's CPU in `worker` mode), the full resolved configuration;
-* `accuracy.png`: accuracy and loss against rounds, of the round's clients (training) and of the test split.
-
-Rerunning with the same output directory resumes after the last saved round (a larger `rounds` continues).
-Every random choice is a function of (seed, round), so an interrupted and resumed run ends with exactly the
-model of an uninterrupted one.
-
-Corruption (`corruption`, `corrupt_fraction`; `training.engine.corruption`): a fixed, seeded set of
-round(corrupt_fraction * num_clients) clients is corrupted for the whole run: their data poisoned before training
-(`data_negate`, `data_flip_labels`), or their updates replaced inside the client work (`gaussian`; `omniscient`,
-whose attack the simulation harness computes from the round's honest updates). Rows then carry
-`corrupted_participants`. `algorithm='personalized'` is personalized RFA (`tff_gma.learning.personalized_rfa`;
-with `aggregator='rfa'` the RFA paper's Algorithm 4): each client holds out `PERSONAL_TEST_FRACTION` of its
-examples, its personal parameters are saved per round under `personal/` beside `checkpoints/` (SCAFFOLD's
-control variates likewise under `control_variate/`), and evaluations add `personalized/*` (w + v_k on the
-held-out examples) and `personalized/shared_*` (w alone on them).
-
-`run` is a sequence of steps, each in the module of its job under `training.runner`: the checks
-(`config_checks`, `resume_checks`), the lock (`dir_lock`), the data, model and method with the context that runs
-them (`run_setup`), the settings written and the state resumed (`run_files`, `checkpoints`), the rounds with the
-steps around each (`round_steps`, `round_loop`, `background`), the summary (`run_summary`). The names other code
-uses stay importable from here.
-
-Every method is built by the one registry, `training.engine.methods`. Settings are checked once, by `prepare` (which
-`run` calls first), before anything is written: an invalid setting raises `ConfigError` naming it, and so does a
-`rounds` below the rounds the directory's run has already trained (its summary would describe fewer rounds than
-its checkpoint holds: pass at least those rounds to report or continue it).
-
-A run holds its output directory exclusively (`training.runner.dir_lock`, taken once the checks have passed, released
-on every exit): a second run into it fails at once with `dir_lock.DirectoryLockedError`, naming the directory
-and the holder's pid; a lock left by a dead process is taken over. Resuming loads the newest checkpoint that loads
-(`training.runner.checkpoints`): damaged newer ones are moved aside and the log says which round resumes and why; when
-none loads, `checkpoints.CheckpointError` names the damaged paths. Rows of `metrics.csv` after the resumed round
-are dropped, so the file always matches the checkpoint.
-
-A round in which every client was dropped as non-finite (a diverging run) logs one warning line and its row has
-`all_clients_dropped` = 1 (0 otherwise); see `all_clients_dropped`.
-
-Validation split for tuning (`validation_fraction` > 0): every training client holds out floor(fraction * n) of its
-examples (`evaluation.hold_out`, seeded by `seed`; taken from the clean data, before any data corruption poisons
-the rest) and trains on the rest. The evaluated rounds then evaluate the global model on the pooled held-out
-examples as `validation/loss`, `validation/accuracy`, and never on the test split or the OOD test clients: the run
-drops them from its data right after loading, and refuses `membership_inference` (whose non-members are the test
-split) and `algorithm='personalized'` (which holds out its own examples). summary.json then has
-`final_validation_accuracy` (mean over the last 10 evaluated rounds) and `best_validation_accuracy`, and its
-`final_accuracy` and `best_accuracy` are null (present, so readers of either mode find the keys);
-`accuracy.png` plots the validation accuracy and loss.
-"""
+metrics.csv, TensorBoard, checkpoints/, summary.json, accuracy.png; rerunning resumes to exactly the model of an
+uninterrupted run. `run` is named steps, each in the module of its job under `training.runner`; names other code
+uses stay importable from here. Outputs, steps, corruption, personalized RFA, validation split:
+docs/experiments.md#one-run-step-by-step"""
 
 from __future__ import annotations
 

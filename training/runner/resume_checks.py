@@ -1,10 +1,9 @@
-"""Whether the output directory's run may resume under these settings: same settings where they matter, not
-already trained past `rounds`, and not dated by its saved settings to a computation today's code no longer runs.
+"""Whether the output directory's run may resume under these settings.
 
-Reads only: the directory is created, and `CONFIG_FILE` written, by the run once every check has passed. A saved
-config.json (or a summary's `config`) that lacks a setting was written before the setting existed:
-`completed_config` gives the value that run used.
-"""
+Same settings where they matter, not already trained past `rounds`, and not dated by its saved settings to a
+computation today's code no longer runs. Reads only: the directory is created, and `CONFIG_FILE` written, by the run
+once every check has passed. A saved config.json (or a summary's `config`) that lacks a setting was written before
+the setting existed: `completed_config` gives the value that run used."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """The one round loop: the runner, the demo and the benchmark all train through `RoundLoop`.
 
-A round is: the round's clients and their datasets (`ClientInputs`, a function of (seed, round) only, so a resumed
-run repeats them), the method's round (`Method.run_round`), its metrics flattened into one row, then the caller's
-callbacks in order (evaluation, releases, checkpoints, progress: each may add to the row before the next sees it).
-What differs between the drivers is only which callbacks they pass:
-
-* the runner (`training.runner.round_steps`): the RFA weight audit before the round, then the non-finite and
-  dropped-client checks, evaluation every `eval_every` rounds, the CSV/TensorBoard releases and the checkpoint;
-* the demo (`training.demo`): evaluation every round, the rows kept for its table;
-* the benchmark (`training.bench`): no callback, `step()` timed round by round.
-"""
+A round: its clients and datasets (a function of (seed, round) only, so a resumed run repeats them), the method's
+round, its metrics as one row, then the caller's callbacks in order; the drivers differ only in the callbacks they
+pass. Detail: docs/experiments.md#the-round-loop-and-the-steps-around-each-round"""
 
 from __future__ import annotations
 

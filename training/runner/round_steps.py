@@ -1,13 +1,8 @@
 """A run's rounds: the one round loop (`round_loop.RoundLoop`) with the runner's steps around each round.
 
-The steps are functions of the round and of `Training`, what the rounds share (the setup, the writers, the
-after-round work, the rows not yet written, the count of non-finite rounds in a row). After each round, in order:
-`count_training`, `stop_if_non_finite` (`NON_FINITE_ROUNDS_TO_STOP` rejected server updates in a row stop the run:
-`errors.TrainingStopped`), `mark_dropped_clients`, `count_corrupted`, `evaluate_round` (the rounds
-`round_loop.evaluation_due` names), `release_and_save` (the rows and the checkpoint every `checkpoint_every` rounds
-and after the last), `report_round` (the progress bar, the caller's `on_round`). The evaluation, rows and checkpoint
-run beside the next round where they may (`training.runner.background`); their order is what crash safety rests on.
-"""
+The steps are functions of the round and of `Training` (what the rounds share), run after each round in the order
+`AFTER_ROUND` lists; evaluation, rows and checkpoint run beside the next round where they may (`background`).
+Their order: docs/experiments.md#the-round-loop-and-the-steps-around-each-round"""
 
 from __future__ import annotations
 
