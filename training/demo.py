@@ -86,7 +86,7 @@ CORRUPT_FRACTION = 0.25
 
 
 class Hyperparameters(NamedTuple):
-  config: config_lib.AlgorithmConfig
+  algorithm_config: config_lib.AlgorithmConfig
   params: config_lib.AggregatorParams
   source: str  # Where they come from, for the header.
 
@@ -148,7 +148,7 @@ def run_one(name: str, train_data, evaluator, build_keras, model_fn, num_rounds:
   hyperparameters = hyperparameters or Hyperparameters(_ALGORITHM_CONFIG, config_lib.AggregatorParams(), 'defaults')
   update_corruption = None if not attacked else corruption.UpdateCorruption(
       'omniscient', tuple(attacked), tuple(train_data.client_ids), seed)
-  method = methods.build(model_fn, *registry.resolve(name), algorithm_config=hyperparameters.config,
+  method = methods.build(model_fn, *registry.resolve(name), algorithm_config=hyperparameters.algorithm_config,
                          aggregator_params=hyperparameters.params, num_clients=len(train_data.client_ids),
                          metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize,
                          update_corruption=update_corruption, client_execution=mode)
@@ -181,7 +181,8 @@ def _print_setup(names: Sequence[str], chosen: dict[str, Any], num_train: int, n
   for name in names:
     h = chosen[name]
     tau = f', tau {h.params.tau:g}' if _reads_tau(registry.resolve(name)[1]) else ''
-    print(f'  {name}: client lr {h.config.client_lr:g}, server lr {h.config.server_lr:g}{tau} ({h.source})')
+    rates = h.algorithm_config
+    print(f'  {name}: client lr {rates.client_lr:g}, server lr {rates.server_lr:g}{tau} ({h.source})')
   print(f'audit: the static audit of one round (PASS: client data reaches the server only through means and secure '
         f'sums). omniscient: test accuracy after {FLAGS.omniscient_rounds} rounds with {len(attacked)} of '
         f'{num_clients} clients ({CORRUPT_FRACTION:.0%}) sending the omniscient attack (a simulated '
@@ -202,8 +203,9 @@ def _summarize(name: str, rows: list[dict[str, Any]], method: Any, omniscient: O
       'audit': 'PASS' if report.ok else f"FAIL ({', '.join(sorted({v.intrinsic for v in report.violations}))})",
       'audit_violations': [str(v) for v in report.violations],
       'omniscient_accuracy': omniscient,
-      'hyperparameters': {'client_lr': chosen.config.client_lr, 'server_lr': chosen.config.server_lr,
-                          'tau': chosen.params.tau, 'source': chosen.source},
+      'hyperparameters': {'client_lr': chosen.algorithm_config.client_lr,
+                          'server_lr': chosen.algorithm_config.server_lr, 'tau': chosen.params.tau,
+                          'source': chosen.source},
       'seconds': time.monotonic() - start,
       'client_devices': method.client_devices(),  # Where its clients trained.
   }

@@ -158,10 +158,11 @@ def test_the_cnn_after_one_round(digits_setup):
 def test_clients_spread_round_robin_over_devices_give_the_same_results(digits_setup):
   data = digits_setup
   _, model_fn = _model(data, 'logistic')
-  config = config_lib.AlgorithmConfig()
+  algorithm_config = config_lib.AlgorithmConfig()
   # Two names of this process's one CPU: two trainers, each with its own model, run in two threads.
-  two = client_execution.LocalClientTrainer(model_fn, config, ['/device:CPU:0', '/job:localhost/device:CPU:0'])
-  one = client_execution.LocalClientTrainer(model_fn, config, ['/device:CPU:0'])
+  two = client_execution.LocalClientTrainer(model_fn, algorithm_config,
+                                            ['/device:CPU:0', '/job:localhost/device:CPU:0'])
+  one = client_execution.LocalClientTrainer(model_fn, algorithm_config, ['/device:CPU:0'])
   weights = client_execution.tff.learning.models.ModelWeights.from_model(model_fn())
   weights = tf.nest.map_structure(lambda v: v.numpy(), weights)
   hparams = collections.OrderedDict(learning_rate=np.float32(0.05), momentum=np.float32(0.9))

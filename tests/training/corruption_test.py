@@ -47,9 +47,19 @@ def test_corrupted_set_is_a_function_of_the_seed():
                                               ('gaussian', True, 'corrupt_fraction')])
 def test_invalid_corruption_settings_raise(name, rho, match):
   with pytest.raises(ValueError, match=match):
-    corruption.check_corruption(name, rho)
-  with pytest.raises(ValueError, match=match):
     experiment.validate(dataclasses.replace(_TOY, corruption=name, corrupt_fraction=rho))
+
+
+def test_the_name_is_checked_by_check_corruption_the_level_where_it_is_built_and_where_it_is_used():
+  for name in corruption.CORRUPTIONS:
+    corruption.check_corruption(name)
+  with pytest.raises(ValueError, match=r"^corruption must be one of .*'noise'"):
+    corruption.check_corruption('noise')
+  for rho in (1.0, -0.1, True):
+    with pytest.raises(ValueError, match='^corrupt_fraction must'):
+      config_lib.AggregatorParams(corrupt_fraction=rho)
+    with pytest.raises(ValueError, match='^corrupt_fraction must'):
+      corruption.num_corrupted(10, rho)
 
 
 # ---------------------------------------------------------------------------------------------- data poisoning

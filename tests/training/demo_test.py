@@ -49,12 +49,12 @@ def test_demo_takes_the_study_hyperparameters_of_its_setting(tmp_path):
        'server_lr': 1.0, 'tau': 0.2},
   ]))
   chosen = demo.choose_hyperparameters(['mean', 'gma', 'gma_binary', 'rfa'], str(study), True)
-  assert (chosen['mean'].config.client_lr, chosen['mean'].config.server_lr) == (0.1, 1.5)
-  assert (chosen['gma'].config.client_lr, chosen['gma'].params.tau) == (0.01, 0.6)
+  assert (chosen['mean'].algorithm_config.client_lr, chosen['mean'].algorithm_config.server_lr) == (0.1, 1.5)
+  assert (chosen['gma'].algorithm_config.client_lr, chosen['gma'].params.tau) == (0.01, 0.6)
   assert 'GMA study (label10)' in chosen['gma'].source
   # Not tuned in label10 (gma_binary only elsewhere, RFA not at all): FedAvg-mean's learning rates, said so.
   for name in ('gma_binary', 'rfa'):
-    assert chosen[name].config.client_lr == 0.1 and 'not tuned' in chosen[name].source
+    assert chosen[name].algorithm_config.client_lr == 0.1 and 'not tuned' in chosen[name].source
   assert chosen['gma_binary'].params.tau == 0.4
   # Another setting than the study's, or no study: the defaults.
   for args in ((str(study), False), (str(tmp_path / 'missing.json'), True)):

@@ -18,9 +18,9 @@ def _train(algorithm: str, rounds: int, seed: int = 0, aggregator=None):
   train = data.train
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
   model_fn = models.model_fn(build_keras, data.input_spec)
-  config = config_lib.AlgorithmConfig(
+  algorithm_config = config_lib.AlgorithmConfig(
       name=algorithm, client_lr=0.05, server_lr=0.05 if algorithm in ('fedadam', 'fedyogi') else 1.0)
-  process = fedavg_family.build_learning_process(model_fn, config, aggregator)
+  process = fedavg_family.build_learning_process(model_fn, algorithm_config, aggregator)
   state = round_loop.seeded_initial_state(process, build_keras, seed)
   evaluator = evaluation.CentralEvaluator(build_keras, split.x_test, split.y_test)
   history = [evaluator(process.get_model_weights(state))['accuracy']]

@@ -261,8 +261,8 @@ def test_flagfiles_studies_demo_and_bench_set_only_what_their_methods_read(tmp_p
   # The demo's methods with their hyperparameters; the benchmark's default entries.
   chosen = demo.choose_hyperparameters(demo.DEFAULT_METHODS, os.path.join(_ROOT, 'docs', 'gma_study.json'), True)
   for name, hyperparameters in chosen.items():
-    registry.check_settings(*registry.resolve(name), registry.settings_of(hyperparameters.config,
-                                                                          hyperparameters.params))
+    registry.check_settings(*registry.resolve(name),
+                            registry.settings_of(hyperparameters.algorithm_config, hyperparameters.params))
   for entry in bench_sections.AGGREGATORS:
     bench_sections.parse_candidate(entry)  # Refuses an entry whose settings its method does not read.
   with pytest.raises(ValueError, match="'median\\+secure': secure: aggregator 'median'"):

@@ -5,7 +5,7 @@ builds the run as the runner does (`experiment.validate`, `experiment.build_setu
 method dataclasses, `methods.build`, the registry's builders, `tff_gma`), and finds the value on what uses it:
 GMA's tau on the `GradientMaskedFactory` and RFA's num_passes on the `GeometricMedianFactory` whose `create` built
 the round's aggregation; client_lr in the client optimizer the built process trains with (its client work's
-hyperparameters or, where the client work keeps none, the optimizer the library builder got or built). The values
+hyperparameters or, where the client work keeps none, the optimizer the library builder got). The values
 are nobody's default, so a hop that drops one (leaving a default) or substitutes another setting fails.
 """
 
@@ -15,7 +15,6 @@ import tensorflow as tf
 
 import tff_gma.learning
 from tff_gma import aggregators
-from tff_gma.learning import scaffold
 from training import run  # Defines the runner's flags.
 from training.runner import experiment
 
@@ -92,22 +91,14 @@ def test_client_lr_reaches_the_client_work_of_the_registrys_processes(tmp_path, 
   assert _client_work_learning_rate(process) == pytest.approx(CLIENT_LR, rel=1e-6)
 
 
-def test_client_lr_reaches_the_optimizer_scaffold_builds(tmp_path, monkeypatch):
-  """SCAFFOLD's library builder takes the rate itself and builds its clients' optimizer (`scaffold.client_optimizer`)
-  while the process is built."""
-  built = []
-  _spy(monkeypatch, scaffold, 'client_optimizer', built)
-  _process(tmp_path, '--algorithm=scaffold', f'--client_lr={CLIENT_LR}')
-  assert built, 'SCAFFOLD built no client optimizer'
-  rates = [_optimizer_learning_rate(optimizer) for _, _, optimizer in built]
-  assert rates == pytest.approx([CLIENT_LR] * len(rates), rel=1e-6)
-
-
-def test_client_lr_reaches_the_optimizer_personalized_rfa_trains_with(tmp_path, monkeypatch):
-  """Personalized RFA's client work keeps no hyperparameters: the optimizer its library builder got."""
+@pytest.mark.parametrize('algorithm, builder', [('personalized', 'build_personalized_rfa'),
+                                               ('scaffold', 'build_scaffold')])
+def test_client_lr_reaches_the_optimizer_the_library_builder_gets(tmp_path, monkeypatch, algorithm, builder):
+  """Personalized RFA's and SCAFFOLD's client works keep no hyperparameters: the optimizer their library builder
+  got."""
   calls = []
-  _spy(monkeypatch, tff_gma.learning, 'build_personalized_rfa', calls)
-  _process(tmp_path, '--algorithm=personalized', f'--client_lr={CLIENT_LR}')
+  _spy(monkeypatch, tff_gma.learning, builder, calls)
+  _process(tmp_path, f'--algorithm={algorithm}', f'--client_lr={CLIENT_LR}')
   (args, kwargs, _), = calls
   client_optimizer = kwargs['client_optimizer'] if 'client_optimizer' in kwargs else args[1]
   assert _optimizer_learning_rate(client_optimizer) == pytest.approx(CLIENT_LR, rel=1e-6)

@@ -1,8 +1,8 @@
 """SCAFFOLD (Karimireddy et al., 2020, Algorithm 1) as a composed `tff.learning` process, with client momentum.
 
-Clients step on the corrected gradient g - c_i + c with TFF's SGD with momentum; their new control variate is the
-mean of their minibatch gradients (option II exactly without momentum, still what it estimates with). c_i comes in
-with the client's data and goes out through `next_with_client_state`, since TFF has no client state.
+Clients step on the corrected gradient g - c_i + c with the optimizer they are given (SGD, with momentum or not);
+their new control variate is the mean of their minibatch gradients (option II exactly without momentum, still what
+it estimates with). c_i comes in with the client's data and goes out through `next_with_client_state`.
 Round, state and why: docs/methods.md#scaffolds-process.
 """
 
@@ -50,11 +50,6 @@ def server_control_update(server_control: tuple, mean_control_delta: tuple, num_
   return tuple(c + tf.cast(fraction, c.dtype) * d for c, d in zip(server_control, mean_control_delta))
 
 
-def client_optimizer(client_lr: float, client_momentum: float) -> tff.learning.optimizers.Optimizer:
-  """TFF's SGD with momentum `client_momentum` (plain SGD, no momentum state, at 0)."""
-  return tff.learning.optimizers.build_sgdm(client_lr, momentum=client_momentum if client_momentum > 0 else None)
-
-
 def corrected_step(optimizer: tff.learning.optimizers.Optimizer, state, model, model_weights, batch,
                    correction: tuple):
   """One local step on `g(y) + correction` (`correction` = c - c_i); `state` = (optimizer state, sum of the raw
@@ -72,12 +67,13 @@ def corrected_step(optimizer: tff.learning.optimizers.Optimizer, state, model, m
   return (optimizer_state, gradient_sum), client_lib.output_num_examples(output)
 
 
-def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.VariableModel], client_lr: float,
-                                 client_weighting: tff.learning.ClientWeighting, client_momentum: float = 0.0):
+def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.VariableModel],
+                                 client_optimizer: tff.learning.optimizers.Optimizer,
+                                 client_weighting: tff.learning.ClientWeighting):
   """A `tf.function` (initial_weights, batches, client_control_data, server_control) ->
-  (ClientResult, dc_i, c_i+, unfinalized metrics, participation indicator)."""
+  (ClientResult, dc_i, c_i+, unfinalized metrics, participation indicator); the local steps are `client_optimizer`'s,
+  from its initial state (its own hyperparameters)."""
   model = model_fn()
-  optimizer = client_optimizer(client_lr, client_momentum)
 
   @tf.function
   def client_update(initial_weights, batches, client_control_data, server_control):
@@ -89,9 +85,9 @@ def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.Vari
     client_control = client_control_data.reduce(zeros, lambda _, c: tuple(tf.nest.flatten(c)))
     correction = tuple(c - ci for c, ci in zip(server_control, client_control))
     step_fn = functools.partial(corrected_step, correction=correction)
-    initial_state = (client_lib.initial_optimizer_state(optimizer, model_weights), zeros)
+    initial_state = (client_lib.initial_optimizer_state(client_optimizer, model_weights), zeros)
     (_, gradient_sum), num_examples, num_steps = client_lib.local_pass(
-        optimizer, initial_state, model, model_weights, batches, step_fn=step_fn)
+        client_optimizer, initial_state, model, model_weights, batches, step_fn=step_fn)
     update, weight, _, non_finite = client_lib.finish_client_update(
         initial_weights.trainable, model_weights, num_examples)
     client_lib.reset_metrics_if(model, non_finite)
@@ -109,7 +105,7 @@ def build_scaffold_client_update(model_fn: Callable[[], tff.learning.models.Vari
 # Federated pieces.
 
 
-def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float, client_momentum: float,
+def _build_client_round(model_fn, types: client_lib.ModelTypes, client_optimizer: tff.learning.optimizers.Optimizer,
                         client_weighting: tff.learning.ClientWeighting, num_clients: Optional[int],
                         control_mean: tff.aggregators.WeightedAggregationFactory):
   """(init_fn, client_round) where client_round: (state@S, weights@C, data@C) ->
@@ -132,7 +128,7 @@ def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float
 
   @tff.tensorflow.computation(types.weights_type, data_type, control_type)
   def client_update_computation(initial_weights, data, server_control):
-    client_update = build_scaffold_client_update(model_fn, client_lr, client_weighting, client_momentum)
+    client_update = build_scaffold_client_update(model_fn, client_optimizer, client_weighting)
     return client_update(initial_weights, data[BATCHES], data[CONTROL_VARIATE], server_control)
 
   @tff.tensorflow.computation(control_type, control_type, np.int32)
@@ -164,11 +160,10 @@ def _build_client_round(model_fn, types: client_lib.ModelTypes, client_lr: float
 
 def build_scaffold(
     model_fn: Callable[[], tff.learning.models.VariableModel],
-    client_lr: float,
+    client_optimizer: tff.learning.optimizers.Optimizer,
     server_lr: float = 1.0,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     *,
-    client_momentum: float = 0.0,
     num_clients: Optional[int] = None,
     client_weighting: tff.learning.ClientWeighting = tff.learning.ClientWeighting.NUM_EXAMPLES,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
@@ -178,7 +173,7 @@ def build_scaffold(
 ) -> client_lib.LearningProcessWithClientState:
   """SCAFFOLD as a `tff.learning.templates.LearningProcess` whose clients keep c_i.
 
-      client i:  y <- x;  K times (one per batch):  g_k = g_i(y);  y <- SGDM_step(y, g_k - c_i + c)
+      client i:  y <- x;  K times (one per batch):  g_k = g_i(y);  y <- optimizer_step(y, g_k - c_i + c)
                  c_i+ = (1 / K) sum_k g_k;    sends  Delta_i = x - y,  dc_i = c_i+ - c_i
       server:    x <- x - eta_g * aggregate(Delta_i)          (`model_aggregator`, then the server optimizer)
                  c <- c + (|S| / N) * mean_i(dc_i)             (unweighted; |S| by a secure count)
@@ -190,12 +185,13 @@ def build_scaffold(
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
-    client_lr: eta_l > 0, the clients' SGD step on the corrected gradient.
+    client_optimizer: the clients' `tff.learning.optimizers.Optimizer`, stepped on the corrected gradient from its
+      initial state: the paper's plain SGD at eta_l (`tff.learning.optimizers.build_sgdm(eta_l)`, option II
+      exactly), or TFF's SGD with momentum (`build_sgdm(eta_l, momentum=...)`), after which c_i+ is still the mean
+      minibatch gradient. The control variates never read its learning rate.
     server_lr: eta_g > 0, the server's SGD step on the aggregated update (ignored with `server_optimizer_fn`).
     model_aggregator: weighted factory for the model updates; default the weighted mean
       (`tff_gma.aggregators.FederatedMeanFactory`, one `federated_mean`).
-    client_momentum: in [0, 1), the momentum of the clients' SGD (TFF's `build_sgdm`; 0, the paper's plain SGD,
-      is option II exactly).
     num_clients: N, the client population, for the control update's |S| / N; None: every client takes part
       in every round.
     client_weighting: `tff.learning.ClientWeighting.NUM_EXAMPLES` (TFF's default) or `UNIFORM` (the paper's
@@ -210,9 +206,8 @@ def build_scaffold(
   Raises:
     ValueError: for an invalid argument (the message names it).
   """
-  client_lr = checks.check_positive_finite(client_lr, 'client_lr')
+  client_lib.check_optimizer(client_optimizer, 'client_optimizer')
   server_lr = checks.check_positive_finite(server_lr, 'server_lr')
-  client_momentum = checks.check_fraction(client_momentum, 'client_momentum', high_open=True)
   num_clients = checks.check_positive_int(num_clients, 'num_clients', optional=True)
   if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES, tff.learning.ClientWeighting.UNIFORM):
     raise ValueError(f'client_weighting must be a tff.learning.ClientWeighting, got {client_weighting!r}')
@@ -228,7 +223,7 @@ def build_scaffold(
   control_mean = mean.weighted_mean_factory(secure, value_bound, weight_bound=1.0)
   types = client_lib.model_types(model_fn, metrics_aggregator)
   init_fn, client_round, control_type, _ = _build_client_round(
-      model_fn, types, client_lr, client_momentum, client_weighting, None if num_clients is None else int(num_clients),
+      model_fn, types, client_optimizer, client_weighting, None if num_clients is None else int(num_clients),
       control_mean)
   return client_lib.compose_with_client_state(
       types, init_fn, client_round, model_aggregator, server_optimizer_fn, control_type, CONTROL_VARIATE)

@@ -139,14 +139,14 @@ def _assign_trainers(num_clients: int, num_trainers: int) -> list[int]:
 class _DeviceTrainer:
   """The family's client update (`fedavg_family.client_loop`'s loop) with its own model, its variables on `device`."""
 
-  def __init__(self, device: str, model_fn, config: config_lib.AlgorithmConfig):
+  def __init__(self, device: str, model_fn, algorithm_config: config_lib.AlgorithmConfig):
     self.device = device
-    self._proximal = config.name == 'fedprox'
-    self._optimizer = fedavg_family.client_optimizer(config)
-    loop = fedavg_family.client_loop(model_fn, config)
+    self._proximal = algorithm_config.name == 'fedprox'
+    self._optimizer = fedavg_family.client_optimizer(algorithm_config)
+    loop = fedavg_family.client_loop(model_fn, algorithm_config)
     self.loop = loop.name
     if loop.name == 'in_graph':
-      self._session_update = _SessionUpdate(device, model_fn, loop.functional_model, config, self._optimizer)
+      self._session_update = _SessionUpdate(device, model_fn, loop.functional_model, algorithm_config, self._optimizer)
       return
     models = []
 
@@ -156,7 +156,7 @@ class _DeviceTrainer:
       return model
 
     with tf.device(device):
-      self._update = fedavg_family.build_client_update(capturing_model_fn, config, loop)
+      self._update = fedavg_family.build_client_update(capturing_model_fn, algorithm_config, loop)
     (self._model,) = models
 
   def train(self, weights, dataset: tf.data.Dataset, hparams):
@@ -189,12 +189,12 @@ class _SessionUpdate:
   built for the first dataset's element structure, and again for another one.
   """
 
-  def __init__(self, device: str, model_fn, functional_model, config: config_lib.AlgorithmConfig, optimizer):
+  def __init__(self, device: str, model_fn, functional_model, algorithm_config: config_lib.AlgorithmConfig, optimizer):
     self._device = device
     self._model_fn = model_fn
     self._functional_model = functional_model
     self._optimizer = optimizer
-    self._proximal_strength = fedavg_family.proximal_strength(config)
+    self._proximal_strength = fedavg_family.proximal_strength(algorithm_config)
     self._graphs: dict[str, tuple] = {}  # Structure key -> (session, placeholders, outputs).
     self._read_batches = tf.function(in_graph.read_batches)  # Its TensorArrays need a graph: traced once per spec.
 
@@ -239,12 +239,14 @@ class _SessionUpdate:
 class LocalClientTrainer:
   """The FedAvg family's client work (`fedavg_family.build_client_work`'s math) run in this process."""
 
-  def __init__(self, model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig,
-               devices: Optional[Sequence[str]] = None):
-    if config.name not in config_lib.FEDAVG_FAMILY:
-      raise ValueError(f'config.name must be one of {config_lib.FEDAVG_FAMILY}, got {config.name!r}')
+  def __init__(self, model_fn: Callable[[], tff.learning.models.VariableModel],
+               algorithm_config: config_lib.AlgorithmConfig, devices: Optional[Sequence[str]] = None):
+    if algorithm_config.name not in config_lib.FEDAVG_FAMILY:
+      raise ValueError(f'algorithm_config.name must be one of {config_lib.FEDAVG_FAMILY}, got '
+                       f'{algorithm_config.name!r}')
     self.devices = local_devices(devices)
-    self._trainers = [_DeviceTrainer(d, model_fn, config) for d in self.devices]  # One per entry, own variables.
+    # One trainer per entry, each with its own variables.
+    self._trainers = [_DeviceTrainer(d, model_fn, algorithm_config) for d in self.devices]
     self.devices_used: set[str] = set()  # Devices the updates were computed on (TensorFlow's full names).
 
   def train(self, weights, datasets: Sequence[tf.data.Dataset], hparams) -> tuple[list, list]:
@@ -318,12 +320,12 @@ def build_server_round(components: fedavg_family.Components, process: tff.learni
 class LocalRound:
   """One round of `components.compose()` with the client work run in this process (`run_round`)."""
 
-  def __init__(self, components: fedavg_family.Components, model_fn, config: config_lib.AlgorithmConfig,
+  def __init__(self, components: fedavg_family.Components, model_fn, algorithm_config: config_lib.AlgorithmConfig,
                metrics_aggregator=None, devices: Optional[Sequence[str]] = None,
                process: Optional[tff.learning.templates.LearningProcess] = None):
     self.process = process or components.compose()
     self.server_round = build_server_round(components, self.process, model_fn, metrics_aggregator)
-    self.trainer = LocalClientTrainer(model_fn, config, devices)
+    self.trainer = LocalClientTrainer(model_fn, algorithm_config, devices)
 
   @property
   def devices(self) -> list[str]:

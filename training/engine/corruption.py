@@ -66,16 +66,24 @@ _NOISE_STREAM = 0x5246_4102
 # Which clients.
 
 
-def check_corruption(corruption: str, corrupt_fraction: float) -> float:
-  """Validates the pair; returns `corrupt_fraction` as a float. ValueError naming the argument otherwise."""
+def check_corruption(corruption: str) -> None:
+  """ValueError naming `corruption` unless it is one of `CORRUPTIONS`.
+
+  The level `corrupt_fraction` is not checked here: `config.AggregatorParams` checks it where a run's settings are
+  built, and `num_corrupted` where it is used.
+  """
   if corruption not in CORRUPTIONS:
     raise ValueError(f'corruption must be one of {CORRUPTIONS}, got {corruption!r}')
-  return checks.check_fraction(corrupt_fraction, 'corrupt_fraction', high_open=True)
 
 
 def num_corrupted(num_clients: int, corrupt_fraction: float) -> int:
-  """round(rho * num_clients), halves rounded up (Python's `round` would send 2.5 to 2)."""
-  return int(math.floor(check_corruption(NONE, corrupt_fraction) * num_clients + 0.5))
+  """round(rho * num_clients), halves rounded up (Python's `round` would send 2.5 to 2).
+
+  Checks `corrupt_fraction` in [0, 1) itself: callers such as the RFA spread study pass levels of their own, not
+  from `config.AggregatorParams`.
+  """
+  rho = checks.check_fraction(corrupt_fraction, 'corrupt_fraction', high_open=True)
+  return int(math.floor(rho * num_clients + 0.5))
 
 
 def corrupted_clients(client_ids: Sequence[str], corrupt_fraction: float, seed: int) -> list[str]:
@@ -116,7 +124,7 @@ def poison_data(train: client_data_lib.ArrayClientData, corrupted: Sequence[str]
   Other corruptions return `train` itself. Client ids, order and sizes are unchanged.
   """
   if corruption not in DATA_CORRUPTIONS:
-    check_corruption(corruption, 0.0)
+    check_corruption(corruption)
     return train
   corrupted = set(corrupted)
   unknown = corrupted - set(train.client_ids)
@@ -270,7 +278,7 @@ class CorruptedLearningProcess(tff.learning.templates.LearningProcess):
 
 def build_learning_process(
     model_fn: Callable[[], tff.learning.models.VariableModel],
-    config: config_lib.AlgorithmConfig,
+    algorithm_config: config_lib.AlgorithmConfig,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     metrics_aggregator=None,
     *,
@@ -281,9 +289,10 @@ def build_learning_process(
   The same composition (`mask_on_step` included: GMA's Algorithm 2, see `fedavg_family.build_server_processes`) and
   the same client work (`fedavg_family.build_client_work`), wrapped by `build_corrupted_client_work`.
   """
-  inner = fedavg_family.build_client_work(model_fn, config, metrics_aggregator)
+  inner = fedavg_family.build_client_work(model_fn, algorithm_config, metrics_aggregator)
   composed = fedavg_family.build_learning_process(
-      model_fn, config, model_aggregator, client_work=build_corrupted_client_work(inner), mask_on_step=mask_on_step)
+      model_fn, algorithm_config, model_aggregator, client_work=build_corrupted_client_work(inner),
+      mask_on_step=mask_on_step)
   update_type = composed.next.type_signature.parameter[0].member.global_model_weights.trainable
   return CorruptedLearningProcess(composed, fedavg_family.build_client_results(inner), update_type)
 

@@ -26,29 +26,29 @@ from tff_gma.learning import gma_fed_avg
 from tff_gma.learning import in_graph
 from training import config as config_lib
 
-def server_optimizer(config: config_lib.AlgorithmConfig) -> tff.learning.optimizers.Optimizer:
+def server_optimizer(algorithm_config: config_lib.AlgorithmConfig) -> tff.learning.optimizers.Optimizer:
   """The server's optimizer: SGD at `server_lr`, or for FedAdam/FedYogi (FedAvg with an adaptive server optimizer
-  applied to the aggregated update, Reddi et al.) the one `config.adaptive_optimizer` names: `reddi`, Reddi et al.'s
-  Algorithm 2 (`tff_gma.optimizers`), or `tff`, TFF's bias-corrected `build_adam`/`build_yogi`."""
+  applied to the aggregated update, Reddi et al.) the one `algorithm_config.adaptive_optimizer` names: `reddi`,
+  Reddi et al.'s Algorithm 2 (`tff_gma.optimizers`), or `tff`, TFF's bias-corrected `build_adam`/`build_yogi`."""
   adaptive = {
       ('fedadam', 'reddi'): reddi_optimizers.build_reddi_adam,
       ('fedyogi', 'reddi'): reddi_optimizers.build_reddi_yogi,
       ('fedadam', 'tff'): tff.learning.optimizers.build_adam,
       ('fedyogi', 'tff'): tff.learning.optimizers.build_yogi,
   }
-  build = adaptive.get((config.name, config.adaptive_optimizer))
+  build = adaptive.get((algorithm_config.name, algorithm_config.adaptive_optimizer))
   if build is not None:
-    return build(config.server_lr, beta_1=config_lib.ADAPTIVE_BETA_1, beta_2=config_lib.ADAPTIVE_BETA_2,
-                 epsilon=config.adaptive_epsilon)
-  return tff.learning.optimizers.build_sgdm(config.server_lr)
+    return build(algorithm_config.server_lr, beta_1=config_lib.ADAPTIVE_BETA_1, beta_2=config_lib.ADAPTIVE_BETA_2,
+                 epsilon=algorithm_config.adaptive_epsilon)
+  return tff.learning.optimizers.build_sgdm(algorithm_config.server_lr)
 
 
-def client_optimizer(config: config_lib.AlgorithmConfig) -> tff.learning.optimizers.Optimizer:
-  return tff.learning.optimizers.build_sgdm(config.client_lr, momentum=config.client_momentum)
+def client_optimizer(algorithm_config: config_lib.AlgorithmConfig) -> tff.learning.optimizers.Optimizer:
+  return tff.learning.optimizers.build_sgdm(algorithm_config.client_lr, momentum=algorithm_config.client_momentum)
 
 
 def build_server_processes(
-    config: config_lib.AlgorithmConfig,
+    algorithm_config: config_lib.AlgorithmConfig,
     weights_type,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     *,
@@ -57,15 +57,17 @@ def build_server_processes(
   """(aggregator, finalizer): how a round turns the client updates into the new model (`weights_type`'s).
 
   Default: `model_aggregator` (TFF's weighted mean if None) aggregates the updates, weighted as float32, and TFF's
-  apply-optimizer finalizer applies `server_optimizer(config)` to its result, as `build_weighted_fed_avg` does.
+  apply-optimizer finalizer applies `server_optimizer(algorithm_config)` to its result, as `build_weighted_fed_avg`
+  does.
   `mask_on_step=True` takes a `GradientMaskedFactory` and composes the GMA paper's Algorithm 2 instead
   (`tff_gma.learning.gma_fed_avg`): the server optimizer gets the unmasked mean, the mask scales its step.
   """
   if mask_on_step:
-    return gma_fed_avg.build_gma_server_processes(model_aggregator, server_optimizer(config), weights_type)
+    return gma_fed_avg.build_gma_server_processes(model_aggregator, server_optimizer(algorithm_config), weights_type)
   aggregator = (model_aggregator or tff.aggregators.MeanFactory()).create(
       weights_type.trainable, tff.TensorType(np.float32))
-  return aggregator, tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer(config), weights_type)
+  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer(algorithm_config), weights_type)
+  return aggregator, finalizer
 
 
 # TFF's loop where the iterator loop trains (`--client_loop=iterator`, or a model the in-graph loop cannot take),
@@ -87,18 +89,18 @@ class ClientLoop:
 _fallbacks_logged: set[str] = set()
 
 
-def proximal_strength(config: config_lib.AlgorithmConfig) -> float:
+def proximal_strength(algorithm_config: config_lib.AlgorithmConfig) -> float:
   """The proximal term's mu (FedProx's, else 0: no term), added as the paper has it (`fed_prox.add_proximal_term`)."""
-  return float(config.proximal_strength) if config.name == 'fedprox' else 0.0
+  return float(algorithm_config.proximal_strength) if algorithm_config.name == 'fedprox' else 0.0
 
 
-def client_loop(model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig
+def client_loop(model_fn: Callable[[], tff.learning.models.VariableModel], algorithm_config: config_lib.AlgorithmConfig
                 ) -> ClientLoop:
-  """The loop `config.client_loop` asks for where it applies. `in_graph` needs the model's functional twin
+  """The loop `algorithm_config.client_loop` asks for where it applies. `in_graph` needs the model's functional twin
   (`model_fn.functional_model`, as `tff_gma.models.model_fn` gives it) and a model `in_graph.in_graph_support`
   accepts; otherwise the iterator loop trains, with one log line saying why. Serves both client execution modes
   (`training.engine.client_execution` runs the in-graph update in a TF1 session of its own in `local` mode)."""
-  if config.client_loop == 'iterator':
+  if algorithm_config.client_loop == 'iterator':
     return ClientLoop('iterator')
   try:  # The answer for this model, if asked before (building its functional twin took ~0.5 s).
     return _in_graph_loops[model_fn]
@@ -125,22 +127,24 @@ def _in_graph_loop(model_fn: Callable[[], tff.learning.models.VariableModel]) ->
   return ClientLoop('in_graph', functional)
 
 
-def build_client_update(model_fn: Callable[[], tff.learning.models.VariableModel], config: config_lib.AlgorithmConfig,
+def build_client_update(model_fn: Callable[[], tff.learning.models.VariableModel],
+                        algorithm_config: config_lib.AlgorithmConfig,
                         loop: Optional[ClientLoop] = None) -> Callable[..., Any]:
   """The family's one client update, `(optimizer, hparams, initial_weights, dataset) -> (ClientResult, unfinalized
   metrics)`: TFF's model-delta update (FedProx's: the library's, `fed_prox.build_fed_prox_update`, with the paper's
-  proximal term) with `loop` (default `client_loop(model_fn, config)`). FedProx's optimizer keeps its own
+  proximal term) with `loop` (default `client_loop(model_fn, algorithm_config)`). FedProx's optimizer keeps its own
   hyperparameters (`hparams` is ignored), as in TFF's FedProx client work. Builds its model, so call it where the
   update will run (inside a computation, or under a device)."""
-  loop = loop or client_loop(model_fn, config)
-  proximal = config.name == 'fedprox'
+  loop = loop or client_loop(model_fn, algorithm_config)
+  proximal = algorithm_config.name == 'fedprox'
+  mu = proximal_strength(algorithm_config)
   if loop.name == 'in_graph':
     update = in_graph.build_in_graph_update(
-        model_fn, loop.functional_model, weighting=CLIENT_WEIGHTING, proximal_strength=proximal_strength(config))
+        model_fn, loop.functional_model, weighting=CLIENT_WEIGHTING, proximal_strength=mu)
     return lambda opt, hparams, weights, data: update(opt, weights, data, None if proximal else hparams)
   if proximal:
     update = fed_prox.build_fed_prox_update(
-        model_fn, proximal_strength=proximal_strength(config), weighting=CLIENT_WEIGHTING,
+        model_fn, proximal_strength=mu, weighting=CLIENT_WEIGHTING,
         loop_implementation=LOOP_IMPLEMENTATION)
     return lambda opt, hparams, weights, data: update(opt, weights, data)
   update = tff_internals.build_model_delta_update_with_tff_optimizer(
@@ -150,7 +154,7 @@ def build_client_update(model_fn: Callable[[], tff.learning.models.VariableModel
 
 def build_client_work(
     model_fn: Callable[[], tff.learning.models.VariableModel],
-    config: config_lib.AlgorithmConfig,
+    algorithm_config: config_lib.AlgorithmConfig,
     metrics_aggregator=None,
     client_sources=None,
 ) -> tff.learning.templates.ClientWorkProcess:
@@ -159,25 +163,25 @@ def build_client_work(
   TFF's model-delta client work (FedProx's: the library's, `tff_gma.learning.fed_prox`, with the paper's proximal
   term where TFF's `build_weighted_fed_prox` has the opposite sign), as `build_weighted_fed_avg` builds it: SGD with
   momentum at `client_lr`, example-count weights. FedAdam and FedYogi differ only at the server. Its loop is
-  `client_loop(model_fn, config)`'s; with `client_sources`, each client's computation builds its dataset from its
-  source (`client_sources.source_type`, e.g. a file prefix and a seed pair; `client_sources.dataset`) and trains on
-  it in the same TF graph, so no dataset crosses between computations in the worker
+  `client_loop(model_fn, algorithm_config)`'s; with `client_sources`, each client's computation builds its dataset
+  from its source (`client_sources.source_type`, e.g. a file prefix and a seed pair; `client_sources.dataset`) and
+  trains on it in the same TF graph, so no dataset crosses between computations in the worker
   (`training.engine.worker_datasets`). The state, update, weights and metrics have TFF's types in every case (the
   iterator loop on datasets is TFF's own client work, FedProx's the library's; the others repeat its plumbing).
   """
-  if not isinstance(config, config_lib.AlgorithmConfig):
-    raise ValueError(f'config must be a config_lib.AlgorithmConfig, got {config!r}')
-  loop = client_loop(model_fn, config)
+  if not isinstance(algorithm_config, config_lib.AlgorithmConfig):
+    raise ValueError(f'algorithm_config must be a config_lib.AlgorithmConfig, got {algorithm_config!r}')
+  loop = client_loop(model_fn, algorithm_config)
   if loop.name == 'iterator' and client_sources is None:
     kwargs = dict(loop_implementation=LOOP_IMPLEMENTATION, metrics_aggregator=metrics_aggregator)
-    if config.name == 'fedprox':
+    if algorithm_config.name == 'fedprox':
       return fed_prox.build_fed_prox_client_work(
-          model_fn, client_optimizer(config), CLIENT_WEIGHTING, proximal_strength=proximal_strength(config),
-          **kwargs)
+          model_fn, client_optimizer(algorithm_config), CLIENT_WEIGHTING,
+          proximal_strength=proximal_strength(algorithm_config), **kwargs)
     return tff.learning.templates.build_model_delta_client_work(
-        model_fn, client_optimizer(config), CLIENT_WEIGHTING, **kwargs)
+        model_fn, client_optimizer(algorithm_config), CLIENT_WEIGHTING, **kwargs)
   types = client_lib.model_types(model_fn, metrics_aggregator)
-  optimizer = client_optimizer(config)
+  optimizer = client_optimizer(algorithm_config)
   data_type = tff.SequenceType(types.batch_type) if client_sources is None else client_sources.source_type
   dataset = (lambda data: data) if client_sources is None else client_sources.dataset
 
@@ -186,15 +190,16 @@ def build_client_work(
       # The batches straight from the sources (`ClientSources.batches`: the same ones, without walking the
       # examples through tf.data), into the in-graph loop's update on examples.
       update = in_graph.build_examples_update(model_fn, loop.functional_model, weighting=CLIENT_WEIGHTING,
-                                              proximal_strength=proximal_strength(config))
-      keeps_hparams = config.name != 'fedprox'  # FedProx's optimizer keeps its own (as `build_client_update`).
+                                              proximal_strength=proximal_strength(algorithm_config))
+      # FedProx's optimizer keeps its own hyperparameters (as in `build_client_update`).
+      keeps_hparams = algorithm_config.name != 'fedprox'
       return lambda opt, hparams, weights, data: update(opt, weights, *client_sources.batches(data),
                                                         hparams if keeps_hparams else None)
-    update = build_client_update(model_fn, config, loop)
+    update = build_client_update(model_fn, algorithm_config, loop)
     return lambda opt, hparams, weights, data: update(opt, hparams, weights, dataset(data))
 
   # FedProx's client work has no state (its optimizer keeps its own hyperparameters), as TFF's.
-  work = client_lib.stateless_client_work if config.name == 'fedprox' else client_lib.optimizer_client_work
+  work = client_lib.stateless_client_work if algorithm_config.name == 'fedprox' else client_lib.optimizer_client_work
   return work(types, optimizer, build_update, data_type=data_type)
 
 
@@ -226,7 +231,7 @@ class Components:
 
 def build_components(
     model_fn: Callable[[], tff.learning.models.VariableModel],
-    config: config_lib.AlgorithmConfig,
+    algorithm_config: config_lib.AlgorithmConfig,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     metrics_aggregator=None,
     client_work: Optional[tff.learning.templates.ClientWorkProcess] = None,
@@ -237,14 +242,15 @@ def build_components(
   """The parts of `build_learning_process`'s round (see `Components`; `mask_on_step`: `build_server_processes`;
   `client_sources`: `build_client_work`'s, clients given sources to build their datasets from)."""
   if client_work is None:
-    client_work = build_client_work(model_fn, config, metrics_aggregator, client_sources)
+    client_work = build_client_work(model_fn, algorithm_config, metrics_aggregator, client_sources)
 
   @tff.tensorflow.computation()
   def initial_weights_fn():
     return tff.learning.models.ModelWeights.from_model(model_fn())
 
   weights_type = initial_weights_fn.type_signature.result
-  aggregator, finalizer = build_server_processes(config, weights_type, model_aggregator, mask_on_step=mask_on_step)
+  aggregator, finalizer = build_server_processes(algorithm_config, weights_type, model_aggregator,
+                                                 mask_on_step=mask_on_step)
   return Components(initial_weights_fn, tff.learning.templates.build_broadcast_process(weights_type), client_work,
                     aggregator, finalizer)
 

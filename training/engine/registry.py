@@ -179,8 +179,8 @@ def _zeroing_mean(*, secure: bool, secure_bound: Optional[float]) -> tff.aggrega
 
 # The learning processes of the composed methods (`tff_gma.learning`). A builder that names `client_optimizer`
 # and `server_optimizer` gets them built by `build_process` from the run's `AlgorithmConfig`
-# (`fedavg_family.client_optimizer`, `server_optimizer`): Elastic (a PROCESS aggregator) its algorithm's, FedGMA and
-# personalized RFA FedAvg's (SGD with momentum; SGD). SCAFFOLD's library builder takes the rates themselves.
+# (`fedavg_family.client_optimizer`, `server_optimizer`): Elastic (a PROCESS aggregator) its algorithm's, FedGMA,
+# SCAFFOLD and personalized RFA FedAvg's (SGD with momentum; SGD).
 def _elastic(model_fn, client_optimizer, server_optimizer, metrics_aggregator, *, elastic_tau: float,
              elastic_mu: float, sensitivity_fraction: float, secure: bool, secure_bound: Optional[float]):
   return learning.build_elastic_fed_avg(
@@ -203,13 +203,13 @@ def _fedgma(model_fn, client_optimizer, server_optimizer, model_aggregator, metr
       metrics_aggregator=metrics_aggregator)
 
 
-def _scaffold(model_fn, model_aggregator, num_clients, metrics_aggregator, *, client_lr: float,
-              client_momentum: float, server_lr: float, secure: bool, secure_bound: Optional[float]):
+def _scaffold(model_fn, client_optimizer, server_optimizer, model_aggregator, num_clients, metrics_aggregator, *,
+              secure: bool, secure_bound: Optional[float]):
   # Client weighting: the runner's (example counts, as the FedAvg family); `build_scaffold` also takes UNIFORM.
   # `secure` makes the control variates' mean secure too (bounded by secure_bound, like the model updates).
-  return learning.build_scaffold(model_fn, client_lr, server_lr, model_aggregator, client_momentum=client_momentum,
-                                 num_clients=num_clients, metrics_aggregator=metrics_aggregator, secure=secure,
-                                 value_bound=secure_bound)
+  return learning.build_scaffold(model_fn, client_optimizer, model_aggregator=model_aggregator,
+                                 server_optimizer_fn=server_optimizer, num_clients=num_clients,
+                                 metrics_aggregator=metrics_aggregator, secure=secure, value_bound=secure_bound)
 
 
 def _personalized(model_fn, client_optimizer, server_optimizer, model_aggregator, metrics_aggregator):

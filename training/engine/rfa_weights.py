@@ -72,7 +72,12 @@ def check_bound(bound) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class RfaSettings:
-  """The `GeometricMedianFactory` arguments the replay needs (same names, same defaults)."""
+  """The `GeometricMedianFactory` arguments the replay needs (same names, same defaults).
+
+  Checks its values itself: `rfa_weight_report` builds it from its own arguments, which no `config.AggregatorParams`
+  has checked; the cross-checks (`one_step` with `num_passes` and `init`, `secure` with `value_bound`) and
+  `weight_bound`, `max_weight_ratio` are checked nowhere else in the harness.
+  """
   num_passes: int = geometric_median.DEFAULT_NUM_PASSES
   smoothing: float = geometric_median.DEFAULT_SMOOTHING
   one_step: bool = False

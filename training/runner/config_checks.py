@@ -121,7 +121,7 @@ def _check_combinations(config: config_lib.ExperimentConfig) -> None:
     raise ConfigError(f'model: char_lstm needs dataset=shakespeare, got dataset={config.dataset!r}')
   if config.dataset == 'shakespeare' and config.model != 'char_lstm':
     raise ConfigError(f'model: dataset=shakespeare needs model=char_lstm, got {config.model!r}')
-  corruption_lib.check_corruption(config.corruption, config.corrupt_fraction)
+  corruption_lib.check_corruption(config.corruption)
   if config.corruption in corruption_lib.DATA_CORRUPTIONS and config.dataset == 'shakespeare':
     raise ConfigError(f'corruption: {config.corruption} applies to image classification, not {config.dataset}')
   # A method setting the method does not read, set to other than its default: refused (registry docstring).

@@ -379,8 +379,9 @@ def test_client_work_aggregates_that_are_not_metrics_are_client_work():
   # SCAFFOLD's client work averages the control-variate deltas (its state) and counts the participants besides
   # summing the metrics: only the metrics' sum is the metrics aggregator.
   from tff_gma import aggregators, learning  # pylint: disable=g-import-not-at-top
-  process = learning.build_scaffold(targets._model_fn(), 0.1,  # pylint: disable=protected-access
-                                    model_aggregator=aggregators.GradientMaskedFactory())
+  process = learning.build_scaffold(
+      targets._model_fn(), tff.learning.optimizers.build_sgdm(0.1),  # pylint: disable=protected-access
+      model_aggregator=aggregators.GradientMaskedFactory())
   for computation in (process.next, process.next_with_client_state):
     report = audit.audit_computation(computation)
     by_component = sorted((f.component, f.intrinsic) for f in report.flows

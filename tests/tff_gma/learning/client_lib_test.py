@@ -345,7 +345,7 @@ def test_every_composed_method_trains_through_local_pass(monkeypatch):
       'personalized_rfa': lambda: personalized_rfa.build_personalized_client_update(tiny_model_fn, sgd)(
           weights, data, tf.data.Dataset.from_tensors(zeros)),
       'scaffold': lambda: scaffold.build_scaffold_client_update(
-          tiny_model_fn, 0.1, tff.learning.ClientWeighting.NUM_EXAMPLES)(
+          tiny_model_fn, sgd, tff.learning.ClientWeighting.NUM_EXAMPLES)(
               weights, data, tf.data.Dataset.from_tensors(zeros), zeros),
   }
   # Elastic hands over the iterator its sensitivity batches came from; the others their round's dataset.

@@ -26,6 +26,10 @@ def tiny_model_fn():
       tiny_keras(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), input_spec=INPUT_SPEC)
 
 
+def sgd(lr, momentum=None):
+  return tff.learning.optimizers.build_sgdm(lr, momentum=momentum)
+
+
 def test_client_update_matches_reference():
   rng = np.random.default_rng(0)
   x = rng.normal(size=(11, 3)).astype(F32)
@@ -36,7 +40,7 @@ def test_client_update_matches_reference():
   server_c = tuple(rng.normal(scale=0.1, size=s).astype(F32) for s in shapes)
   client_c = tuple(rng.normal(scale=0.1, size=s).astype(F32) for s in shapes)
   lr = 0.2
-  update_fn = scaffold.build_scaffold_client_update(tiny_model_fn, lr, tff.learning.ClientWeighting.NUM_EXAMPLES)
+  update_fn = scaffold.build_scaffold_client_update(tiny_model_fn, sgd(lr), tff.learning.ClientWeighting.NUM_EXAMPLES)
   result, control_delta, new_control, _, participated = update_fn(
       tff.learning.models.ModelWeights.from_model(initial), batches,
       tf.data.Dataset.from_tensors(client_c), server_c)
@@ -70,7 +74,7 @@ def test_empty_control_dataset_means_zero_and_empty_client_keeps_its_control():
   shapes = [v.shape for v in initial.trainable_variables]
   server_c = tuple(np.full(s, 0.3, F32) for s in shapes)
   client_c = tuple(np.full(s, -0.2, F32) for s in shapes)
-  update_fn = scaffold.build_scaffold_client_update(tiny_model_fn, 0.1, tff.learning.ClientWeighting.UNIFORM)
+  update_fn = scaffold.build_scaffold_client_update(tiny_model_fn, sgd(0.1), tff.learning.ClientWeighting.UNIFORM)
   no_batches = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
       x=np.zeros((0, 3), F32), y=np.zeros((0,), np.int32))).batch(4)
   result, delta, new_control, _, _ = update_fn(weights, no_batches, tf.data.Dataset.from_tensors(client_c), server_c)
@@ -102,7 +106,7 @@ def digits_setup():
 
 def test_scaffold_learns_and_keeps_client_controls(digits_setup):
   data, build_keras, model_fn = digits_setup
-  process = build_scaffold(model_fn, client_lr=0.1, server_lr=1.0)
+  process = build_scaffold(model_fn, sgd(0.1), server_lr=1.0)
   assert isinstance(process, tff.learning.templates.LearningProcess)
   store = fixtures.ClientStateHolder(process)  # Checks each returned c_i+ against `process.client_state_type`.
   evaluate = fixtures.central_evaluator(build_keras, data.test_x, data.test_y)
@@ -133,7 +137,7 @@ def test_scaffold_learns_and_keeps_client_controls(digits_setup):
 def test_scaffold_with_project_aggregators(digits_setup, aggregator):
   data, build_keras, model_fn = digits_setup
   factory = GradientMaskedFactory(tau=0.4) if aggregator == 'gma' else GeometricMedianFactory(num_passes=3)
-  process = build_scaffold(model_fn, client_lr=0.1, server_lr=1.0, model_aggregator=factory, num_clients=4)
+  process = build_scaffold(model_fn, sgd(0.1), server_lr=1.0, model_aggregator=factory, num_clients=4)
   store = fixtures.ClientStateHolder(process)
   state = process.initialize()
   client_ids = list(data.train.client_ids)
@@ -148,14 +152,16 @@ def test_scaffold_with_project_aggregators(digits_setup, aggregator):
 
 def test_invalid_arguments(digits_setup):
   _, _, model_fn = digits_setup
-  with pytest.raises(ValueError, match='client_lr'):
-    build_scaffold(model_fn, client_lr=0.0)
+  # The client optimizer is an optimizer, not its rate nor a function building one.
+  for not_an_optimizer in (0.1, lambda: sgd(0.1)):
+    with pytest.raises(ValueError, match='^client_optimizer must be a tff.learning.optimizers.Optimizer'):
+      build_scaffold(model_fn, not_an_optimizer)
   with pytest.raises(ValueError, match='server_lr'):
-    build_scaffold(model_fn, client_lr=0.1, server_lr=-1.0)
+    build_scaffold(model_fn, sgd(0.1), server_lr=-1.0)
   with pytest.raises(ValueError, match='num_clients'):
-    build_scaffold(model_fn, client_lr=0.1, num_clients=0)
+    build_scaffold(model_fn, sgd(0.1), num_clients=0)
   with pytest.raises(ValueError, match='model_aggregator'):
-    build_scaffold(model_fn, client_lr=0.1, model_aggregator='mean')
+    build_scaffold(model_fn, sgd(0.1), model_aggregator='mean')
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -198,8 +204,8 @@ def _tiny_client_setup(seed=0, n=11):
 
 
 def _run_client(model, x, y, batch, lr, momentum, server_c, client_c):
-  update_fn = scaffold.build_scaffold_client_update(tiny_model_fn, lr, tff.learning.ClientWeighting.NUM_EXAMPLES,
-                                                    client_momentum=momentum)
+  update_fn = scaffold.build_scaffold_client_update(tiny_model_fn, sgd(lr, momentum),
+                                                    tff.learning.ClientWeighting.NUM_EXAMPLES)
   batches = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(batch)
   result, delta, new_control, _, _ = update_fn(tff.learning.models.ModelWeights.from_model(model), batches,
                                                tf.data.Dataset.from_tensors(client_c), server_c)
@@ -245,7 +251,7 @@ def test_client_weighting_of_the_model_updates(weighting):
   rng = np.random.default_rng(2)
   sizes, lr, server_lr, batch = (3, 9), 0.1, 1.0, 4
   data = [(rng.normal(size=(n, 3)).astype(F32), rng.integers(0, 2, size=n).astype(np.int32)) for n in sizes]
-  process = build_scaffold(tiny_model_fn, client_lr=lr, server_lr=server_lr, client_weighting=weighting)
+  process = build_scaffold(tiny_model_fn, sgd(lr), server_lr=server_lr, client_weighting=weighting)
   store = fixtures.ClientStateHolder(process)
   state = process.initialize()
   params = list(process.get_model_weights(state).trainable)
@@ -260,12 +266,6 @@ def test_client_weighting_of_the_model_updates(weighting):
     np.testing.assert_allclose(got, p - server_lr * mean, rtol=1e-5, atol=1e-6)
 
 
-def test_invalid_client_momentum(digits_setup):
-  _, _, model_fn = digits_setup
-  with pytest.raises(ValueError, match='client_momentum'):
-    build_scaffold(model_fn, client_lr=0.1, client_momentum=1.0)
-
-
 def test_secure_control_mean_equals_the_plain_one_within_the_secure_bound():
   """secure=True: the control deltas' mean goes through the secure mean; the new server control is the plain
   (`federated_mean`) one to within `secure_mean.error_bound` for weight-1 clients (round one, c = c_i = 0: the
@@ -278,7 +278,7 @@ def test_secure_control_mean_equals_the_plain_one_within_the_secure_bound():
   params = [rng.normal(scale=0.3, size=(3, 2)).astype(F32), rng.normal(scale=0.3, size=(2,)).astype(F32)]
   controls = {}
   for secure in (False, True):
-    process = build_scaffold(tiny_model_fn, client_lr=lr, server_lr=1.0, secure=secure,
+    process = build_scaffold(tiny_model_fn, sgd(lr), server_lr=1.0, secure=secure,
                              value_bound=bound if secure else None)
     store = fixtures.ClientStateHolder(process)
     state = process.set_model_weights(process.initialize(), tff.learning.models.ModelWeights(params, []))
@@ -302,4 +302,4 @@ def test_secure_control_mean_equals_the_plain_one_within_the_secure_bound():
 
 def test_secure_needs_a_value_bound():
   with pytest.raises(ValueError, match='value_bound'):
-    build_scaffold(tiny_model_fn, client_lr=0.1, secure=True)
+    build_scaffold(tiny_model_fn, sgd(0.1), secure=True)
