@@ -2,22 +2,8 @@
 
     python -m training.demo [--rounds=25] [--output_dir=outputs/demo] [--client_execution=local]
 
-The setup is the GMA study's `label10` (label skew k = 2, 10 clients all taking part, CNN, FedAvg, 1 local epoch,
-batch 16; `training.studies.gma`), and each method trains with the hyperparameters the study chose for it there
-(`--study_results`, the study's `results.json` kept as `docs/gma_study.json`; the methods the study does not tune
-take FedAvg-mean's learning rates; without the study's choice, or with other demo flags, the defaults; the header
-says which). Besides accuracy the table shows what else the library is for:
-
-* `audit`: the static audit of the method's round (`tff_gma.audit`: PASS when client data reaches the server only
-  through means and secure sums; the client metrics go through secure sums here, `secure_sum_then_finalize`);
-* `omniscient`: the test accuracy after `OMNISCIENT_ROUNDS` rounds from the same start with 25% of the clients corrupted
-  by the omniscient attack (`training.engine.corruption`: a simulated attacker that knows every honest update of the
-  round and sends updates that turn the weighted mean into minus the honest mean), for the methods whose client work the
-  attack can corrupt.
-
-Prints a progress bar per run, then the comparison table, and writes per-round metrics (CSV), a summary (JSON)
-and the table (Markdown) into a fresh timestamped folder under --output_dir.
-"""
+The GMA study's `label10` setup, each method with the study's hyperparameters (`--study_results`); the table adds
+each method's privacy audit and its accuracy under the omniscient attack. Setup, table: docs/results.md#the-demo"""
 
 from __future__ import annotations
 

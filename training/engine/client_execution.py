@@ -1,45 +1,9 @@
 """Where a round's client training runs: in the TFF worker (`worker`, the default) or in this process (`local`).
 
-TFF 0.87.0's PyPI wheel runs every computation in its C++ `worker_binary`, built without GPU support: a
-`tf.device('/GPU:0')` inside a computation is silently soft-placed on the worker's CPU. TensorFlow in this Python
-process is a CUDA build, so a GPU can only be used here, in the driver. `local` mode therefore splits the round
-at `training.engine.fedavg_family.Components`:
-
-* the client work's math runs in this process, on its TensorFlow devices (every visible GPU, clients assigned
-  round-robin and the devices run concurrently; the CPU when there is no GPU, said once in a warning), with the
-  run's client loop (`fedavg_family.client_loop`, `LocalClientTrainer`): the in-graph loop's update
-  (`tff_gma.learning.in_graph.build_examples_update`) in a TF1 graph and session per trainer (`_SessionUpdate`:
-  TFF 0.87's functional Keras model predicts only in a graph), or with `--client_loop=iterator` (and where the
-  in-graph loop does not apply) the client update function the worker's client work wraps (TFF's
-  `build_model_delta_client_work`'s; FedProx: `tff_gma.learning.fed_prox.build_fed_prox_update`, the paper's
-  proximal term, where TFF's FedProx has the opposite sign), with the same DATASET_ITERATOR loop;
-* the clients' results (update, weight, unfinalized metrics) go into ONE federated computation run by the TFF
-  worker (`build_server_round`): the distributor's state and measurements, the aggregator (GMA, RFA, ... : the
-  same federated computation the audit checks), the finalizer, and the client metrics' aggregation (TFF's
-  `sum_then_finalize`, or the run's metrics aggregator) over the clients' values placed at CLIENTS. Its state is
-  the worker-mode process's state (`LearningAlgorithmState`), so checkpoints, `get_model_weights` and resuming
-  are unchanged, and its metrics have the worker-mode structure (the two result types are checked equal).
-
-What `local` mode does not run (refused by `check`, with the reason):
-* the methods whose client work is the project's own TFF computation (Elastic, FedGMA, SCAFFOLD, personalized
-  RFA, `tff_gma.learning`): their client work returns more than an update and a weight (sensitivities, masks,
-  control variates, personal parameters), each consumed by its own server logic; moving it needs a driver-side
-  copy of each method's client update and server computation, not written;
-* update corruption (`gaussian`, `omniscient`): it lives inside the corrupted client work
-  (`training.engine.corruption.build_corrupted_client_work`) with its own client data and a `corrupted_clients`
-  measurement; data corruptions (`data_negate`, `data_flip_labels`) are plain data and run in either mode;
-* several workers (`--workers`): that splits the client work over workers, the opposite of this mode.
-
-Equivalence: from the same state and the same client datasets (in the same order), both modes compute the same
-round up to float32 rounding (the worker's statically linked TensorFlow and this process's may pick other
-kernels, e.g. oneDNN's, so sums are reduced in another order); models with dropout draw other masks.
-In this process, the two client loops give the same updates bit for bit in the cases measured (FedAvg on the
-logistic model and the digits CNN, FedProx on the logistic model) and within one float32 rounding step for the
-CNN with FedProx (the session's graph optimizer and the `tf.function`'s may fuse differently); the tests assert
-float32 tolerance. Speed on this 2-core CPU (one run, 5 rounds, medians, the study paused): LeNet, 10 clients of
-600, 0.79 s against the iterator loop's 0.93 s; clients of 120-144 examples within the noise of each other (the
-eager read of a client's dataset, 12-15 ms here, is most of such a client's time in either loop).
-"""
+TFF 0.87's worker has no GPU support, so `local` runs the FedAvg family's client work in this process's TensorFlow
+(its GPUs, if any), then the rest of the round (aggregator, finalizer, metrics) in ONE computation in the worker
+(`build_server_round`), with the worker mode's state and metrics. Refused (`check`): the composed methods, update
+corruption, several workers. Detail and equivalence: docs/runtime.md#gpu-and-client-execution-modes"""
 
 from __future__ import annotations
 

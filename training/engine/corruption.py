@@ -1,30 +1,9 @@
 """Corruption models of the RFA paper (Sec. 5.1), for simulation: data poisoning and update poisoning.
 
-A fixed set of `num_corrupted(num_clients, rho)` clients, drawn from the seed (`corrupted_clients`), is corrupted
-for the whole run. The corruptions (`CORRUPTIONS`, the runner's `--corruption`):
-
-* `data_negate`: the corrupted clients' images are negated, x -> 1 - x (images in [0, 1]; the RFA paper's
-  "negative image"), labels unchanged (`poison_data`).
-* `data_flip_labels`: the corrupted clients' labels are flipped, y -> C - 1 - y with C classes (a fixed
-  permutation without fixed points for even C), images unchanged (`poison_data`).
-* `gaussian`: a corrupted client's model update is replaced by Gaussian noise N(0, s^2 I), s^2 the variance of the
-  components of its honest update (all tensors flattened together), drawn inside the TFF client work from a
-  stateless seed that is a function of (seed, round, client) only, so a resumed run draws the same noise.
-* `omniscient`: the corrupted clients' updates are chosen so that the weighted arithmetic mean over the round's
-  selected clients is the negative of the honest weighted mean (the weighted mean of the updates all selected
-  clients would have sent honestly). THIS IS A SIMULATED ATTACKER WITH KNOWLEDGE NO REAL CLIENT HAS: it needs
-  every selected client's honest update of the round. The harness (`CorruptedRounds`) computes them with a
-  separate computation (`CorruptedLearningProcess.honest_client_results`, the round's client work without
-  aggregation, `fedavg_family.build_client_results`), solves for the attack vector in NumPy (`omniscient_attack`) and
-  hands it to the corrupted clients as client data; their client work sends it instead of their update. The deployed
-  round computation does nothing of the sort: it only runs the client work that a client's data tells it to run.
-
-Update corruption lives in the client work (`build_corrupted_client_work`, a `ClientWorkProcess` wrapping TFF's
-model-delta client work): the process's client data are `OrderedDict(data=<batches>, corruption=<dataset of one
-element OrderedDict(code, seed, attack)>)` -- TFF's client-work template accepts only sequences as client data,
-hence the one-element dataset. A corrupted client's update is set before aggregation, so it sends the same vector
-in every pass of an iterative aggregate such as RFA's (the paper's corruption model); it keeps its honest weight.
-"""
+A fixed, seeded set of clients (`corrupted_clients`) is corrupted for the whole run (`CORRUPTIONS`): data poisoned
+before training (`poison_data`), or updates replaced inside the client work (`build_corrupted_client_work`), the
+omniscient attack computed by the harness from the round's honest updates (`CorruptedRounds`), a simulated attacker
+no real client could be. Each corruption: docs/experiments.md#corruption-models"""
 
 from __future__ import annotations
 
@@ -219,7 +198,7 @@ def _corruption_element_type(update_type) -> tff.StructWithPythonType:
 
 def build_corrupted_client_work(
     inner: tff.learning.templates.ClientWorkProcess) -> tff.learning.templates.ClientWorkProcess:
-  """`inner` whose clients may send a corrupted update instead of their own (see the module docstring).
+  """`inner` whose clients may send a corrupted update instead of their own (docs/experiments.md#corruption-models).
 
   The client data become `OrderedDict(data=<inner's client data>, corruption=<dataset of at most one
   OrderedDict(code=int32, seed=int64[2], attack=<update>)>)`; an empty corruption dataset means honest. The state

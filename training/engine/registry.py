@@ -1,58 +1,9 @@
 """The one registry of methods: a record per aggregator and per algorithm, saying what it is and what it supports.
 
-A method is an algorithm (`ALGORITHMS`) with an aggregator (`AGGREGATORS`); `resolve` turns the demo's and the
-benchmark's short names into the pair, `check` refuses the pairs (and the modes) the records rule out. What a
-method is, what it reads and what it supports is read from its records (`check`, `check_settings`, `used_settings`,
-`method_names`, `is_private` and the fields below); a driver names a method only for what no record says (a study's
-arms, the RFA weight audit's replay of `rfa`/`rfa_one_step`). The FedAvg family's members differ in their
-optimizers, told apart by `config.AlgorithmConfig.name` (`training.engine.fedavg_family`; GMA's placement with an
-adaptive server in `training.engine.methods`).
-
-* `Aggregator.kind`: `MODEL_AGGREGATOR`, a `tff.aggregators.WeightedAggregationFactory` built from
-  `config.AggregatorParams` and given to the algorithm as its `model_aggregator`; or `PROCESS`, an aggregation
-  that is a learning process of its own (Elastic aggregation: its clients also send their parameter sensitivity),
-  run with the FedAvg-family algorithms whose client and server optimizers it takes.
-* `Algorithm.kind`: `FEDAVG_FAMILY` (one client work, `training.engine.fedavg_family`; any model aggregator,
-  both client-execution modes, update corruption) or `COMPOSED` (a process of `tff_gma.learning` with its own
-  client work: TFF worker only, no update corruption).
-* `private`: the method's round passes the privacy audit (`tff_gma.audit`: client data reaches the server only
-  through means and secure sums) with secure client metrics; a method's verdict is its aggregator's and its
-  algorithm's together. `multi_worker`: one aggregation stage, so the round runs over several TFF workers.
-  `roles`: the drivers that list it (`DEMO`, `RFA_STUDY`). The registry contract test
-  (tests/training/registry_contract_test.py) builds every record and checks each declaration, so a new record is
-  tested with no test edit.
-
-Settings. `SETTINGS` are the method settings: the fields of `config.AlgorithmConfig`, `config.AggregatorParams` and
-`config.MethodParams` (named as the runner's flags), less the algorithm's name and `client_loop` (how a FedAvg-family
-client walks its batches, not what it computes; the summary records the loop used, none for the others). Each
-record's `reads` names the settings it reads. A builder takes exactly those, as typed keyword-only arguments, and
-its record's `reads` is read off its signature (`_reads`), so the two cannot disagree; before them come the
-structural arguments it uses (`model_fn`, `model_aggregator`, `metrics_aggregator`, `num_clients`,
-`client_optimizer`, `server_optimizer`), all passed by name by `_call`. The optimizers are built once, by
-`build_process` from the run's `config.AlgorithmConfig` (`fedavg_family.client_optimizer`, `server_optimizer`): a
-`PROCESS` aggregator gets its algorithm's, a composed algorithm that takes them FedAvg's, and such an algorithm's
-`reads` adds their settings (`_OPTIMIZER_READS`). The FedAvg family's records list the optimizer settings
-`training.engine.fedavg_family` reads. A method reads its algorithm's and its aggregator's settings
-(`used_settings`); `secure_bound` only with `secure=True`; `corrupt_fraction` also under any `--corruption` (the
-corruption level).
-
-`check_settings` refuses, in one line naming the setting and the method, a setting the method does not read whose
-value differs from its default: "set by the user" means "not the default", since a flagfile may carry every
-default and a value equal to the default changes nothing. It also refuses a value its aggregator cannot take
-although the setting's own range allows it (`Aggregator.upper_bounds`). The runner calls it in
-`experiment.validate`, so such a setting fails before anything is written; the benchmark calls it on its entries.
-A setting's own range is checked where its dataclass is built (`training.config`), once: nothing here checks a
-value again, and the library's factories and builders check their own arguments.
-
-The baselines of the RFA robustness study (`median`, `trimmed_mean`, `krum`) collect every client's update at the
-server (`tff_gma.aggregators.robust_baselines`): `secure=True` is refused with them (`Aggregator.refusals`),
-whatever the algorithm. `clip_mean`, `zeroing_mean` are TFF's own norm clipping/zeroing in front of a weighted
-mean; with `secure=True` the weighted mean is `tff_gma.aggregators.SecureWeightedMeanFactory(secure_bound)`, TFF's
-norm estimate sums its indicators with a secure sum (`PrivateQuantileEstimationProcess.no_noise(
-secure_estimation=True)`) and the clipped/zeroed count is a secure sum too. `trimmed_mean` and `krum` are told
-the corruption level (`corrupt_fraction`), as in the RFA paper, below one half. FedGMA's gradient mean is secure under
-`secure=True` (bounded by `secure_bound`, like the model updates).
-"""
+A method is an algorithm (`ALGORITHMS`) with an aggregator (`AGGREGATORS`). What it is, the settings it reads (read
+off its builder's keyword-only parameters) and what it supports come from its records (`check`, `check_settings`,
+`used_settings`, `is_private`), so a driver names a method only for what no record says. The records' fields, the
+settings and their checks, the robust baselines' refusals: docs/experiments.md#the-method-registry"""
 
 from __future__ import annotations
 
@@ -72,7 +23,8 @@ from training.engine import client_execution as client_execution_lib
 from training.engine import fedavg_family
 
 _SETTING_CLASSES = (config_lib.AlgorithmConfig, config_lib.AggregatorParams, config_lib.MethodParams)
-# The method settings (module docstring): every field of the three dataclasses but these two.
+# The method settings (docs/experiments.md#the-method-registry): every field of the three dataclasses but these
+# two: the algorithm's name and `client_loop` (how a FedAvg-family client walks its batches, not what it computes).
 _NOT_SETTINGS = ('name', 'client_loop')
 SETTINGS = tuple(f.name for c in _SETTING_CLASSES for f in dataclasses.fields(c) if f.name not in _NOT_SETTINGS)
 DEFAULTS = {name: value for c in _SETTING_CLASSES for name, value in dataclasses.asdict(c()).items()
@@ -111,7 +63,7 @@ def _call(builder: Callable[..., Any], settings: Mapping[str, Any], **structural
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Builders (module docstring: keyword-only parameters are the settings each reads).
+# Builders: their keyword-only parameters are the settings each reads (docs/experiments.md#the-method-registry).
 
 
 def _mean(*, secure: bool, secure_bound: Optional[float]) -> tff.aggregators.WeightedAggregationFactory:
@@ -232,10 +184,15 @@ _BOTH_MODES = client_execution_lib.MODES
 
 @dataclasses.dataclass(frozen=True)
 class Aggregator:
-  """An aggregator the drivers can name (see the module docstring for the fields)."""
+  """An aggregator the drivers can name (docs/experiments.md#the-method-registry)."""
   name: str
   description: str
+  # MODEL_AGGREGATOR: a WeightedAggregationFactory from `config.AggregatorParams`, the algorithm's
+  # `model_aggregator`; PROCESS: a learning process of its own (Elastic: its clients also send their parameter
+  # sensitivity), run with the FedAvg-family algorithms whose client and server optimizers it takes.
   kind: str
+  # Passes the privacy audit (client data reach the server only through means and secure sums) with secure client
+  # metrics; a method's verdict is its aggregator's and its algorithm's together.
   private: bool
   # A MODEL_AGGREGATOR's factory, from its settings (keyword-only, `reads`).
   build: Optional[Callable[..., tff.aggregators.WeightedAggregationFactory]] = None
@@ -244,8 +201,8 @@ class Aggregator:
   # among `reads`.
   probe: Optional[Callable[..., tuple[str, tff.aggregators.WeightedAggregationFactory]]] = None
   algorithms: tuple[str, ...] = config_lib.FEDAVG_FAMILY + ('fedgma', 'scaffold', 'personalized')
-  multi_worker: bool = True
-  roles: frozenset[str] = frozenset()
+  multi_worker: bool = True  # One aggregation stage, so the round runs over several TFF workers.
+  roles: frozenset[str] = frozenset()  # The drivers that list it (DEMO, RFA_STUDY).
   # A GMA factory with an adaptive server (FedAdam, FedYogi): True, the GMA paper's Algorithm 2 (the moments see
   # the unmasked mean, the mask scales the step); False, the drop-in placement (the factory inside TFF's builder:
   # the mask before the optimizer). The SGD servers' two placements are one computation.
@@ -261,16 +218,19 @@ class Aggregator:
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-  """An algorithm the drivers can name (see the module docstring for the fields)."""
+  """An algorithm the drivers can name (docs/experiments.md#the-method-registry)."""
   name: str
   description: str
+  # FEDAVG_FAMILY: one client work (`fedavg_family`), any model aggregator, both client-execution modes, update
+  # corruption; COMPOSED: a process of `tff_gma.learning` with its own client work (TFF worker only, no update
+  # corruption).
   kind: str
-  private: bool
+  private: bool  # As `Aggregator.private`.
   build_process: Optional[ProcessBuilder] = None  # A COMPOSED algorithm's learning process.
   default_aggregator: str = 'mean'  # The aggregator of the algorithm's short name (`resolve`).
-  client_execution: tuple[str, ...] = _BOTH_MODES
-  update_corruption: bool = True
-  multi_worker: bool = True
+  client_execution: tuple[str, ...] = _BOTH_MODES  # The modes its clients can train in (`client_execution`).
+  update_corruption: bool = True  # Runs with the corruptions inside the client work (UPDATE_CORRUPTIONS).
+  multi_worker: bool = True  # As `Aggregator.multi_worker`.
   # Keeps personal parameters on the clients: each client holds out examples to evaluate its personal model.
   personal_evaluation: bool = False
   roles: frozenset[str] = frozenset()
@@ -420,7 +380,8 @@ def probe(name: str, aggregator_params: config_lib.AggregatorParams, method_para
 
 def used_settings(algorithm_name: str, aggregator_name: str, settings: Mapping[str, Any],
                   corruption: str = 'none') -> frozenset[str]:
-  """The settings the method reads with these `settings` (module docstring)."""
+  """The settings the method reads with these `settings`: its algorithm's and its aggregator's; `secure_bound` only
+  with `secure=True`; `corrupt_fraction` also under any `corruption` (the corruption level)."""
   used = set(algorithm(algorithm_name).reads) | set(aggregator(aggregator_name).reads)
   if corruption != 'none':
     used.add('corrupt_fraction')  # The corruption level.
@@ -445,7 +406,8 @@ def check_settings(algorithm_name: str, aggregator_name: str, settings: Mapping[
                    corruption: str = 'none') -> None:
   """Raises ValueError, one line naming the setting and the method, for a setting in `settings` (`settings_of`)
   that the method does not read and that differs from its default, or that its aggregator cannot take
-  (`Aggregator.refusals`, `Aggregator.upper_bounds`; module docstring)."""
+  (`Aggregator.refusals`, `Aggregator.upper_bounds`). "Set" means "not the default": a flagfile may carry every
+  default. Ranges are the settings' dataclasses' (`training.config`), not checked again here."""
   for name, why in aggregator(aggregator_name).refusals:
     if name in settings and settings[name] != DEFAULTS[name]:
       raise ValueError(f'{name}: aggregator {aggregator_name!r} {why} and cannot run with {name}={settings[name]!r} '

@@ -1,40 +1,9 @@
 """RFA's effective weights, replayed by the simulation harness (RFA paper, Proposition 3).
 
-RFA's privacy argument (RFA paper, Sec. 4, "Privacy Preservation") has two parts: every pass of the smoothed
-Weiszfeld algorithm is a secure average, so the server sees only aggregates; and the *effective weights* of those
-averages, beta_i = b_i / sum_j b_j, stay bounded away from 1 (Proposition 3), so that no aggregate is in effect a
-single client's update. The first part is static (`tff_gma.audit.audit_computation`); the second depends on the
-data: a client whose update lies very close to the estimate gets b_i = a_i / max(nu, d_i) far above everyone
-else's, and the "average" of that pass is then (nearly) its update.
-
-The deployed computation must not compute this: the largest weight is a max over clients, exactly what a secure
-aggregation must not send to the server. The simulation harness already holds every client's data, so it
-recomputes the round's client updates itself and replays the aggregation in NumPy:
-
-  * `build_client_updates(model_fn, algorithm)` returns a `ClientUpdates` that runs the very client work of
-    `fedavg_family.build_learning_process` (`fedavg_family.build_client_work`) on the round's datasets from the round's
-    global model. Its result is placed at CLIENTS; in simulation it comes back to Python as one update and one weight
-    per client. The client work is deterministic given the datasets (whose shuffling
-    `training.runner.round_loop.client_dataset` seeds), so these are the updates the learning process aggregates in that
-    round.
-  * `replay_rfa(updates, weights, ...)` runs `GeometricMedianFactory`'s smoothed Weiszfeld algorithm in float64
-    with the factory's exact weights b'_i = a_i * c / max(c, d_i) (`tff_gma.aggregators.weiszfeld`), dropping
-    rule, and smoothing c (nu; in secure mode the clipping to the bounds and c = max(nu, S / K)). The normalized
-    weights b'_i / sum_j b'_j are invariant to the common factor c, so they are the paper's beta_i.
-  * `rfa_weight_report(...)` = the replay's largest normalized weight per pass and over the round, with a
-    `DominatedAggregateWarning` (and `dominated=True`) when it exceeds `bound`.
-  * `RfaWeightMonitor` ties them together for a training loop (one call per round, *before* `process.next`).
-
-Differences from the deployed aggregation: the replay works in float64, the factory in float32 (relative
-differences around 1e-6); in secure mode the factory's quantization (`secure_mean`, error of order
-value_bound / 2**32 per coordinate) is not replayed. Pass 1 of Weiszfeld is the plain weighted mean, so its
-normalized weights are a_i / sum_j a_j: a client with most of the examples dominates that aggregate too, and
-the report says so.
-
-The harness trains every participant twice per round (once here, once in the process): an audit cost, paid
-only when the report is enabled. Not covered: update corruption (the replay sees the honest updates, not the
-attack a corrupted client sends) and personalized RFA (another client work).
-"""
+RFA's privacy argument needs each Weiszfeld pass's normalized weights b_i / sum_j b_j bounded away from 1; the
+deployed computation must not compute that max over clients, so the harness recomputes the round's client updates
+(`build_client_updates`), replays the aggregation in float64 NumPy (`replay_rfa`) and reports the largest weight
+(`rfa_weight_report`, `RfaWeightMonitor`). Detail: docs/experiments.md#rfas-effective-weights-replayed"""
 
 from __future__ import annotations
 
@@ -142,7 +111,10 @@ def _objective(estimate: np.ndarray, points: np.ndarray, weights: np.ndarray) ->
 
 
 def replay_rfa(client_updates: Sequence[Any], client_weights: Sequence[float], settings: RfaSettings) -> RfaReplay:
-  """`GeometricMedianFactory`'s aggregation of these updates, in NumPy (see the module docstring)."""
+  """`GeometricMedianFactory`'s aggregation of these updates, replayed in float64 NumPy.
+
+  Its exact weights, dropping rule and smoothing: docs/experiments.md#rfas-effective-weights-replayed.
+  """
   if len(client_updates) != len(client_weights):
     raise ValueError(f'client_updates and client_weights differ in length: {len(client_updates)} vs '
                      f'{len(client_weights)}')
