@@ -175,6 +175,9 @@ ProcessBuilder = Callable[..., tff.learning.templates.LearningProcess]
 MODEL_AGGREGATOR = 'model_aggregator'
 PROCESS = 'process'
 FEDAVG_FAMILY = 'fedavg_family'
+# `Aggregator.weight_replay`: how the RFA weight audit replays the aggregator.
+WEISZFELD = 'weiszfeld'
+ONE_STEP = 'one_step'
 COMPOSED = 'composed'
 DEMO = 'demo'  # Listed by the demo (training.demo).
 RFA_STUDY = 'rfa_study'  # Compared by the RFA robustness study (training.studies.rfa).
@@ -214,6 +217,9 @@ class Aggregator:
   # (setting, bound, why): a setting it reads that must lie below `bound` with it, narrower than the setting's own
   # range (the robust baselines' corruption level), refused by `check_settings` in the flag's name.
   upper_bounds: tuple[tuple[str, float, str], ...] = ()
+  # RFA's simulation-only weight audit (`--rfa_weight_bound`, `training.engine.rfa_weights`) replays it:
+  # WEISZFELD (num_passes passes from rfa_init) or ONE_STEP (one reweighted average from the zero update); None, not.
+  weight_replay: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,10 +246,10 @@ class Algorithm:
 
 
 def _model_aggregator(name, description, build, *, private=True, multi_worker=True, roles=(), mask_on_step=True,
-                      refusals=(), upper_bounds=()):
+                      refusals=(), upper_bounds=(), weight_replay=None):
   return Aggregator(name, description, MODEL_AGGREGATOR, private, build, multi_worker=multi_worker,
                     roles=frozenset(roles), mask_on_step=mask_on_step, reads=_reads(build), refusals=refusals,
-                    upper_bounds=upper_bounds)
+                    upper_bounds=upper_bounds, weight_replay=weight_replay)
 
 
 # The settings behind the structural optimizers (`fedavg_family.client_optimizer`, `server_optimizer`).
@@ -281,9 +287,9 @@ _AGGREGATORS = (
                       mask_on_step=False),
     # Weiszfeld's passes are sequential aggregations: one stage per pass, more than TFF's multi-worker context runs.
     _model_aggregator('rfa', 'geometric median, smoothed Weiszfeld (num_passes secure averages)', _rfa,
-                      multi_worker=False, roles=(DEMO, RFA_STUDY)),
+                      multi_worker=False, roles=(DEMO, RFA_STUDY), weight_replay=WEISZFELD),
     _model_aggregator('rfa_one_step', 'one-step RFA (a single reweighted secure average)', _rfa_one_step,
-                      roles=(DEMO, RFA_STUDY)),
+                      roles=(DEMO, RFA_STUDY), weight_replay=ONE_STEP),
     # The baselines collect every update at the server: secure=True is refused with them.
     _model_aggregator('median', 'coordinate-wise median (NOT private: every update at the server)', _median,
                       private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES),

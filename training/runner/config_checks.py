@@ -128,7 +128,8 @@ def _check_combinations(config: config_lib.ExperimentConfig) -> None:
   registry.check_settings(config.algorithm, config.aggregator, registry.settings_of(config), config.corruption)
   if config.rfa_weight_bound is not None:
     rfa_weights.check_bound(config.rfa_weight_bound)
-    if config.aggregator not in ('rfa', 'rfa_one_step') or config.algorithm not in config_lib.FEDAVG_FAMILY:
+    if (registry.aggregator(config.aggregator).weight_replay is None
+        or registry.algorithm(config.algorithm).kind != registry.FEDAVG_FAMILY):
       raise ConfigError('rfa_weight_bound: the RFA weight audit replays rfa/rfa_one_step under fedavg, fedprox, '
                         f'fedadam or fedyogi, not aggregator={config.aggregator!r}, algorithm={config.algorithm!r}')
     if config.corruption in corruption_lib.UPDATE_CORRUPTIONS:

@@ -20,6 +20,7 @@ import tensorflow_federated as tff
 from training import config as config_lib
 from training.engine import client_execution as client_execution_lib
 from training.engine import corruption as corruption_lib
+from training.engine import registry
 from training.engine import rfa_weights
 from training.engine import worker_datasets
 from training.runner import background
@@ -54,7 +55,7 @@ def start_training(config: config_lib.ExperimentConfig, setup: run_setup.Setup, 
   in this process too)."""
   monitor = None
   if config.rfa_weight_bound is not None:  # Simulation harness only: it replays RFA on the round's updates.
-    one_step = config.aggregator == 'rfa_one_step'
+    one_step = registry.aggregator(config.aggregator).weight_replay == registry.ONE_STEP
     monitor = rfa_weights.RfaWeightMonitor(
         setup.model_fn, config.algorithm_config(), config.rfa_weight_bound,
         rfa_weights.RfaSettings(num_passes=1 if one_step else config.num_passes, smoothing=config.smoothing,
