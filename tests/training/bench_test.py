@@ -19,7 +19,9 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from tff_gma import models
 from training import config as config_lib
+from training.bench import candidates
 from training.bench import cli as bench
+from training.bench import presets
 from training.bench import runner_runs
 from training.bench import sections
 from training.bench import small_rounds
@@ -187,12 +189,12 @@ def _settings(*argv):
 
 
 def test_flags_pick_a_preset_and_override_it():
-  assert _settings() == sections.Settings()
-  assert _settings('--quick').round_repetitions == sections.QUICK.round_repetitions
+  assert _settings() == presets.Settings()
+  assert _settings('--quick').round_repetitions == presets.QUICK.round_repetitions
   smoke = _settings('--smoke', '--aggregation_sizes=10,20', '--seed=3')
-  assert smoke.aggregation_sizes == (10, 20) and smoke.seed == 3 and smoke.model == sections.SMOKE.model
+  assert smoke.aggregation_sizes == (10, 20) and smoke.seed == 3 and smoke.model == presets.SMOKE.model
   assert _settings('--aggregators=gma,rfa+num_passes=5,gma').aggregators == ('mean', 'gma', 'rfa+num_passes=5')
-  assert _settings('--profile=stock_fedavg,mean').sections == sections.SECTIONS
+  assert _settings('--profile=stock_fedavg,mean').sections == presets.SECTIONS
 
 
 @pytest.mark.parametrize('argv, flag', [
@@ -218,27 +220,27 @@ def test_invalid_flags_are_refused_naming_the_flag(argv, flag):
 
 def test_every_registered_aggregator_is_a_default_candidate_built_by_the_registries():
   # No table of its own: the defaults start with every aggregator the methods know, and each builds.
-  assert sections.AGGREGATORS[:len(registry.AGGREGATORS)] == tuple(registry.AGGREGATORS)
-  for entry in sections.AGGREGATORS + sections.Settings().scaling_aggregators:
-    candidate = sections.parse_candidate(entry)
+  assert presets.AGGREGATORS[:len(registry.AGGREGATORS)] == tuple(registry.AGGREGATORS)
+  for entry in presets.AGGREGATORS + presets.Settings().scaling_aggregators:
+    candidate = candidates.parse_candidate(entry)
     assert (candidate.algorithm, candidate.aggregator) == registry.resolve(entry.split('+')[0])
-    kind, factory = sections.probe_factory(candidate, sections.PROBE_VALUE_BOUND)
+    kind, factory = candidates.probe_factory(candidate, presets.PROBE_VALUE_BOUND)
     assert kind == ('update_and_sensitivity' if candidate.aggregator == 'elastic' else 'vector')
     assert isinstance(factory, tff.aggregators.WeightedAggregationFactory)
-  assert isinstance(sections.probe_factory(sections.parse_candidate('rfa'), 1.0)[1], type(registry.build('rfa')))
+  assert isinstance(candidates.probe_factory(candidates.parse_candidate('rfa'), 1.0)[1], type(registry.build('rfa')))
 
 
 def test_entries_carry_aggregator_and_method_settings():
-  secure = sections.parse_candidate('gma_binary+secure+tau=0.3')
+  secure = candidates.parse_candidate('gma_binary+secure+tau=0.3')
   assert (secure.algorithm, secure.aggregator) == ('fedavg', 'gma_binary')
   assert secure.aggregator_params == config_lib.AggregatorParams(tau=0.3, secure=True)
   assert secure.params(2.0).secure_bound == 2.0  # The section's bound where the entry sets none...
-  assert sections.parse_candidate('gma+secure+secure_bound=0.5').params(2.0).secure_bound == 0.5  # ...else its own.
-  assert sections.parse_candidate('rfa').params(2.0).secure_bound is None
-  elastic = sections.parse_candidate('elastic+elastic_tau=0.7')
+  assert candidates.parse_candidate('gma+secure+secure_bound=0.5').params(2.0).secure_bound == 0.5  # ...else its own.
+  assert candidates.parse_candidate('rfa').params(2.0).secure_bound is None
+  elastic = candidates.parse_candidate('elastic+elastic_tau=0.7')
   assert elastic.method_params == config_lib.MethodParams(elastic_tau=0.7)
-  assert sections.parse_candidate('fedavg/rfa+rfa_init=zero').aggregator_params.rfa_init == 'zero'
-  assert sections.probe_factory(sections.parse_candidate('scaffold'), 1.0) is None  # Composed: rounds only.
+  assert candidates.parse_candidate('fedavg/rfa+rfa_init=zero').aggregator_params.rfa_init == 'zero'
+  assert candidates.probe_factory(candidates.parse_candidate('scaffold'), 1.0) is None  # Composed: rounds only.
 
 
 def test_targets_are_checked_against_issue_limits():
@@ -301,7 +303,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   assert all(positive_finite(r) for r in result['round_time_ratio'].values())
   assert all(positive_finite(r) for r in result['round_cpu_ratio'].values())
   assert positive_finite(result['pipeline_throughput_ratio']) and positive_finite(result['iterator_loop_speedup'])
-  assert set(result['details']['rounds']['timings']) == {'mean', 'gma', *sections.PIPELINE}
+  assert set(result['details']['rounds']['timings']) == {'mean', 'gma', *presets.PIPELINE}
   assert list(result['aggregation_time_ratio']) == ['1000x3']
   assert all(positive_finite(r) for r in result['aggregation_time_ratio']['1000x3'].values())
   assert set(result['details']['aggregation']['timings']['1000x3']) == {'mean', 'gma', 'generation_vector'}
@@ -321,7 +323,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
 
 
 def test_client_execution_section_times_both_modes_and_says_where_they_trained(simulation_context):
-  settings = dataclasses.replace(sections.SMOKE, sections=('client_execution',),
+  settings = dataclasses.replace(presets.SMOKE, sections=('client_execution',),
                                  client_execution_models=('logistic', 'resnet18_gn'))
   section = sections.bench_client_execution(settings, [simulation_context.pid])
   assert list(section['client_execution_time_ratio']) == ['logistic', 'resnet18_gn']
@@ -357,13 +359,13 @@ def test_the_floor_computes_the_round_tffs_fedavg_computes(simulation_context, m
   # SGD-with-momentum epochs equals TFF's stock FedAvg round (server SGD at 1) to float32 rounding.
   del simulation_context
   from training.bench import floor as floor_lib  # pylint: disable=g-import-not-at-top
-  shape = sections.FLOOR_SHAPES[model]
+  shape = presets.FLOOR_SHAPES[model]
   rng = np.random.default_rng(1)
   arrays = [(rng.random((n, *shape), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)) for n in (7, 12)]
   spec = collections.OrderedDict(x=tf.TensorSpec([None, *shape], tf.float32), y=tf.TensorSpec([None], tf.int32))
   build_keras = models.keras_builder(model, shape, 10)
   model_fn = models.model_fn(build_keras, spec)
-  config = sections.ALGORITHM_CONFIG
+  config = presets.ALGORITHM_CONFIG
   process = sections._stock_process('stock_fedavg_iterator', model_fn)  # pylint: disable=protected-access
   tf.keras.utils.set_random_seed(0)
   start = [v.numpy() for v in build_keras().trainable_weights]
@@ -384,7 +386,7 @@ def test_the_floor_computes_the_round_tffs_fedavg_computes(simulation_context, m
 
 
 def test_floor_section_times_every_entry_as_a_ratio_to_the_floor(simulation_context):
-  section = sections.bench_floor(sections.SMOKE, [simulation_context.pid])
+  section = sections.bench_floor(presets.SMOKE, [simulation_context.pid])
   assert set(section['round_to_floor']['logistic']) == {*sections.FLOOR_ENTRIES[1:], 'project_beyond_one_batch'}
   assert all(math.isfinite(r) for r in section['round_to_floor']['logistic'].values())
   detail = section['models']['logistic']
@@ -435,7 +437,7 @@ def _small_markdown(section_name, section):
 
 
 def test_breakdown_section_times_every_probe_and_derives_the_parts(simulation_context):
-  section = small_rounds.bench_breakdown(sections.SMOKE, [simulation_context.pid])
+  section = small_rounds.bench_breakdown(presets.SMOKE, [simulation_context.pid])
   assert list(section['round_parts']) == ['logistic 2x20']
   case = section['cases']['logistic 2x20']
   probes = {'round_step', 'next', 'state_in_out', 'get_model_weights', 'dispatch', 'client_data', 'client_work',
@@ -452,7 +454,7 @@ def test_breakdown_section_times_every_probe_and_derives_the_parts(simulation_co
 
 
 def test_peers_section_times_the_three_rounds_as_ratios(simulation_context):
-  section = small_rounds.bench_peers(sections.SMOKE, [simulation_context.pid])
+  section = small_rounds.bench_peers(presets.SMOKE, [simulation_context.pid])
   ratios = section['peer_ratios']['logistic 2x20']
   assert set(ratios) == {'project_to_plain_tf', 'project_to_floor', 'plain_tf_to_floor', 'project_to_plain_tf_cpu',
                          'project_to_floor_cpu'}
@@ -478,7 +480,7 @@ def test_issue_37_targets_are_checked_for_their_cases():
 
 @pytest.mark.slow
 def test_runner_section_measures_the_runner_end_to_end():
-  section = runner_runs.bench_runner(sections.SMOKE)  # The digits' runner runs (two subprocesses).
+  section = runner_runs.bench_runner(presets.SMOKE)  # The digits' runner runs (two subprocesses).
   ratios = section['runner_ratios']
   assert set(ratios) == {'start_up_seconds', 'saving_share', 'saving_waited_share', 'study_to_floor',
                          'study_training_to_floor'}

@@ -11,6 +11,7 @@ from tff_gma.data import colored
 from tff_gma.data import federated
 from training.runner import experiment
 from training.studies import gma_fmnist_claims as claims
+from training.studies.shared import study_runs
 
 T_975_DF4 = 2.7764451051977987  # Student t, 97.5% quantile, 4 degrees of freedom (tables).
 
@@ -187,7 +188,7 @@ def test_collect_reports_whole_cells_only_and_pairs_seeds(monkeypatch):
     seed = int(output_dir.rsplit('seed', 1)[1])
     lift = 0.02 * (1 + 0.1 * seed) if '-gma-' in output_dir and key.startswith('ood') else 0.0
     return [0.5 + 0.01 * i + lift for i in range(12)]
-  monkeypatch.setattr(claims, '_curve', curve)
+  monkeypatch.setattr(study_runs, 'curve', curve)
   records = claims.collect(study)
   assert len(records) == len(claims.OOD_METHODS)
   rows = claims.comparisons(records)

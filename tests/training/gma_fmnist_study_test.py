@@ -1,5 +1,6 @@
-"""The Fashion-MNIST GMA study: its intervals and verdicts, the grid's edge rule, tuning over partitions, and the
-read-back of finished runs into the side-by-side report (on run directories the test writes)."""
+"""The Fashion-MNIST GMA study: tuning over partitions with the edge rule, its comparisons and claims, and the
+read-back of finished runs into the side-by-side report (on run directories the test writes). The intervals, verdicts
+and the edge rule's ladder steps are `training.studies.shared`'s (studies_shared_test.py)."""
 
 import csv
 import dataclasses
@@ -11,56 +12,13 @@ import tarfile
 
 import numpy as np
 import pytest
-from scipy import stats
 
 import tests
 from training.runner import experiment
-from training.studies import gma as gma_study
 from training.studies import gma_fmnist
+from training.studies.shared import fmnist_protocol
 
 _ROOT = tests.ROOT
-
-
-def test_t_quantiles_are_students_and_conservative_between_table_entries():
-  for df in range(1, 40):
-    exact = stats.t.ppf(0.975, df)
-    ours = gma_study.t_quantile_975(df)
-    assert ours >= exact - 5e-4  # Never narrower than the exact interval (table values are rounded to 3 places).
-    if df in gma_study._T975:  # pylint: disable=protected-access
-      assert ours == pytest.approx(exact, abs=5e-4)
-    assert ours <= exact * 1.03  # Between entries at most 3% wider.
-  with pytest.raises(ValueError, match='df'):
-    gma_study.t_quantile_975(0)
-
-
-def test_paired_interval_matches_scipys_t_interval():
-  rng = np.random.default_rng(0)
-  for n in (2, 5, 7):
-    d = rng.normal(0.4, 1.0, n)
-    mean, low, high = gma_study.paired_interval(d)
-    ref_low, ref_high = stats.t.interval(0.95, n - 1, loc=d.mean(), scale=stats.sem(d))
-    assert mean == pytest.approx(d.mean())
-    assert (low, high) == pytest.approx((ref_low, ref_high), abs=2e-3 * (ref_high - ref_low))
-  with pytest.raises(ValueError, match='at least 2'):
-    gma_study.paired_interval([1.0])
-
-
-def test_verdict_reads_the_interval():
-  assert gma_fmnist.verdict(0.1, 0.9) == 'GMA ahead'
-  assert gma_fmnist.verdict(-0.9, -0.1) == 'AVG ahead'
-  assert gma_fmnist.verdict(-0.1, 0.9) == 'undecided'
-  assert gma_fmnist.verdict(0.0, 0.5) == 'undecided'  # An interval touching 0 contains it.
-
-
-def test_beyond_steps_past_an_edge_of_the_grid_along_the_ladder():
-  ladder = gma_fmnist.SERVER_LR_LADDER
-  assert gma_fmnist.beyond(ladder, (1.0, 1.5, 2.0), 2.0) == 3.0
-  assert gma_fmnist.beyond(ladder, (1.0, 1.5, 2.0), 1.0) == 0.1
-  assert gma_fmnist.beyond(ladder, (1.0, 1.5, 2.0), 1.5) is None  # Inner value.
-  assert gma_fmnist.beyond(ladder, (0.001, 0.01), 0.001) is None  # The ladder's end.
-  # The ladders hold the paper's grid (App. D.4) and one step beyond each end.
-  assert set(gma_fmnist.CLIENT_LR_LADDER[1:-1]) == {0.001, 0.01, 0.05, 0.1}
-  assert set(gma_fmnist.SERVER_LR_LADDER[1:-1]) == {0.01, 0.1, 1.0, 1.5, 2.0}
 
 
 def _finish(study, run, score=None, test_curve=None, validation_curve=None):
@@ -135,10 +93,11 @@ def test_avg_gets_no_tau_stage_and_adaptive_servers_their_own_grid(tmp_path):
 
 
 def test_every_setting_and_method_is_a_valid_runner_config(tmp_path):
-  study = gma_fmnist.Study(list(gma_fmnist.SETTINGS), [], gma_fmnist.TUNE_SEEDS, gma_fmnist.FINAL_SEEDS,
+  study = gma_fmnist.Study(list(gma_fmnist.SETTINGS), [], fmnist_protocol.TUNE_SEEDS, fmnist_protocol.FINAL_SEEDS,
                            str(tmp_path))
-  assert len(gma_fmnist.FINAL_SEEDS) >= 5 and not set(gma_fmnist.FINAL_SEEDS) & set(gma_fmnist.TUNE_SEEDS)
-  assert len(gma_fmnist.TUNE_SEEDS) >= 2
+  assert len(fmnist_protocol.FINAL_SEEDS) >= 5
+  assert not set(fmnist_protocol.FINAL_SEEDS) & set(fmnist_protocol.TUNE_SEEDS)
+  assert len(fmnist_protocol.TUNE_SEEDS) >= 2
   for setting in study.settings:
     for method in study.methods[setting]:
       run = study.tuning_runs(setting, method, study.tuned(setting, method)[0][0])[0]
@@ -146,10 +105,10 @@ def test_every_setting_and_method_is_a_valid_runner_config(tmp_path):
       experiment.validate(config)
       assert (config.dataset, config.model, config.local_epochs, config.client_momentum) == (
           'fashion_mnist', 'lenet', 1, 0.9)
-      assert config.validation_fraction == gma_fmnist.VALIDATION_FRACTION
-  assert {m for m in gma_fmnist.METHODS} >= {(a, g) for a in ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
+      assert config.validation_fraction == fmnist_protocol.VALIDATION_FRACTION
+  assert {m for m in fmnist_protocol.METHODS} >= {(a, g) for a in ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
                                                for g in ('mean', 'gma')}
-  assert {('fedadam', 'gma_dropin'), ('fedyogi', 'gma_dropin')} <= set(gma_fmnist.METHODS)
+  assert {('fedadam', 'gma_dropin'), ('fedyogi', 'gma_dropin')} <= set(fmnist_protocol.METHODS)
 
 
 def test_collect_reads_finished_runs_back_into_the_side_by_side_report(tmp_path):
@@ -215,19 +174,6 @@ def test_a_run_the_runner_stopped_is_finished_and_scores_what_it_reached(tmp_pat
     json.dump({'best_validation_accuracy': None, 'rounds_completed': 4, 'stopped': 'stopped after round 5 of 30',
                'config': dataclasses.asdict(config)}, f)
   assert study.summary(run) is not None and study.score('fmnist_label500', ('fedavg', 'mean'), point) == 0.0
-
-
-def test_welch_interval_matches_scipys():
-  a, b = [1.0, 2.5, 0.3, 1.8, 2.2], [0.1, -0.4, 0.9, 0.2, -1.1]
-  mean, low, high = gma_fmnist._welch_interval(a, b)
-  va, vb = np.var(a, ddof=1) / 5, np.var(b, ddof=1) / 5
-  df = (va + vb) ** 2 / (va ** 2 / 4 + vb ** 2 / 4)
-  exact = stats.t.interval(0.95, df, loc=np.mean(a) - np.mean(b), scale=np.sqrt(va + vb))
-  assert mean == pytest.approx(np.mean(a) - np.mean(b))
-  # df rounded down: at least as wide as scipy's interval at the fractional df, and no wider than at floor(df).
-  assert low <= exact[0] and high >= exact[1]
-  floor = stats.t.interval(0.95, int(df), loc=mean, scale=np.sqrt(va + vb))
-  assert (low, high) == pytest.approx(floor, rel=1e-3)
 
 
 def test_equal_learning_rate_pairs_and_the_claims_read_the_tuning_runs(tmp_path):

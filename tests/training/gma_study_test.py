@@ -1,4 +1,4 @@
-"""The GMA study: its grid, tuning and convergence rules, verdicts, and a tiny grid end to end (two shards)."""
+"""The GMA study: its grid and tuning, verdicts, and a tiny grid end to end (two shards)."""
 
 import dataclasses
 import json
@@ -13,6 +13,7 @@ import pytest
 import tests
 from training.runner import experiment
 from training.studies import gma as gma_study
+from training.studies.shared import study_runs
 
 _ROOT = tests.ROOT
 
@@ -58,19 +59,12 @@ def test_the_winner_is_the_best_validation_score_once_every_run_finished(tmp_pat
 def test_a_final_stage_call_returns_when_tuning_is_unfinished(tmp_path, capsys):
   # It must not wait for tuning runs that no `final` shard runs (it used to poll forever with --shard=i/n).
   study = gma_study.Study(['label10'], ['fedavg/mean'], (0.01,), (), (0,), str(tmp_path))
-  call = threading.Thread(target=gma_study.run_all, args=(study, 'final', 0, 2, 0.01), daemon=True)
+  call = threading.Thread(target=study_runs.run_all, args=(study, 'final', 0, 2, 0.01), daemon=True)
   call.start()
   call.join(timeout=60)
   assert not call.is_alive(), 'run_all(stage=final) is still waiting for tuning runs'
   assert '1 (setting, method) cells wait for tuning' in capsys.readouterr().out
   assert not (tmp_path / 'runs').exists()  # Nothing ran.
-
-
-def test_convergence_rule():
-  assert not gma_study.converged([0.5] * 19)  # Too short to tell.
-  assert gma_study.converged([0.90] * 10 + [0.904] * 10)  # +0.4 points: a plateau.
-  assert not gma_study.converged([0.80] * 10 + [0.82] * 10)  # +2 points: still rising.
-  assert gma_study.converged(list(np.linspace(0.1, 0.9, 30)) + [0.9] * 20)
 
 
 def _record(setting, algorithm, aggregator, best, lr=(0.05, 1.0)):
@@ -137,22 +131,6 @@ def test_equal_learning_rate_comparison_counts_stage1_pairs(tmp_path):
                  'rounds_completed': config.rounds, 'config': dataclasses.asdict(config)}, f)
   line = gma_study.equal_lr_comparison(study)
   assert 'GMA above AVG in 0 of 2 pairs, below in 1, equal in 1; median difference -5.00 points' in line
-
-
-def test_a_score_at_chance_is_one_within_a_point_of_a_single_class_predictor():
-  # Fashion-MNIST's balanced test split: a model that predicts one class scores exactly 10%.
-  assert gma_study.at_chance(0.10) and gma_study.at_chance(0.1099) and gma_study.at_chance(0.05)
-  assert not gma_study.at_chance(0.1101) and not gma_study.at_chance(0.75)
-
-
-def test_equal_learning_rate_line_compares_where_both_arms_learn_and_counts_the_rest_apart():
-  # (AVG, GMA): two pairs where both learn (GMA +2 and -4 points), then only GMA, only AVG, neither.
-  pairs = [(0.80, 0.82), (0.70, 0.66), (0.102, 0.45), (0.60, 0.1), (0.1028, 0.1028)]
-  line = gma_study.equal_lr_line(pairs, 'here')
-  assert line.startswith('- "Robust to the learning rate" (App. D.6 / Table 10, FedAvg on non-iid Fashion-MNIST')
-  assert line.endswith('here: where both arms learn (above 11%), GMA above AVG in 1 of 2 pairs, below in 1, equal in '
-                       '0; median difference -1.00 points. Only GMA learns in 1, only AVG in 1, neither in 1.')
-  assert 'median' not in gma_study.equal_lr_line([(0.1, 0.1)], 'here')  # No pair where both learn: no median.
 
 
 def test_tiny_study_end_to_end_in_two_shards(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 
 from training.runner import experiment
 from training.studies import rfa as rfa_study
+from training.studies.shared import study_runs
 
 _ROOT = tests.ROOT
 
@@ -93,13 +94,6 @@ def test_claims_are_judged_from_the_numbers():
   assert '| aggregator | logistic, omniscient |' in side_by_side and '| rfa | 60.0 |' in side_by_side
 
 
-def test_shard_parsing():
-  assert rfa_study.parse_shard('0/1') == (0, 1) and rfa_study.parse_shard('2/3') == (2, 3)
-  for bad in ('1/1', '-1/2', '1', 'a/b', '0/0'):
-    with pytest.raises(ValueError, match='shard'):
-      rfa_study.parse_shard(bad)
-
-
 def test_study_script_runs_end_to_end(tmp_path):
   out = tmp_path / 'rfa'
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
@@ -130,32 +124,32 @@ def test_study_script_runs_end_to_end(tmp_path):
 def test_finished_cells_are_read_back_not_rerun(tmp_path):
   config = rfa_study.cell_config(rfa_study.Cell('logistic', 'gaussian', 0.1, 'mean', 0), 4, 1,
                                      str(tmp_path))
-  assert rfa_study.finished_summary(config) is None  # Nothing there yet.
+  assert study_runs.finished_summary(config) is None  # Nothing there yet.
   os.makedirs(config.output_dir)
   summary = {'final_accuracy': 0.5, 'best_accuracy': 0.6, 'rounds_completed': 4,
              'config': dataclasses.asdict(config)}
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f)
-  assert rfa_study.finished_summary(config)['best_accuracy'] == 0.6
+  assert study_runs.finished_summary(config)['best_accuracy'] == 0.6
   # Cells extracted from an archive into another directory are the same cells.
   moved = dict(summary, config=dict(summary['config'], output_dir='/elsewhere/runs/cell'))
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(moved, f)
-  assert rfa_study.finished_summary(config)['best_accuracy'] == 0.6
+  assert study_runs.finished_summary(config)['best_accuracy'] == 0.6
   # A summary written before a setting existed (at its default) still counts as the same cell.
   older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'membership_inference'})
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(older, f)
-  assert rfa_study.finished_summary(config)['best_accuracy'] == 0.6
+  assert study_runs.finished_summary(config)['best_accuracy'] == 0.6
   # ... at the value it ran with where the default changed since: RFA started from the mean before rfa_init.
   older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'rfa_init'})
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(older, f)
-  assert config.rfa_init == 'zero' and rfa_study.finished_summary(config) is None
-  assert rfa_study.finished_summary(dataclasses.replace(config, rfa_init='mean'))['best_accuracy'] == 0.6
+  assert config.rfa_init == 'zero' and study_runs.finished_summary(config) is None
+  assert study_runs.finished_summary(dataclasses.replace(config, rfa_init='mean'))['best_accuracy'] == 0.6
   # Another setting of the same cell directory, or a run stopped before its last round, must run (again).
-  assert rfa_study.finished_summary(dataclasses.replace(config, client_lr=0.1)) is None
+  assert study_runs.finished_summary(dataclasses.replace(config, client_lr=0.1)) is None
   summary['rounds_completed'] = 3
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(summary, f)
-  assert rfa_study.finished_summary(config) is None
+  assert study_runs.finished_summary(config) is None

@@ -12,7 +12,7 @@ from tff_gma.data import digits
 from tff_gma.data import federated
 from training import config as config_lib
 from training.runner import experiment
-from training.studies import rfa as rfa_study
+from training.studies.shared import study_runs
 
 _TOY = config_lib.ExperimentConfig(
     dataset='digits', partition='iid', num_clients=4, clients_per_round=3, rounds=1, model='logistic',
@@ -64,7 +64,7 @@ def test_a_run_written_before_the_setting_resumes_and_reads_back(tmp_path):
   experiment.run(config, show_progress=False)
   for name in (experiment.CONFIG_FILE, 'summary.json'):
     _drop_the_setting(tmp_path / 'run' / name)
-  assert rfa_study.finished_summary(config) is not None  # The studies' read-back: the same run at 1.0.
+  assert study_runs.finished_summary(config) is not None  # The studies' read-back: the same run at 1.0.
   with pytest.raises(experiment.ConfigError, match="train_subset_fraction: 1.0 -> 0.5"):
     experiment.check_resumable(dataclasses.replace(config, rounds=2, train_subset_fraction=0.5))
   summary = experiment.run(dataclasses.replace(config, rounds=2), show_progress=False).summary

@@ -76,11 +76,11 @@ import tensorflow_federated as tff
 
 from tff_gma import models
 from training import command_line
-from training.bench import sections
+from training.bench import candidates
+from training.bench import presets
 from training.bench import runner_runs
+from training.bench import sections
 from training.bench import small_rounds
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # ----------------------------------------------------------------------------------------------------------------
 # Targets, JSON and Markdown.
@@ -89,19 +89,19 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
   targets = []
   for name, ratio in result.get('round_time_ratio', {}).items():
-    limit = sections.round_target(sections.parse_candidate(name))
+    limit = candidates.round_target(candidates.parse_candidate(name))
     if limit is not None:
       targets.append(dict(target=f'{name} round time <= {limit:.2f}x mean', value=ratio, met=ratio <= limit,
                           cpu_value=result.get('round_cpu_ratio', {}).get(name)))
   if 'pipeline_throughput_ratio' in result:
     value = result['pipeline_throughput_ratio']
-    targets.append(dict(target=f'project mean pipeline throughput >= {sections.PIPELINE_TARGET:.2f}x stock FedAvg',
-                        value=value, met=value >= sections.PIPELINE_TARGET))
+    targets.append(dict(target=f'project mean pipeline throughput >= {presets.PIPELINE_TARGET:.2f}x stock FedAvg',
+                        value=value, met=value >= presets.PIPELINE_TARGET))
   for row in result.get('scaling', []):
     if row['clients_per_round'] == 500:
       targets.append(dict(target=f'500 clients per round ({row["aggregator"]}) within '
-                                 f'{sections.MEMORY_LIMIT_GIB:.0f} GiB',
-                          value=row['peak_total_gib'], met=row['peak_total_gib'] <= sections.MEMORY_LIMIT_GIB))
+                                 f'{presets.MEMORY_LIMIT_GIB:.0f} GiB',
+                          value=row['peak_total_gib'], met=row['peak_total_gib'] <= presets.MEMORY_LIMIT_GIB))
   for model, ratios in result.get('round_to_floor', {}).items():
     value = ratios['project_worker_datasets']
     targets.append(dict(target=f'project round ({model}) <= {sections.FLOOR_TARGET:.1f}x the in-graph floor',
@@ -119,96 +119,117 @@ def _fmt(value: float, digits: int = 3) -> str:
   return f'{value:.{digits}f}'
 
 
+def _floor_markdown(result: dict[str, Any]) -> list[str]:
+  lines = ['## A round against its in-graph floor (`training.bench.floor`)', '',
+           '| model | clients x examples, batch | floor s | floor in the worker | project (default: worker '
+           'datasets, in-graph loop, 1 intra-op thread) | project, worker with TF\'s default threads | project, '
+           'iterator loop | the loop before (sent datasets, iterator loop, default threads) | '
+           'stock FedAvg (iterator) | project, one batch a client | project minus one batch |',
+           '|---|---|---|---|---|---|---|---|---|---|---|']
+  for model, detail in result['details']['floor']['models'].items():
+    setup, ratios = detail['setup'], result['round_to_floor'][model]
+    lines.append(f'| {model} | {setup["clients"]} x {setup["examples_per_client"]}, {setup["batch_size"]} | '
+                 f'{_fmt(detail["timings"]["floor"]["seconds"])} | '
+                 + ' | '.join(f'{_fmt(ratios[n], 2)}x' for n in (*sections.FLOOR_ENTRIES[1:],
+                                                                 'project_beyond_one_batch')) + ' |')
+  return lines + ['', 'Ratios: median round time over the floor\'s, interleaved in one run.', '']
+
+
+def _rounds_markdown(result: dict[str, Any]) -> list[str]:
+  rounds = result['details']['rounds']
+  setup = rounds['setup']
+  lines = [f'## Round time (`training.engine.methods`, digits, model {setup["model"]}, {setup["loop"]} loop)', '',
+           f'{setup["clients"]} clients, {setup["examples"]} examples, batch {setup["batch_size"]}, '
+           f'{setup["repetitions"]} interleaved repetitions; medians. CPU columns: seconds of CPU per round in '
+           'this Python process and in the TFF worker.', '',
+           '| process | round s | ratio to mean | CPU ratio to mean | Python CPU s | worker CPU s | build s | '
+           'first call s |', '|---' * 8 + '|']
+  for name, times in rounds['timings'].items():
+    ratio, cpu_ratio = result['round_time_ratio'].get(name), result['round_cpu_ratio'].get(name)
+    lines.append(f'| {name} | {_fmt(times["seconds"])} | {_fmt(ratio, 2) if ratio is not None else "-"} | '
+                 f'{_fmt(cpu_ratio, 2) if cpu_ratio is not None else "-"} | '
+                 f'{_fmt(times["python_cpu_seconds"])} | {_fmt(times["worker_cpu_seconds"])} | '
+                 f'{_fmt(rounds["build_seconds"][name], 1)} | {_fmt(rounds["compile_seconds"][name], 1)} |')
+  return lines + ['', f'Project mean pipeline throughput / stock FedAvg: '
+                  f'**{_fmt(result["pipeline_throughput_ratio"], 3)}**. Stock FedAvg with '
+                  f'`loop_implementation=DATASET_ITERATOR` / with the default `DATASET_REDUCE`: '
+                  f'**{_fmt(result["iterator_loop_speedup"], 2)}x** the throughput.', '']
+
+
+def _aggregation_markdown(result: dict[str, Any]) -> list[str]:
+  agg = result['details']['aggregation']
+  names = list(next(iter(result['aggregation_time_ratio'].values())).keys())
+  lines = ['## Aggregation process alone (values generated in the worker)', '',
+           'Ratio of median call time to `mean` (TFF `MeanFactory`); in brackets the milliseconds it adds to '
+           'a call of the mean. `gen s`: generating the client values alone. Config: floats x clients.', '',
+           '| config | mean s | gen s | ' + ' | '.join(n for n in names if n != presets.BASELINE) + ' |',
+           '|---' * (len(names) + 2) + '|']
+  for key, ratios in result['aggregation_time_ratio'].items():
+    cells = [f'{_fmt(ratios[n], 2)} ({1000 * agg["aggregation_extra_seconds"][key][n]:+.0f})'
+             for n in names if n != presets.BASELINE]
+    lines.append(f'| {key} | {_fmt(agg["timings"][key][presets.BASELINE]["seconds"])} | '
+                 f'{_fmt(agg["timings"][key]["generation_vector"]["seconds"])} | ' + ' | '.join(cells) + ' |')
+  return lines + ['']
+
+
+def _scaling_markdown(result: dict[str, Any]) -> list[str]:
+  lines = [f'## Scaling with clients per round (digits over {result["scaling"][0]["total_clients"]} clients)', '',
+           'Peak resident memory over the rounds of each row (VmHWM reset before the row), of this Python '
+           'process, of the TFF worker, and their sum.', '',
+           '| aggregator | clients/round | examples | round s | Python CPU s | worker CPU s | '
+           'worker CPU ms/client | peak Python GiB | peak worker GiB | peak total GiB |', '|---' * 10 + '|']
+  for row in result['scaling']:
+    lines.append(f'| {row["aggregator"]} | {row["clients_per_round"]} | {row["examples_per_round"]} | '
+                 f'{_fmt(row["seconds"])} | {_fmt(row["python_cpu_seconds"])} | '
+                 f'{_fmt(row["worker_cpu_seconds"])} | {_fmt(1000 * row["worker_cpu_seconds_per_client"], 1)} | '
+                 f'{_fmt(row["peak_rss_gib"]["python"], 2)} | {_fmt(row["peak_rss_gib"]["worker"], 2)} | '
+                 f'{_fmt(row["peak_total_gib"], 2)} |')
+  return lines + ['']
+
+
+def _client_execution_markdown(result: dict[str, Any]) -> list[str]:
+  section = result['details']['client_execution']
+  lines = ['## Where the clients train: TFF worker vs this process (`--client_execution`)', '',
+           f'FedAvg with the mean, one round; `local` / `worker` round time, medians of interleaved repetitions. '
+           f'Local mode: {section["device_line"]}', '',
+           '| model | data | clients x examples | worker round s | local round s | local / worker | '
+           'CPU ratio | worker-mode devices | local-mode devices |', '|---' * 9 + '|']
+  for model, row in section['models'].items():
+    t = row['timings']
+    lines.append(f'| {model} ({row["setup"]["parameters"]} params) | {row["setup"]["data"]} | '
+                 f'{row["setup"]["clients"]} x {row["setup"]["examples"] // row["setup"]["clients"]} | '
+                 f'{_fmt(t["worker"]["seconds"])} | {_fmt(t["local"]["seconds"])} | '
+                 f'**{_fmt(result["client_execution_time_ratio"][model], 2)}** | '
+                 f'{_fmt(section["client_execution_cpu_ratio"][model], 2)} | '
+                 f'{"; ".join(row["client_devices"]["worker"])} | {"; ".join(row["client_devices"]["local"])} |')
+  return lines + ['']
+
+
+def _targets_markdown(result: dict[str, Any]) -> list[str]:
+  lines = ['## Targets', '', 'Wall-time ratios decide; the CPU-time ratio (Python + worker) is shown beside them '
+           'because it is less disturbed by other work on the machine.', '',
+           '| target | value | met | CPU ratio |', '|---|---|---|---|']
+  lines += [f'| {t["target"]} | {_fmt(t["value"])} | {"yes" if t["met"] else "**no**"} | '
+            f'{_fmt(t["cpu_value"]) if t.get("cpu_value") is not None else "-"} |' for t in result['targets']]
+  return lines + ['']
+
+
 def to_markdown(result: dict[str, Any]) -> str:
-  lines = [f'# Benchmark ({result["environment"]["mode"]}, {result["environment"]["date"]})', '',
-           f'Command: `{result["environment"]["command"]}`  ',
-           f'Machine: {result["environment"]["cpus"]} CPUs, load average {result["environment"]["load_before"]} '
-           f'before, {result["environment"]["load_after"]} after; TFF {result["environment"]["tff"]}.', '']
-  if 'floor' in result['details']:
-    lines += ['## A round against its in-graph floor (`training.bench.floor`)', '',
-              '| model | clients x examples, batch | floor s | floor in the worker | project (default: worker '
-              'datasets, in-graph loop, 1 intra-op thread) | project, worker with TF\'s default threads | project, '
-              'iterator loop | the loop before (sent datasets, iterator loop, default threads) | '
-              'stock FedAvg (iterator) | project, one batch a client | project minus one batch |',
-              '|---|---|---|---|---|---|---|---|---|---|---|']
-    for model, detail in result['details']['floor']['models'].items():
-      setup, ratios = detail['setup'], result['round_to_floor'][model]
-      lines.append(f'| {model} | {setup["clients"]} x {setup["examples_per_client"]}, {setup["batch_size"]} | '
-                   f'{_fmt(detail["timings"]["floor"]["seconds"])} | '
-                   + ' | '.join(f'{_fmt(ratios[n], 2)}x' for n in (*sections.FLOOR_ENTRIES[1:],
-                                                                   'project_beyond_one_batch')) + ' |')
-    lines += ['', 'Ratios: median round time over the floor\'s, interleaved in one run.', '']
-  if 'rounds' in result['details']:
-    rounds = result['details']['rounds']
-    setup = rounds['setup']
-    lines += [f'## Round time (`training.engine.methods`, digits, model {setup["model"]}, {setup["loop"]} loop)', '',
-              f'{setup["clients"]} clients, {setup["examples"]} examples, batch {setup["batch_size"]}, '
-              f'{setup["repetitions"]} interleaved repetitions; medians. CPU columns: seconds of CPU per round in '
-              'this Python process and in the TFF worker.', '',
-              '| process | round s | ratio to mean | CPU ratio to mean | Python CPU s | worker CPU s | build s | '
-              'first call s |', '|---' * 8 + '|']
-    for name, times in rounds['timings'].items():
-      ratio, cpu_ratio = result['round_time_ratio'].get(name), result['round_cpu_ratio'].get(name)
-      lines.append(f'| {name} | {_fmt(times["seconds"])} | {_fmt(ratio, 2) if ratio is not None else "-"} | '
-                   f'{_fmt(cpu_ratio, 2) if cpu_ratio is not None else "-"} | '
-                   f'{_fmt(times["python_cpu_seconds"])} | {_fmt(times["worker_cpu_seconds"])} | '
-                   f'{_fmt(rounds["build_seconds"][name], 1)} | {_fmt(rounds["compile_seconds"][name], 1)} |')
-    lines += ['', f'Project mean pipeline throughput / stock FedAvg: '
-              f'**{_fmt(result["pipeline_throughput_ratio"], 3)}**. Stock FedAvg with '
-              f'`loop_implementation=DATASET_ITERATOR` / with the default `DATASET_REDUCE`: '
-              f'**{_fmt(result["iterator_loop_speedup"], 2)}x** the throughput.', '']
-  if 'aggregation' in result['details']:
-    agg = result['details']['aggregation']
-    names = list(next(iter(result['aggregation_time_ratio'].values())).keys())
-    lines += ['## Aggregation process alone (values generated in the worker)', '',
-              'Ratio of median call time to `mean` (TFF `MeanFactory`); in brackets the milliseconds it adds to '
-              'a call of the mean. `gen s`: generating the client values alone. Config: floats x clients.', '',
-              '| config | mean s | gen s | ' + ' | '.join(n for n in names if n != sections.BASELINE) + ' |',
-              '|---' * (len(names) + 2) + '|']
-    for key, ratios in result['aggregation_time_ratio'].items():
-      cells = [f'{_fmt(ratios[n], 2)} ({1000 * agg["aggregation_extra_seconds"][key][n]:+.0f})'
-               for n in names if n != sections.BASELINE]
-      lines.append(f'| {key} | {_fmt(agg["timings"][key][sections.BASELINE]["seconds"])} | '
-                   f'{_fmt(agg["timings"][key]["generation_vector"]["seconds"])} | ' + ' | '.join(cells) + ' |')
-    lines.append('')
-  if result.get('scaling'):
-    lines += [f'## Scaling with clients per round (digits over {result["scaling"][0]["total_clients"]} clients)', '',
-              'Peak resident memory over the rounds of each row (VmHWM reset before the row), of this Python '
-              'process, of the TFF worker, and their sum.', '',
-              '| aggregator | clients/round | examples | round s | Python CPU s | worker CPU s | '
-              'worker CPU ms/client | peak Python GiB | peak worker GiB | peak total GiB |', '|---' * 10 + '|']
-    for row in result['scaling']:
-      lines.append(f'| {row["aggregator"]} | {row["clients_per_round"]} | {row["examples_per_round"]} | '
-                   f'{_fmt(row["seconds"])} | {_fmt(row["python_cpu_seconds"])} | '
-                   f'{_fmt(row["worker_cpu_seconds"])} | {_fmt(1000 * row["worker_cpu_seconds_per_client"], 1)} | '
-                   f'{_fmt(row["peak_rss_gib"]["python"], 2)} | {_fmt(row["peak_rss_gib"]["worker"], 2)} | '
-                   f'{_fmt(row["peak_total_gib"], 2)} |')
-    lines.append('')
-  if 'client_execution' in result['details']:
-    section = result['details']['client_execution']
-    lines += ['## Where the clients train: TFF worker vs this process (`--client_execution`)', '',
-              f'FedAvg with the mean, one round; `local` / `worker` round time, medians of interleaved repetitions. '
-              f'Local mode: {section["device_line"]}', '',
-              '| model | data | clients x examples | worker round s | local round s | local / worker | '
-              'CPU ratio | worker-mode devices | local-mode devices |', '|---' * 9 + '|']
-    for model, row in section['models'].items():
-      t = row['timings']
-      lines.append(f'| {model} ({row["setup"]["parameters"]} params) | {row["setup"]["data"]} | '
-                   f'{row["setup"]["clients"]} x {row["setup"]["examples"] // row["setup"]["clients"]} | '
-                   f'{_fmt(t["worker"]["seconds"])} | {_fmt(t["local"]["seconds"])} | '
-                   f'**{_fmt(result["client_execution_time_ratio"][model], 2)}** | '
-                   f'{_fmt(section["client_execution_cpu_ratio"][model], 2)} | '
-                   f'{"; ".join(row["client_devices"]["worker"])} | {"; ".join(row["client_devices"]["local"])} |')
-    lines.append('')
+  """The run's report: its environment, then a table per section it ran, then the targets."""
+  environment = result['environment']
+  lines = [f'# Benchmark ({environment["mode"]}, {environment["date"]})', '',
+           f'Command: `{environment["command"]}`  ',
+           f'Machine: {environment["cpus"]} CPUs, load average {environment["load_before"]} '
+           f'before, {environment["load_after"]} after; TFF {environment["tff"]}.', '']
+  details = result['details']
+  lines += _floor_markdown(result) if 'floor' in details else []
+  lines += _rounds_markdown(result) if 'rounds' in details else []
+  lines += _aggregation_markdown(result) if 'aggregation' in details else []
+  lines += _scaling_markdown(result) if result.get('scaling') else []
+  lines += _client_execution_markdown(result) if 'client_execution' in details else []
   lines += small_rounds.markdown(result)
   lines += runner_runs.markdown(result)
-  if result['targets']:
-    lines += ['## Targets', '', 'Wall-time ratios decide; the CPU-time ratio (Python + worker) is shown beside them '
-              'because it is less disturbed by other work on the machine.', '',
-              '| target | value | met | CPU ratio |', '|---|---|---|---|']
-    lines += [f'| {t["target"]} | {_fmt(t["value"])} | {"yes" if t["met"] else "**no**"} | '
-              f'{_fmt(t["cpu_value"]) if t.get("cpu_value") is not None else "-"} |' for t in result['targets']]
-    lines.append('')
+  lines += _targets_markdown(result) if result['targets'] else []
   return '\n'.join(lines)
 
 
@@ -233,13 +254,13 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   f = flag_values
   flags.DEFINE_bool('quick', False, 'Smaller run: a few minutes.', flag_values=f)
   flags.DEFINE_bool('smoke', False, 'Tiny run of every section and key (for the tests).', flag_values=f)
-  flags.DEFINE_string('output', os.path.join(_ROOT, 'outputs', 'bench', 'bench.json'),
+  flags.DEFINE_string('output', os.path.join(presets.ROOT, 'outputs', 'bench', 'bench.json'),
                       'JSON path; the Markdown table goes beside it as bench.md (and profile_NAME.txt).',
                       flag_values=f)
-  flags.DEFINE_list('sections', None, f'Subset of {",".join(sections.SECTIONS)} (default: all).', flag_values=f)
+  flags.DEFINE_list('sections', None, f'Subset of {",".join(presets.SECTIONS)} (default: all).', flag_values=f)
   flags.DEFINE_list('aggregators', None,
                     'Candidates: training.engine.methods names, each optionally NAME+setting=value+... '
-                    f'(mean is always kept; default: {",".join(sections.AGGREGATORS)}).', flag_values=f)
+                    f'(mean is always kept; default: {",".join(presets.AGGREGATORS)}).', flag_values=f)
   flags.DEFINE_enum('model', None, list(models.MODELS), 'Model of the digits setup (default cnn).', flag_values=f)
   flags.DEFINE_integer('round_repetitions', None, 'Interleaved sweeps of the rounds section.', flag_values=f)
   flags.DEFINE_list('aggregation_sizes', None, 'Model sizes in floats, e.g. 10000,100000.', flag_values=f)
@@ -272,9 +293,9 @@ def mode_from_flags(flag_values: flags.FlagValues = FLAGS) -> str:
   return 'smoke' if flag_values.smoke else 'quick' if flag_values.quick else 'full'
 
 
-def settings_from_flags(flag_values: flags.FlagValues = FLAGS) -> sections.Settings:
+def settings_from_flags(flag_values: flags.FlagValues = FLAGS) -> presets.Settings:
   """The preset (full, --quick or --smoke) with the explicitly given flags on top; ValueError names a bad flag."""
-  settings = sections.MODES[mode_from_flags(flag_values)]
+  settings = presets.MODES[mode_from_flags(flag_values)]
   overrides: dict[str, Any] = {}
   for name in ('sections', 'aggregators', 'scaling_aggregators', 'client_execution_models'):
     if flag_values[name].value is not None:
@@ -288,17 +309,17 @@ def settings_from_flags(flag_values: flags.FlagValues = FLAGS) -> sections.Setti
   for name in ('model', 'seed') + _REPETITIONS:
     if flag_values[name].value is not None:
       overrides[name] = flag_values[name].value
-  if 'aggregators' in overrides and sections.BASELINE not in overrides['aggregators']:
-    overrides['aggregators'] = (sections.BASELINE,) + overrides['aggregators']
+  if 'aggregators' in overrides and presets.BASELINE not in overrides['aggregators']:
+    overrides['aggregators'] = (presets.BASELINE,) + overrides['aggregators']
   settings = dataclasses.replace(settings, **overrides)
   for section in settings.sections:
-    if section not in sections.SECTIONS:
-      raise ValueError(f'--sections: unknown section {section!r}; expected some of {sections.SECTIONS}')
+    if section not in presets.SECTIONS:
+      raise ValueError(f'--sections: unknown section {section!r}; expected some of {presets.SECTIONS}')
   for flag, entries in (('aggregators', settings.aggregators), ('scaling_aggregators', settings.scaling_aggregators)):
     for entry in entries:
       try:
         # Builds the factory: checks its settings.
-        sections.probe_factory(sections.parse_candidate(entry), sections.PROBE_VALUE_BOUND)
+        candidates.probe_factory(candidates.parse_candidate(entry), presets.PROBE_VALUE_BOUND)
       except ValueError as e:
         raise ValueError(f'--{flag}: {e}') from None
   for name in _REPETITIONS:
@@ -312,17 +333,17 @@ def settings_from_flags(flag_values: flags.FlagValues = FLAGS) -> sections.Setti
     values = getattr(settings, name)
     if not values or min(values) < 1:
       raise ValueError(f'--{name} must be positive integers, got {list(values)}')
-  if max(settings.scaling_clients) > sections.DIGITS_TRAIN_EXAMPLES:
-    raise ValueError(f'--scaling_clients: the digits training split holds {sections.DIGITS_TRAIN_EXAMPLES} '
-                     f'examples, so at most {sections.DIGITS_TRAIN_EXAMPLES} clients')
+  if max(settings.scaling_clients) > presets.DIGITS_TRAIN_EXAMPLES:
+    raise ValueError(f'--scaling_clients: the digits training split holds {presets.DIGITS_TRAIN_EXAMPLES} '
+                     f'examples, so at most {presets.DIGITS_TRAIN_EXAMPLES} clients')
   for name in flag_values.profile:
-    if name not in settings.aggregators + sections.PIPELINE:
+    if name not in settings.aggregators + presets.PIPELINE:
       raise ValueError(f'--profile: {name!r} is not a process of the rounds section '
-                       f'({", ".join(settings.aggregators + sections.PIPELINE)})')
+                       f'({", ".join(settings.aggregators + presets.PIPELINE)})')
   return settings
 
 
-def run(settings: sections.Settings, mode: str, profile: Sequence[str] = (), command: str = '') -> dict[str, Any]:
+def run(settings: presets.Settings, mode: str, profile: Sequence[str] = (), command: str = '') -> dict[str, Any]:
   worker = command_line.start_simulation()
   started = time.monotonic()
   result: dict[str, Any] = collections.OrderedDict(
@@ -385,7 +406,7 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(f'invalid flags: {e}') from None
   command_line.check_output_file(FLAGS.output, 'output')  # Before the benchmark, not after it.
-  command = ' '.join([os.path.relpath(sys.executable, _ROOT), '-m', 'training.bench', *sys.argv[1:]])
+  command = ' '.join([os.path.relpath(sys.executable, presets.ROOT), '-m', 'training.bench', *sys.argv[1:]])
   result = run(settings, mode, FLAGS.profile, command)
   directory = os.path.dirname(os.path.abspath(FLAGS.output))
   os.makedirs(directory, exist_ok=True)
@@ -398,7 +419,7 @@ def main(argv):
     with open(os.path.join(directory, f'profile_{name}.txt'), 'w') as f:
       f.write(text)
   print(to_markdown(result))
-  sections._log(f'wrote {FLAGS.output} and {markdown_path} in {result["environment"]["seconds"]:.0f} s')
+  presets.log(f'wrote {FLAGS.output} and {markdown_path} in {result["environment"]["seconds"]:.0f} s')
 
 
 if __name__ == '__main__':

@@ -29,7 +29,7 @@ from tff_gma import models
 from tff_gma.data import idx
 from training import config as config_lib
 from training.bench import floor as floor_lib
-from training.bench import sections
+from training.bench import presets
 
 SHAPE = (28, 28, 1)
 EXAMPLES_PER_CLIENT = 120  # Fashion-MNIST's 60,000 over 500 clients.
@@ -46,7 +46,7 @@ def _runner(flags: tuple[str, ...], rounds: int, directory: str) -> tuple[float,
   began = time.monotonic()
   process = subprocess.run(
       [sys.executable, '-m', 'training.run', *flags, f'--rounds={rounds}', f'--output_dir={directory}'],
-      cwd=sections._ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL,  # pylint: disable=protected-access
+      cwd=presets.ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'), check=False)
   wall = time.monotonic() - began
   if process.returncode != 0:
@@ -77,17 +77,17 @@ def _floor_rounds(rounds: int, seed: int):
   return run
 
 
-def bench_runner(settings: sections.Settings) -> dict[str, Any]:
+def bench_runner(settings: presets.Settings) -> dict[str, Any]:
   """`settings.runner_repetitions` of each run (defaults, then study, then the study's floor), medians."""
   if not settings.runner_smoke and not idx.has_fashion_mnist(idx.DEBIAN_DIR):
-    sections._log('runner: Fashion-MNIST is not installed; skipped (scripts/setup.sh --data=fashion_mnist)')  # pylint: disable=protected-access
+    presets.log('runner: Fashion-MNIST is not installed; skipped (scripts/setup.sh --data=fashion_mnist)')
     return collections.OrderedDict(skipped='Fashion-MNIST is not installed')
   run_flags = ('--dataset=digits', '--model=logistic') if settings.runner_smoke else _RUN
   floor = _floor_rounds(settings.runner_study_rounds, settings.seed)
   samples = collections.defaultdict(list)
   with tempfile.TemporaryDirectory(prefix='tff_gma_bench_runner_') as directory:
     for repetition in range(settings.runner_repetitions):
-      sections._log(f'runner: repetition {repetition + 1} of {settings.runner_repetitions}')  # pylint: disable=protected-access
+      presets.log(f'runner: repetition {repetition + 1} of {settings.runner_repetitions}')
       wall, summary = _runner(run_flags, settings.runner_default_rounds, os.path.join(directory, f'd{repetition}'))
       parts = summary['seconds_by_part']
       samples['start_up'].append(summary['process_seconds_before_rounds'])

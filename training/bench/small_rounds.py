@@ -31,7 +31,7 @@ from tff_gma import models
 from tff_gma.data import client_data as client_data_lib
 from tff_gma.learning import in_graph
 from training.bench import floor as floor_lib
-from training.bench import sections
+from training.bench import presets
 from training.bench import timing
 from training.engine import fedavg_family
 from training.engine import methods
@@ -49,9 +49,6 @@ PEER_ENTRIES = ('plain_tf', 'project', 'floor')
 # Issue 37's limits: (model, clients, examples per client) -> (the entry the project's round is divided by, limit).
 TARGETS = {('lenet', 10, 120): ('plain_tf', 1.15), ('lenet', 10, 600): ('plain_tf', 1.05),
            ('cnn', 10, 144): ('floor', 1.5)}
-
-
-_log = sections._log  # pylint: disable=protected-access
 
 
 def case_name(model: str, clients: int, examples: int) -> str:
@@ -88,10 +85,10 @@ class GeneratedRound:
 
 
 def build_generated_round(model: str, clients: int, examples: int, *, batch_size: int, seed: int) -> GeneratedRound:
-  """`clients` clients of `examples` uniform examples of the model's shape (`sections.FLOOR_SHAPES`), labels in
+  """`clients` clients of `examples` uniform examples of the model's shape (`presets.FLOOR_SHAPES`), labels in
   0..9, drawn as the floor section draws them; the method and round loop as its `project_worker_datasets` entry
-  builds them (one local epoch, `sections.ALGORITHM_CONFIG`), from the model `seeded_initial_state` draws."""
-  shape, rng = sections.FLOOR_SHAPES[model], np.random.default_rng(seed)
+  builds them (one local epoch, `presets.ALGORITHM_CONFIG`), from the model `seeded_initial_state` draws."""
+  shape, rng = presets.FLOOR_SHAPES[model], np.random.default_rng(seed)
   arrays = collections.OrderedDict(
       (f'client_{i}', (rng.random((examples, *shape), dtype=np.float32),
                        rng.integers(0, NUM_CLASSES, examples).astype(np.int32)))
@@ -104,7 +101,7 @@ def build_generated_round(model: str, clients: int, examples: int, *, batch_size
   tf.keras.utils.set_random_seed(seed)
   inputs = round_loop.ClientInputs(train, clients, 1, batch_size, seed)
   placement = worker_datasets.WorkerDatasets(inputs)
-  method = methods.build(model_fn, 'fedavg', sections.BASELINE, algorithm_config=sections.ALGORITHM_CONFIG,
+  method = methods.build(model_fn, 'fedavg', presets.BASELINE, algorithm_config=presets.ALGORITHM_CONFIG,
                          client_sources=placement.client_sources)
   method.place_datasets_in_worker(placement)
   state = round_loop.seeded_initial_state(method.process, build_keras, seed)
@@ -189,7 +186,7 @@ class PlainTFRound:
 
 def build_plain_tf_round(setup: GeneratedRound, batch_size: int) -> PlainTFRound:
   """The peer of `setup`'s round: its clients' examples and seeds, its initial model, the project's settings."""
-  config, ids = sections.ALGORITHM_CONFIG, setup.client_ids
+  config, ids = presets.ALGORITHM_CONFIG, setup.client_ids
   return PlainTFRound(setup.build_keras, list(setup.client_arrays.values()),
                       lambda round_num: setup.inputs.seeds(ids, round_num), batch_size=batch_size,
                       client_lr=config.client_lr, momentum=config.client_momentum, server_lr=config.server_lr,
@@ -232,7 +229,7 @@ def _client_probes(setup: GeneratedRound) -> dict[str, tff.Computation]:
 def _client_work_probes(setup: GeneratedRound) -> dict[str, tff.Computation]:
   """`(weights@SERVER, sources@CLIENTS)`: broadcast and the client work (`fedavg_family.build_components`'), returning
   the summed update weight; and the same with the aggregator's `next` on the updates (and a scalar of its result)."""
-  components = fedavg_family.build_components(setup.model_fn, sections.ALGORITHM_CONFIG,
+  components = fedavg_family.build_components(setup.model_fn, presets.ALGORITHM_CONFIG,
                                               client_sources=setup.placement.client_sources)
   work, aggregator = components.client_work, components.aggregator
   weights_type = tff.FederatedType(components.weights_type, tff.SERVER)
@@ -292,13 +289,13 @@ def _compile(name: str, calls: dict[str, Callable[[], Any]], worker_pids: Sequen
   """Each call's first run (compilation included): (results, wall seconds)."""
   results, seconds = {}, {}
   for probe, call in calls.items():
-    _log(f'{name}: compiling {probe}')
+    presets.log(f'{name}: compiling {probe}')
     results[probe], sample = timing.timed_call(call, worker_pids)
     seconds[probe] = sample.wall
   return results, seconds
 
 
-def _breakdown_case(settings: sections.Settings, model: str, examples: int,
+def _breakdown_case(settings: presets.Settings, model: str, examples: int,
                     worker_pids: Sequence[int]) -> dict[str, Any]:
   clients, batch_size = settings.small_rounds_clients, settings.floor_batch_size
   name = case_name(model, clients, examples)
@@ -312,7 +309,7 @@ def _breakdown_case(settings: sections.Settings, model: str, examples: int,
     program_calls = _program_calls(setup.loop.state, row, directory)
     compile_seconds.update(_compile(f'breakdown {name}', program_calls, worker_pids)[1])
     calls.update(program_calls)
-    _log(f'breakdown {name}: {settings.breakdown_repetitions} interleaved sweeps')
+    presets.log(f'breakdown {name}: {settings.breakdown_repetitions} interleaved sweeps')
     samples = timing.interleaved_times(calls, settings.breakdown_repetitions, worker_pids=worker_pids)
   finally:
     setup.close()
@@ -326,14 +323,14 @@ def _breakdown_case(settings: sections.Settings, model: str, examples: int,
       samples={probe: [dataclasses.asdict(x) for x in ss] for probe, ss in samples.items()})
 
 
-def _setup_row(settings: sections.Settings, model: str, examples: int, repetitions: int) -> dict[str, Any]:
-  return dict(model=model, data=f'generated {list(sections.FLOOR_SHAPES[model])}, {NUM_CLASSES} classes',
+def _setup_row(settings: presets.Settings, model: str, examples: int, repetitions: int) -> dict[str, Any]:
+  return dict(model=model, data=f'generated {list(presets.FLOOR_SHAPES[model])}, {NUM_CLASSES} classes',
               clients=settings.small_rounds_clients, examples_per_client=examples,
-              batch_size=settings.floor_batch_size, local_epochs=1, aggregator=sections.BASELINE,
+              batch_size=settings.floor_batch_size, local_epochs=1, aggregator=presets.BASELINE,
               repetitions=repetitions)
 
 
-def bench_breakdown(settings: sections.Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
+def bench_breakdown(settings: presets.Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
   """Per (model, examples) of `settings.breakdown_cases`: every probe's medians (seconds, Python and worker CPU) and
   the derived parts (`PARTS`: differences of medians, in seconds, so noise can make one negative).
 
@@ -345,7 +342,7 @@ def bench_breakdown(settings: sections.Settings, worker_pids: Sequence[int]) -> 
                   lambda model, examples: _breakdown_case(settings, model, examples, worker_pids))
 
 
-def _by_case(settings: sections.Settings, cases: Sequence[tuple[str, int]], key: str, part: str,
+def _by_case(settings: presets.Settings, cases: Sequence[tuple[str, int]], key: str, part: str,
              run_case: Callable[[str, int], dict[str, Any]]) -> dict[str, Any]:
   """`{key: {case name: run_case(...)[part]}, 'cases': {case name: run_case(...)}}` over `cases`."""
   out = collections.OrderedDict({key: {}, 'cases': {}})
@@ -361,8 +358,8 @@ def _by_case(settings: sections.Settings, cases: Sequence[tuple[str, int]], key:
 # Section: peers.
 
 
-def _peers_case(settings: sections.Settings, model: str, examples: int, worker_pids: Sequence[int]) -> dict[str, Any]:
-  batch_size, config = settings.floor_batch_size, sections.ALGORITHM_CONFIG
+def _peers_case(settings: presets.Settings, model: str, examples: int, worker_pids: Sequence[int]) -> dict[str, Any]:
+  batch_size, config = settings.floor_batch_size, presets.ALGORITHM_CONFIG
   name = case_name(model, settings.small_rounds_clients, examples)
   setup = build_generated_round(model, settings.small_rounds_clients, examples, batch_size=batch_size,
                                 seed=settings.seed)
@@ -375,7 +372,7 @@ def _peers_case(settings: sections.Settings, model: str, examples: int, worker_p
                                        momentum=config.client_momentum, initial_weights=setup.initial_weights()),
     }
     compile_seconds = _compile(f'peers {name}', calls, worker_pids)[1]
-    _log(f'peers {name}: {settings.peers_repetitions} interleaved sweeps')
+    presets.log(f'peers {name}: {settings.peers_repetitions} interleaved sweeps')
     samples = timing.interleaved_times(calls, settings.peers_repetitions, worker_pids=worker_pids)
   finally:
     setup.close()
@@ -394,7 +391,7 @@ def _peers_case(settings: sections.Settings, model: str, examples: int, worker_p
       samples={entry: [dataclasses.asdict(x) for x in ss] for entry, ss in samples.items()})
 
 
-def bench_peers(settings: sections.Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
+def bench_peers(settings: presets.Settings, worker_pids: Sequence[int]) -> dict[str, Any]:
   """Per (model, examples) of `settings.peers_cases`: the plain TF round, the project's and the floor, interleaved;
   `peer_ratios[case]`: the project's median round time over the plain TF round's and over the floor's (and CPU)."""
   return _by_case(settings, settings.peers_cases, 'peer_ratios', 'ratios',

@@ -35,8 +35,8 @@ Protocol (the paper's, within this machine's budget):
    0.5, 0.7, 0.8, 0.9 (GMA is tuned over tau in {0.2, 0.4, 0.6}).
 2. Rounds: each setting runs `rounds` rounds (`SETTINGS`). Convergence rule, checked on the tuning winners'
    validation curves: a curve has converged when its mean over the last 10 evaluated rounds is within
-   `PLATEAU_POINTS` points of its mean over the 10 before; the table marks a setting whose winners did not all
-   converge.
+   `gma_protocol.PLATEAU_POINTS` (0.5) points of its mean over the 10 before; the table marks a setting whose
+   winners did not all converge.
 3. Final runs: the winners' hyperparameters, all of each client's training examples (no validation split), seeds
    `FINAL_SEEDS` (4, as the paper). Reported: the best test accuracy over rounds (the paper's Tables 2-3 metric)
    and the mean of the last 10 rounds (its Tables 7-9), mean +- std over seeds, with the rounds and the winning
@@ -67,11 +67,7 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-import json  # pylint: disable=g-import-not-at-top
-import math
-import time
-import zlib
-from collections.abc import Sequence
+from collections.abc import Sequence  # pylint: disable=g-import-not-at-top
 from typing import Any, NamedTuple, Optional
 
 from absl import app
@@ -83,7 +79,10 @@ from training import command_line
 from training import config as config_lib
 from training.engine import client_execution
 from training.runner import experiment
-from training.studies import rfa as rfa_study
+from training.studies.shared import gma_protocol
+from training.studies.shared import intervals as intervals_lib
+from training.studies.shared import report
+from training.studies.shared import study_runs
 
 TUNE_SEED = 0
 FINAL_SEEDS = (0, 1, 2, 3)
@@ -92,22 +91,12 @@ CLIENT_LRS = (0.01, 0.05, 0.1)
 SERVER_LRS = {'fedavg': (1.0, 1.5), 'fedprox': (1.0, 1.5), 'fedadam': (0.01, 0.1), 'fedyogi': (0.01, 0.1)}
 STAGE1_TAU = 0.4  # The paper's default threshold.
 TAUS = (0.2, 0.6)  # Stage 2, besides STAGE1_TAU.
-PLATEAU_POINTS = 0.5
 TIE_POINTS = 0.5  # A GMA-AVG difference of the mean best accuracies within this many points counts as a tie.
 # Why 0.5: one of the 359 test digits is 0.28 points, so 0.5 is under two examples, and the seed-to-seed std of
 # the tuned cells' best accuracy is 0.1-1 point (most 0.3-0.5): a smaller gap is not a measured difference.
 # Runs save their state every 10th round (and after the last): the runner's default `checkpoint_every`, which this
 # study set before it was the default (saving TFF's state every round cost ~0.2 s of a ~0.6 s 10-of-100 CNN round).
-LAST_EVALS = experiment.LAST_EVALS_FOR_FINAL  # 10: the paper's "last 10 rounds".
-# Ten classes: a model that predicts one class scores 10% on a balanced split (exactly on Fashion-MNIST's test split,
-# 1,000 images a class; within a point on digits and on the validation splits). An accuracy within CHANCE_POINTS of
-# that is chance: a tuning point where the model did not learn, or a final run that collapsed (measured on
-# Fashion-MNIST's: most ReLU units dead, one class predicted for every image; docs/gma_fmnist_study.md).
-CHANCE_ACCURACY = 0.1
-CHANCE_POINTS = 1.0
-# App. D.6's claim in the paper's words, and the setting of the Table 10 it rests on.
-PAPER_EQUAL_LR_CLAIM = ('App. D.6 / Table 10, FedAvg on non-iid Fashion-MNIST, 10 clients in full participation: '
-                        '"across learning rates where the model learns, gradient masking outperforms naive averaging"')
+
 ALL_METHODS = (('fedavg', 'mean'), ('fedavg', 'gma'), ('fedavg', 'gma_binary'), ('fedprox', 'mean'),
                ('fedprox', 'gma'), ('fedadam', 'mean'), ('fedadam', 'gma'), ('fedyogi', 'mean'), ('fedyogi', 'gma'))
 FEDAVG_METHODS = ALL_METHODS[:3]
@@ -149,70 +138,16 @@ SETTINGS = {
                                  clients_per_round=10), CONVEX_METHODS, CONVEX_ROUNDS),
 }
 HEADLINE_SETTINGS = ('label10', 'label100', 'feature10')
+Run = gma_protocol.Run  # The study's cell.
 
 FLAGS = flags.FLAGS
 
 
-def define_study_flags(settings: Sequence[str], output_dir: str) -> None:
-  """The flags every GMA study takes (stages, settings, methods, rounds, output, shard, client execution)."""
-  flags.DEFINE_enum('stage', 'all', ['all', 'tune', 'final', 'collect'],
-                    'Which stages to run (all: tuning, then final; collect: none, only the results of finished runs).')
-  flags.DEFINE_list('settings', list(settings), f'Settings (of {list(settings)}).')
-  flags.DEFINE_list('methods', [], 'Restrict to these ALGORITHM/AGGREGATOR methods (default: each setting\'s).')
-  flags.DEFINE_integer('rounds', 0, 'Rounds of every run (0: each setting\'s own; a small value for a smoke test).')
-  flags.DEFINE_string('output_dir', output_dir, 'Where runs and results go.')
-  flags.DEFINE_string('shard', '0/1', 'i/n: run only the cells whose name hashes to i mod n, so that n processes '
-                      'share the study; a last call without --shard collects.')
-  flags.DEFINE_enum('client_execution', client_execution.WORKER, list(client_execution.MODES),
-                    "Where clients train (the runner's --client_execution).")
-
-
-def checked_settings_and_shard(settings: Sequence[str]) -> tuple[int, int]:
-  """`define_study_flags`' --settings checked against `settings`, and --shard parsed; ValueError naming the flag."""
-  for name in FLAGS.settings:
-    if name not in settings:
-      raise ValueError(f'settings: unknown setting {name!r}; expected some of {list(settings)}')
-  return rfa_study.parse_shard(FLAGS.shard)
-
-
 def define_flags() -> None:
-  define_study_flags(SETTINGS, 'outputs/gma_study')
+  gma_protocol.define_study_flags(SETTINGS, 'outputs/gma_study')
   flags.DEFINE_list('client_lrs', [str(x) for x in CLIENT_LRS], 'Tuning grid: client learning rates.')
   flags.DEFINE_list('taus', [str(x) for x in TAUS], 'Tuning grid, stage 2: GMA thresholds besides 0.4.')
   flags.DEFINE_list('seeds', [str(s) for s in FINAL_SEEDS], 'Seeds of the final runs.')
-
-
-class Run(NamedTuple):
-  """One cell of the study: a setting, a method, hyperparameters, a seed, tuning or final."""
-  setting: str
-  algorithm: str
-  aggregator: str
-  client_lr: float
-  server_lr: float
-  tau: float
-  seed: int
-  tuning: bool
-
-  @property
-  def method(self) -> str:
-    return f'{self.algorithm}/{self.aggregator}'
-
-  @property
-  def name(self) -> str:
-    kind = 'tune' if self.tuning else 'final'
-    return (f'{self.setting}-{self.algorithm}-{self.aggregator}-clr{self.client_lr:g}-slr{self.server_lr:g}'
-            f'-tau{self.tau:g}-{kind}-seed{self.seed}')
-
-
-def is_gma(aggregator: str) -> bool:
-  return aggregator.startswith('gma')
-
-
-def adaptive_optimizer(algorithm: str) -> str:
-  """The server optimizer of the study's runs: its FedAdam/FedYogi arms ran TFF's bias-corrected build_adam/build_yogi
-  (made before --adaptive_optimizer existed; docs/methods.md, "Adaptive server optimizers"), so their archive reads
-  back, and their runs resume, as what they ran; the SGD arms keep the default."""
-  return 'tff' if algorithm in config_lib.ADAPTIVE_ALGORITHMS else config_lib.ExperimentConfig.adaptive_optimizer
 
 
 def run_config(run: Run, output_dir: str, rounds: Optional[int] = None,
@@ -222,7 +157,8 @@ def run_config(run: Run, output_dir: str, rounds: Optional[int] = None,
       **setting.config, algorithm=run.algorithm, aggregator=run.aggregator, client_lr=run.client_lr,
       server_lr=run.server_lr, tau=run.tau, seed=run.seed, rounds=rounds or setting.rounds,
       validation_fraction=VALIDATION_FRACTION if run.tuning else 0.0, client_execution=execution,
-      adaptive_optimizer=adaptive_optimizer(run.algorithm), output_dir=os.path.join(output_dir, 'runs', run.name))
+      adaptive_optimizer=gma_protocol.adaptive_optimizer(run.algorithm),
+      output_dir=os.path.join(output_dir, 'runs', run.name))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -235,30 +171,9 @@ def stage1_runs(setting: str, methods, client_lrs) -> list[Run]:
 
 
 def stage2_runs(setting: str, algorithm: str, aggregator: str, stage1_winner: Run, taus) -> list[Run]:
-  if not is_gma(aggregator):
+  if not gma_protocol.is_gma(aggregator):
     return []
   return [stage1_winner._replace(tau=tau) for tau in taus if tau != STAGE1_TAU]
-
-
-def curve(output_dir: str, key: str) -> list[float]:
-  rows = experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
-  return [r[key] for r in rows if key in r]
-
-
-def mean_of(output_dir: str, suffix: str) -> Optional[float]:
-  """Mean over rounds of the first metrics column ending in `suffix` (e.g. GMA's masked_fraction)."""
-  rows = experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
-  keys = sorted({k for r in rows for k in r if k.endswith(suffix)})
-  values = [r[keys[0]] for r in rows if keys and keys[0] in r]
-  return float(np.mean(values)) if values else None
-
-
-def converged(values: Sequence[float]) -> bool:
-  """The convergence rule: the last 10 evaluations' mean within PLATEAU_POINTS points of the 10 before."""
-  if len(values) < 2 * LAST_EVALS:
-    return False
-  last, before = np.mean(values[-LAST_EVALS:]), np.mean(values[-2 * LAST_EVALS:-LAST_EVALS])
-  return bool(100 * (last - before) < PLATEAU_POINTS)
 
 
 class Study:
@@ -275,7 +190,7 @@ class Study:
     return run_config(run, self.output_dir, self.rounds, self.execution)
 
   def summary(self, run: Run) -> Optional[dict[str, Any]]:
-    return rfa_study.finished_summary(self.config(run))
+    return study_runs.finished_summary(self.config(run))
 
   def score(self, run: Run) -> Optional[float]:
     summary = self.summary(run)
@@ -317,45 +232,6 @@ class Study:
     return list(dict.fromkeys(runs)), blocked
 
 
-def in_shard(run: Run, shard: int, num_shards: int) -> bool:
-  return zlib.crc32(run.name.encode()) % num_shards == shard
-
-
-def run_all(study: Study, stages: str, shard: int, num_shards: int, poll_seconds: float = 30.0) -> None:
-  """Runs this shard's runs as they become runnable; returns when no run of this shard is left."""
-  started, done = time.monotonic(), 0
-  while True:
-    runs, blocked = study.runnable(stages)
-    todo = [r for r in runs if in_shard(r, shard, num_shards) and study.summary(r) is None]
-    if not todo:
-      pending = [r for r in runs if study.summary(r) is None]
-      if not blocked and not pending:
-        return
-      if stages == 'final' or (num_shards == 1 and not pending):
-        # Nothing this shard can run will appear: a `final` shard runs no tuning and needs no other shard's
-        # finals, and a lone shard waiting only on blocked cells would wait on itself.
-        if blocked:
-          print(f'{blocked} (setting, method) cells wait for tuning runs that this call does not run; '
-                'run --stage=tune (or all) for them', flush=True)
-        return
-      time.sleep(poll_seconds)  # Waiting for the other shards' runs of an earlier stage.
-      continue
-    for run in todo:
-      try:
-        summary = experiment.run(study.config(run), show_progress=False).summary
-      except experiment.TrainingStopped as e:  # A diverged run: finished, scored on the rounds it ran.
-        print(f'{run.name}: {e}', flush=True)
-        summary = study.summary(run)
-      done += 1
-      score = summary.get('best_validation_accuracy') if run.tuning else summary.get('best_accuracy')
-      print(f'[{done}, {time.monotonic() - started:.0f}s] {run.name}: best '
-            f'{"validation" if run.tuning else "test"} {100 * (score or 0):.1f}%', flush=True)
-      if not run.tuning:
-        continue
-      # A finished tuning run may make later-stage runs runnable: recompute the list.
-      break
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Results.
 
@@ -375,26 +251,22 @@ def collect(study: Study) -> list[dict[str, Any]]:
       finals = [chosen._replace(seed=seed, tuning=False) for seed in study.seeds]
       if any(study.summary(r) is None for r in finals):
         continue
-      curves = [curve(study.config(r).output_dir, test_key(setting)) for r in finals]
-      winner_curve = curve(study.config(chosen).output_dir, 'validation/accuracy')
+      curves = [study_runs.curve(study.config(r).output_dir, test_key(setting)) for r in finals]
+      winner_curve = study_runs.curve(study.config(chosen).output_dir, 'validation/accuracy')
       records.append({
           'setting': setting, 'algorithm': algorithm, 'aggregator': aggregator,
           'client_lr': chosen.client_lr, 'server_lr': chosen.server_lr,
-          'tau': chosen.tau if is_gma(aggregator) else None,
+          'tau': chosen.tau if gma_protocol.is_gma(aggregator) else None,
           'tuning_runs': len(tuning), 'best_validation_accuracy': study.score(chosen),
-          'validation_converged': converged(winner_curve),
+          'validation_converged': gma_protocol.converged(winner_curve),
           'rounds': len(curves[0]), 'seeds': list(study.seeds),
           'best': [float(np.max(c)) for c in curves],
-          'last10': [float(np.mean(c[-LAST_EVALS:])) for c in curves],
-          'masked_fraction': (float(np.mean([mean_of(study.config(r).output_dir, 'masked_fraction') for r in finals]))
-                              if is_gma(aggregator) else None),
+          'last10': [float(np.mean(c[-gma_protocol.LAST_EVALS:])) for c in curves],
+          'masked_fraction': (float(np.mean([study_runs.mean_of(study.config(r).output_dir, 'masked_fraction')
+                                             for r in finals])) if gma_protocol.is_gma(aggregator) else None),
           'curves': curves,
       })
   return records
-
-
-def _pm(values: Sequence[float]) -> str:
-  return f'{100 * np.mean(values):.2f} +- {100 * np.std(values):.2f}'
 
 
 def _cell(value: Optional[float], fmt: str) -> str:
@@ -408,7 +280,8 @@ def table(records: list[dict[str, Any]], setting: str) -> str:
     if r['setting'] != setting:
       continue
     lines.append(
-        f"| {r['algorithm']} | {r['aggregator']} | {_pm(r['best'])} | {_pm(r['last10'])} | {r['rounds']} | "
+        f"| {r['algorithm']} | {r['aggregator']} | {report.mean_pm_std(r['best'])} | "
+        f"{report.mean_pm_std(r['last10'])} | {r['rounds']} | "
         f"{r['client_lr']:g} | {r['server_lr']:g} | {_cell(r['tau'], 'g')} | {_cell(r['masked_fraction'], '.3f')} | "
         f"{'yes' if r['validation_converged'] else 'NO'} |")
   return '\n'.join(lines)
@@ -431,28 +304,6 @@ def more_so(gains_in_order: Sequence[float]) -> bool:
   return rising and gains_in_order[-1] > TIE_POINTS
 
 
-# Two-sided 95% quantiles of Student's t, t_{0.975, df}, for the paired intervals (df = seeds - 1).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def t_quantile_975(df: int) -> float:
-  """t_{0.975, df}; for a df between the table's entries (or past 30) the next smaller df's: a wider, conservative
-  interval."""
-  if df < 1:
-    raise ValueError(f'df must be >= 1, got {df}')
-  return _T975[max(k for k in _T975 if k <= df)]
-
-
-def paired_interval(differences: Sequence[float]) -> tuple[float, float, float]:
-  """(mean, low, high): the 95% t interval of the mean of paired differences."""
-  d = np.asarray(differences, np.float64)
-  if d.size < 2:
-    raise ValueError(f'a paired interval needs at least 2 differences, got {d.size}')
-  half = t_quantile_975(d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
-  return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
-
-
 # The paper's effect size on the data closest to the digits: the median GMA - AVG gain (points) of its Table 2
 # MNIST non-iid rows (500 / 100 / 10 clients x FedAvg, FedProx, FedAdam, FedYogi).
 PAPER_MNIST_GAINS = (1.12, 0.75, 0.73, 0.17, 0.15, 0.88, 0.06, 0.24, 0.02, 0.17, -0.07, 1.20)
@@ -466,7 +317,7 @@ def paired_best_interval(records: list[dict[str, Any]], setting: str, algorithm:
   avg, gma = by.get((setting, algorithm, 'mean')), by.get((setting, algorithm, 'gma'))
   if avg is None or gma is None:
     return None
-  return paired_interval([100 * (g - a) for g, a in zip(gma['best'], avg['best'])])
+  return intervals_lib.paired_interval([100 * (g - a) for g, a in zip(gma['best'], avg['best'])])
 
 
 def _claim(intervals: Sequence[tuple[float, float, float]]) -> str:
@@ -524,23 +375,6 @@ def verdicts(records: list[dict[str, Any]]) -> list[str]:
   return out
 
 
-def at_chance(accuracy: float) -> bool:
-  return 100 * (accuracy - CHANCE_ACCURACY) <= CHANCE_POINTS
-
-
-def equal_lr_line(pairs: Sequence[tuple[float, float]], where: str) -> str:
-  """App. D.6's question on (AVG, GMA) accuracies at the same learning rates. As the paper compares them where the
-  model learns, pairs where both arms are at chance are left out and pairs where one arm is are counted apart."""
-  chance = [(at_chance(a), at_chance(g)) for a, g in pairs]  # (AVG's, GMA's)
-  both = np.asarray([100 * (g - a) for (a, g), c in zip(pairs, chance) if c == (False, False)])
-  line = (f'- "Robust to the learning rate" ({PAPER_EQUAL_LR_CLAIM}), {where}: where both arms learn (above '
-          f'{100 * CHANCE_ACCURACY + CHANCE_POINTS:g}%), GMA above AVG in {int(np.sum(both > 0))} of {both.size} '
-          f'pairs, below in {int(np.sum(both < 0))}, equal in {int(np.sum(both == 0))}')
-  line += f'; median difference {np.median(both):+.2f} points' if both.size else ''
-  return (line + f'. Only GMA learns in {chance.count((True, False))}, only AVG in {chance.count((False, True))}, '
-          f'neither in {chance.count((True, True))}.')
-
-
 def equal_lr_comparison(study: Study) -> Optional[str]:
   """The paper's App. D.6 / Table 10 question on the stage-1 tuning runs, over every (setting, algorithm, client lr,
   server lr) where both AVG and GMA (tau 0.4) finished."""
@@ -557,14 +391,12 @@ def equal_lr_comparison(study: Study) -> Optional[str]:
             pairs.append(tuple(scores))
   if not pairs:
     return None
-  return equal_lr_line(pairs, f'the stage-1 tuning runs (GMA at tau {STAGE1_TAU:g}, best validation accuracy, '
-                              f'seed {TUNE_SEED})')
+  return gma_protocol.equal_lr_line(pairs, f'the stage-1 tuning runs (GMA at tau {STAGE1_TAU:g}, best validation '
+                                           f'accuracy, seed {TUNE_SEED})')
 
 
 def plot(records: list[dict[str, Any]], path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = report.pyplot()
   settings = [s for s in dict.fromkeys(r['setting'] for r in records) if s in HEADLINE_SETTINGS] or list(
       dict.fromkeys(r['setting'] for r in records))[:3]
   if not settings:
@@ -598,14 +430,10 @@ def write_results(study: Study, records: list[dict[str, Any]]) -> str:
       text += [f'**{setting}: {SETTINGS[setting].label}**', '', table(records, setting), '']
   equal = equal_lr_comparison(study)
   text += ['**The paper\'s claims here**', ''] + verdicts(records) + ([equal] if equal else [])
-  report = '\n'.join(text) + '\n'
-  os.makedirs(study.output_dir, exist_ok=True)
-  with open(os.path.join(study.output_dir, 'results.md'), 'w') as f:
-    f.write(report)
-  with open(os.path.join(study.output_dir, 'results.json'), 'w') as f:
-    json.dump([{k: v for k, v in r.items() if k != 'curves'} for r in records], f, indent=1)
+  markdown = '\n'.join(text) + '\n'
+  report.write_report(study.output_dir, markdown, [{k: v for k, v in r.items() if k != 'curves'} for r in records])
   plot(records, os.path.join(study.output_dir, 'results.png'))
-  return report
+  return markdown
 
 
 def main(argv):
@@ -613,7 +441,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
   try:
-    shard, num_shards = checked_settings_and_shard(SETTINGS)
+    shard, num_shards = gma_protocol.checked_settings_and_shard(SETTINGS)
     study = Study(FLAGS.settings, FLAGS.methods, [float(x) for x in FLAGS.client_lrs],
                   [float(x) for x in FLAGS.taus], [int(s) for s in FLAGS.seeds], FLAGS.output_dir,
                   FLAGS.rounds or None, FLAGS.client_execution)
@@ -624,7 +452,7 @@ def main(argv):
     raise app.UsageError(f'invalid study settings: {e}') from e
   if FLAGS.stage != 'collect':
     command_line.start_simulation()
-    run_all(study, FLAGS.stage, shard, num_shards)
+    study_runs.run_all(study, FLAGS.stage, shard, num_shards)
   print(write_results(study, collect(study)))
   print(f'Results: {os.path.abspath(study.output_dir)}/results.md')
 

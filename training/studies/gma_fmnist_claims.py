@@ -6,7 +6,8 @@ and the adaptive rows re-run, the horizon and the batch size, on Fashion-MNIST w
 
 The protocol is `gma_fmnist`'s (learning rates on its grid with the edge rule, tau 0.4, on a 20% validation split of
 every training client and two tuning partitions; tau in {0.2, 0.4, 0.6} at the winner; finals on 5 other seeds;
-paired per-seed 95% t intervals, verdicts), with the shard / resume / read-back machinery of `gma.run_all`. Added
+paired per-seed 95% t intervals, verdicts; `shared.fmnist_protocol`), with the shard / resume / read-back machinery
+of `shared.study_runs.run_all`. Added
 here: FedProx's mu tuned over FedProx's grid {0.001, 0.01, 0.1, 1} for AVG and GMA alike (learning rates at mu 0.01,
 then mu at their winner, then GMA's tau at the (lr, mu) winner: the study's coordinate search); FedAdam/FedYogi on
 Reddi et al.'s Algorithm 2 (`--adaptive_optimizer=reddi`, the default since the trust issue); GMA at a fixed tau 0.4
@@ -136,18 +137,20 @@ from training import command_line
 from training import config as config_lib
 from training.engine import client_execution
 from training.runner import experiment
-from training.studies import gma as gma_study
-from training.studies import gma_fmnist
-from training.studies import rfa as rfa_study
+from training.studies.shared import fmnist_protocol
+from training.studies.shared import gma_protocol
+from training.studies.shared import intervals
+from training.studies.shared import report
+from training.studies.shared import study_runs
 
-TUNE_SEEDS = gma_fmnist.TUNE_SEEDS
-FINAL_SEEDS = gma_fmnist.FINAL_SEEDS
+TUNE_SEEDS = fmnist_protocol.TUNE_SEEDS
+FINAL_SEEDS = fmnist_protocol.FINAL_SEEDS
 FINAL_SEEDS_LONG_EPOCHS = FINAL_SEEDS[:3]  # The issue's floor, for E >= 10 if the budget forces it.
-STAGE1_TAU = gma_fmnist.STAGE1_TAU
-TAUS = gma_fmnist.TAUS
+STAGE1_TAU = fmnist_protocol.STAGE1_TAU
+TAUS = fmnist_protocol.TAUS
 FEDPROX_MU = 0.01  # Stage 1's mu (the runner's default), then the rest of FedProx's grid at the lr winner.
 MUS = (0.001, 0.1, 1.0)  # Stage 2 (FedProx), besides FEDPROX_MU: FedProx's grid {0.001, 0.01, 0.1, 1}.
-LAST_EVALS = gma_study.LAST_EVALS
+LAST_EVALS = gma_protocol.LAST_EVALS
 TAU_FIXED = 'tau0.4'  # A method variant: GMA at the paper's default tau, the learning rates tuned at it.
 
 
@@ -169,7 +172,7 @@ class Point(NamedTuple):
 
 
 class Run(NamedTuple):
-  """One run: gma.Run's fields and FedProx's mu (the runner directory's name says it for FedProx)."""
+  """One run: gma_protocol.Run's fields and FedProx's mu (the runner directory's name says it for FedProx)."""
   setting: str
   algorithm: str
   aggregator: str
@@ -205,7 +208,7 @@ def _methods(algorithms: Sequence[str], dropin: bool = True) -> tuple[Method, ..
   out = []
   for algorithm in algorithms:
     out += [Method(algorithm, 'mean'), Method(algorithm, 'gma')]
-    if dropin and algorithm in gma_fmnist.ADAPTIVE_SERVERS:
+    if dropin and algorithm in fmnist_protocol.ADAPTIVE_SERVERS:
       out.append(Method(algorithm, 'gma_dropin'))
   return tuple(out)
 
@@ -214,9 +217,7 @@ ALL_ALGORITHMS = ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
 RERUN_METHODS = _methods(('fedprox', 'fedadam', 'fedyogi'))  # Item 1: the rows the trust issue changed.
 OOD_METHODS = _methods(ALL_ALGORITHMS, dropin=False)  # Table 3: AVG and GMA (Algorithm 2 for the adaptive ones).
 EPOCH_METHODS = (Method('fedavg', 'mean'), Method('fedavg', 'gma'), Method('fedavg', 'gma', TAU_FIXED))
-_LENET = dict(dataset='fashion_mnist', model='lenet', local_epochs=1, batch_size=16, eval_every=gma_fmnist.EVAL_EVERY,
-              eval_last_rounds=LAST_EVALS, participation_eval=False, clients_per_round=10)
-_LABEL = dict(_LENET, partition='label_skew', classes_per_client=2)
+_LABEL = dict(fmnist_protocol.LENET, partition='label_skew', classes_per_client=2)
 # The 10-client cells train a tenth of the training split: 60,000 examples a round (~17 s a round, days a cell) do not
 # fit the budget. One class-stratified subset (6,000 examples, 600 of each class, drawn from a fixed seed:
 # `federated.SUBSET_SEED`) for both arms, every seed and every E, as the issue allows ("one stated stratified
@@ -232,12 +233,12 @@ def _settings() -> dict[str, Setting]:
   out = {}
   for name, source in (('rerun_label500', 'fmnist_label500'), ('rerun_label100', 'fmnist_label100'),
                        ('rerun_iid100', 'fmnist_iid100')):  # Item 1.
-    archived = gma_fmnist.SETTINGS[source]
+    archived = fmnist_protocol.SETTINGS[source]
     config = {k: v for k, v in archived.config.items() if k != 'worker_intra_op_threads'}
     out[name] = Setting(archived.label + ' (FedProx / adaptive re-run)', config, RERUN_METHODS, archived.rounds,
                         False, ('table2', archived.paper_row))
   for skew, partition, mixed in (('feature', 'feature_skew_shared', 'No'), ('mixed', 'mixed_skew_shared', 'Yes')):
-    extra = dict(_LENET, partition=partition, **({'classes_per_client': 2} if mixed == 'Yes' else {}))
+    extra = dict(fmnist_protocol.LENET, partition=partition, **({'classes_per_client': 2} if mixed == 'Yes' else {}))
     out[f'cfm10_{skew}'] = Setting(f'coloured FMNIST, {skew} skew, 10 clients, all per round',
                                    dict(extra, **_FULL10), OOD_METHODS, 100, True, ('table3', (mixed, 10)))
     out[f'cfm100_{skew}'] = Setting(f'coloured FMNIST, {skew} skew, 100 clients, 10 per round',
@@ -324,10 +325,10 @@ def paper_numbers(setting: str, algorithm: str) -> Optional[tuple[float, float]]
     return None if row is None else (row[0][0], row[1][0])
   if table == 'table9':
     return PAPER_TABLE9.get(key) if algorithm == 'fedavg' else None
-  return gma_fmnist.PAPER_TABLE2.get(key, {}).get(algorithm)
+  return fmnist_protocol.PAPER_TABLE2.get(key, {}).get(algorithm)
 
 
-class Study:
+class Study(fmnist_protocol.PartitionTuning):
   """The cells' runs and what is known of them; gma_fmnist.Study's protocol with FedProx's mu tuned (a stage at the
   learning-rate winner, before tau), GMA at a fixed tau as a variant, and cells that take another's choices."""
 
@@ -344,11 +345,8 @@ class Study:
     return config_lib.ExperimentConfig(
         **setting.config, **extra, algorithm=run.algorithm, aggregator=run.aggregator, client_lr=run.client_lr,
         server_lr=run.server_lr, tau=run.tau, seed=run.seed, rounds=self.rounds or setting.rounds,
-        validation_fraction=gma_fmnist.VALIDATION_FRACTION if run.tuning else 0.0, client_execution=self.execution,
+        validation_fraction=fmnist_protocol.VALIDATION_FRACTION if run.tuning else 0.0, client_execution=self.execution,
         adaptive_optimizer='reddi', output_dir=os.path.join(self.output_dir, 'runs', run.name))
-
-  def summary(self, run: Run) -> Optional[dict[str, Any]]:
-    return rfa_study.finished_summary(self.config(run))
 
   def tuning_runs(self, setting: str, method: Method, point: Point) -> list[Run]:
     return [Run(setting, method.algorithm, method.aggregator, *point, seed, True) for seed in self.tune_seeds]
@@ -356,17 +354,6 @@ class Study:
   def final_runs(self, setting: str, method: Method, point: Point) -> list[Run]:
     seeds = SETTINGS[setting].seeds or self.seeds
     return [Run(setting, method.algorithm, method.aggregator, *point, seed, False) for seed in seeds]
-
-  def score(self, setting: str, method: Method, point: Point) -> Optional[float]:
-    """Mean best validation accuracy over the tuning partitions (0 for a run stopped before any evaluation)."""
-    summaries = [self.summary(r) for r in self.tuning_runs(setting, method, point)]
-    if any(s is None for s in summaries):
-      return None
-    return float(np.mean([s.get('best_validation_accuracy') or 0.0 for s in summaries]))
-
-  def _best(self, setting: str, method: Method, points: Sequence[Point]) -> Optional[Point]:
-    scores = [self.score(setting, method, p) for p in points]
-    return None if any(s is None for s in scores) else points[int(np.argmax(scores))]  # Ties: the first listed.
 
   def tuned(self, setting: str, method: Method) -> tuple[list[Point], Optional[Point], dict[str, Any]]:
     """(this cell's tuning points known so far, the chosen point or None while incomplete, what the tuning found)."""
@@ -381,36 +368,33 @@ class Study:
       return [], chosen, found
     if chosen is None:
       return [], None, found
-    ladder = gma_fmnist.CLIENT_LR_LADDER
+    ladder = fmnist_protocol.CLIENT_LR_LADDER
     index = ladder.index(chosen.client_lr)
     centre = chosen._replace(tau=STAGE1_TAU)
     points = [centre] + [centre._replace(client_lr=ladder[i]) for i in (index - 1, index + 1) if 0 <= i < len(ladder)]
-    own = self._best(setting, method, points)
+    own = self.best(setting, method, points)
     found['check'] = None if own is None else {'own_winner': own._asdict(), 'same_learning_rates': own == centre}
     return points, chosen if own is not None else None, found
 
   def _tune(self, setting: str, method: Method) -> tuple[list[Point], Optional[Point], dict[str, Any]]:
     """Learning rates on the study's grid with its edge rule (tau 0.4, mu 0.01), then FedProx's mu, then GMA's tau."""
-    client_lrs, server_lrs = gma_fmnist.grid(method.algorithm)
+    client_lrs, server_lrs = fmnist_protocol.grid(method.algorithm)
     mu = FEDPROX_MU if method.algorithm == 'fedprox' else None
     points = [Point(c, s, STAGE1_TAU, mu) for c in client_lrs for s in server_lrs]
-    best = self._best(setting, method, points)
+    best = self.best(setting, method, points)
     if best is None:
       return points, None, {}
-    extension = [best._replace(client_lr=c) for c in [gma_fmnist.beyond(
-        gma_fmnist.CLIENT_LR_LADDER, client_lrs, best.client_lr)] if c is not None]
-    extension += [best._replace(server_lr=s) for s in [gma_fmnist.beyond(
-        gma_fmnist.SERVER_LR_LADDER, server_lrs, best.server_lr)] if s is not None]
+    extension = fmnist_protocol.edge_extension(best, client_lrs, server_lrs)
     points += extension
-    chosen = self._best(setting, method, [best] + extension)
+    chosen = self.best(setting, method, [best] + extension)
     if chosen is None:
       return points, None, {}
     found = {'grid_winner': best._asdict(), 'edge': chosen in extension}
     for stage, values in (('mu', MUS if mu is not None else ()),
-                          ('tau', TAUS if gma_study.is_gma(method.aggregator) and not method.variant else ())):
+                          ('tau', TAUS if gma_protocol.is_gma(method.aggregator) and not method.variant else ())):
       candidates = [chosen._replace(**{stage: v}) for v in values]
       points += candidates
-      chosen = self._best(setting, method, [chosen] + candidates)
+      chosen = self.best(setting, method, [chosen] + candidates)
       if chosen is None:
         return points, None, {}
     return points, chosen, found
@@ -437,11 +421,6 @@ class Study:
 # Results.
 
 
-def _curve(output_dir: str, key: str) -> list[float]:
-  rows = experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
-  return [r[key] for r in rows if key in r]
-
-
 def collect(study: Study) -> list[dict[str, Any]]:
   """One record per (setting, method) of the settings whose final runs all finished (a cell whole or not at all):
   best and last-10 test accuracy on the central test split and, for the coloured cells, on the OOD test clients."""
@@ -456,10 +435,10 @@ def collect(study: Study) -> list[dict[str, Any]]:
       record = {'setting': setting, 'method': method.key, 'algorithm': method.algorithm,
                 'aggregator': method.aggregator, 'variant': method.variant, **chosen._asdict(),
                 'tuning': found, 'rounds': study.config(finals[0]).rounds, 'seeds': [r.seed for r in finals]}
-      if not gma_study.is_gma(method.aggregator):
+      if not gma_protocol.is_gma(method.aggregator):
         record['tau'] = None
       for prefix, key in (('test', 'test/accuracy'), ('ood', 'ood_test/accuracy')):
-        curves = [_curve(study.config(r).output_dir, key) for r in finals]
+        curves = [study_runs.curve(study.config(r).output_dir, key) for r in finals]
         if all(curves):
           record[f'{prefix}_best'] = [float(np.max(c)) for c in curves]
           record[f'{prefix}_last10'] = [float(np.mean(c[-LAST_EVALS:])) for c in curves]
@@ -484,10 +463,10 @@ def comparisons(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
       for metric in ('best', 'last10'):
         ours, theirs = r[f'{prefix}_{metric}'], avg[f'{prefix}_{metric}']
         diff = [100 * (g - a) for g, a in zip(ours, theirs)]
-        mean, low, high = gma_study.paired_interval(diff)
+        mean, low, high = intervals.paired_interval(diff)
         row[f'{prefix}_{metric}'] = {
             'avg': 100 * float(np.mean(theirs)), 'gma': 100 * float(np.mean(ours)), 'differences': diff,
-            'mean': mean, 'low': low, 'high': high, 'verdict': gma_fmnist.verdict(low, high)}
+            'mean': mean, 'low': low, 'high': high, 'verdict': intervals.verdict(low, high)}
     out.append(row)
   return out
 
@@ -520,20 +499,16 @@ def write_results(study: Study, records: list[dict[str, Any]]) -> str:
   for setting in study.settings:
     if any(r['setting'] == setting for r in records):
       text += [f'**{setting}: {SETTINGS[setting].label}**', '', side_by_side(rows, setting), '']
-  report = '\n'.join(text) + '\n'
-  os.makedirs(study.output_dir, exist_ok=True)
-  with open(os.path.join(study.output_dir, 'results.md'), 'w') as f:
-    f.write(report)
-  with open(os.path.join(study.output_dir, 'results.json'), 'w') as f:
-    json.dump({'records': records, 'comparisons': rows}, f, indent=1)
-  return report
+  markdown = '\n'.join(text) + '\n'
+  report.write_report(study.output_dir, markdown, {'records': records, 'comparisons': rows})
+  return markdown
 
 
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  gma_study.define_study_flags(SETTINGS, 'outputs/gma_fmnist_claims')
+  gma_protocol.define_study_flags(SETTINGS, 'outputs/gma_fmnist_claims')
   flags.DEFINE_list('tune_seeds', [str(s) for s in TUNE_SEEDS], 'Tuning partitions (seeds).')
   flags.DEFINE_list('seeds', [str(s) for s in FINAL_SEEDS], 'Seeds of the final runs.')
   flags.DEFINE_boolean('check_construction', False, 'Only the construction check: central LeNet on the training '
@@ -546,7 +521,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
   try:
-    shard, num_shards = gma_study.checked_settings_and_shard(SETTINGS)
+    shard, num_shards = gma_protocol.checked_settings_and_shard(SETTINGS)
     if FLAGS.check_epochs < 1:
       raise ValueError(f'check_epochs must be at least 1, got {FLAGS.check_epochs}')
     study = Study(FLAGS.settings, FLAGS.methods, [int(s) for s in FLAGS.tune_seeds], [int(s) for s in FLAGS.seeds],
@@ -566,7 +541,7 @@ def main(argv):
     return
   if FLAGS.stage != 'collect':
     command_line.start_simulation()
-    gma_study.run_all(study, FLAGS.stage, shard, num_shards)
+    study_runs.run_all(study, FLAGS.stage, shard, num_shards)
   print(write_results(study, collect(study)))
   print(f'Results: {os.path.abspath(study.output_dir)}/results.md')
 

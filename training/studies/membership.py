@@ -20,8 +20,7 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-import json  # pylint: disable=g-import-not-at-top
-from typing import Any
+from typing import Any  # pylint: disable=g-import-not-at-top
 
 from absl import app
 from absl import flags
@@ -35,6 +34,7 @@ from training import config as config_lib
 from training.engine import evaluation
 from training.engine import membership_attack
 from training.runner import experiment
+from training.studies.shared import report
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (one run per aggregator and seed).')
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per run.')
@@ -118,21 +118,17 @@ def main(argv):
     results.append(attack_run(run_config(aggregator, seed)))
   table = summarize(results)
   n = results[0]['logits']['num_per_kind']
-  os.makedirs(_OUTPUT_DIR.value, exist_ok=True)
-  with open(os.path.join(_OUTPUT_DIR.value, 'results.md'), 'w') as f:
-    f.write(
-        f'Membership inference (GMA paper, App. F) on the digits, {_PARTITION.value}, {_NUM_CLIENTS.value} clients '
-        f'(full participation), FedAvg, {_MODEL.value}, {_ROUNDS.value} rounds x {_LOCAL_EPOCHS.value} local '
-        f'epoch(s), seeds {seeds}, tau {_TAU.value}.\n\n'
-        f'Attacker: logistic regression on the final model\'s outputs, {n} members (training examples) and {n} '
-        f'non-members (test split) per run, trained on one half and tested on the other, both ways (2-fold). '
-        f'50% = chance (no leakage). "logits": the paper\'s input; "all": logits, sorted softmax probabilities and '
-        f'the example\'s loss. Gap attack: "member" iff correctly classified. Accuracies of the final model. '
-        f'Mean +- std over seeds; the binomial standard error of one run\'s attack accuracy is about '
-        f'{100 * np.sqrt(0.25 / (2 * n)):.1f} points.\n\n')
-    f.write(table + '\n')
-  with open(os.path.join(_OUTPUT_DIR.value, 'results.json'), 'w') as f:
-    json.dump(results, f, indent=2)
+  header = (
+      f'Membership inference (GMA paper, App. F) on the digits, {_PARTITION.value}, {_NUM_CLIENTS.value} clients '
+      f'(full participation), FedAvg, {_MODEL.value}, {_ROUNDS.value} rounds x {_LOCAL_EPOCHS.value} local '
+      f'epoch(s), seeds {seeds}, tau {_TAU.value}.\n\n'
+      f'Attacker: logistic regression on the final model\'s outputs, {n} members (training examples) and {n} '
+      f'non-members (test split) per run, trained on one half and tested on the other, both ways (2-fold). '
+      f'50% = chance (no leakage). "logits": the paper\'s input; "all": logits, sorted softmax probabilities and '
+      f'the example\'s loss. Gap attack: "member" iff correctly classified. Accuracies of the final model. '
+      f'Mean +- std over seeds; the binomial standard error of one run\'s attack accuracy is about '
+      f'{100 * np.sqrt(0.25 / (2 * n)):.1f} points.\n\n')
+  report.write_report(_OUTPUT_DIR.value, header + table + '\n', results, indent=2)
   print(table)
   print(f'Results: {os.path.abspath(_OUTPUT_DIR.value)}/results.md')
 

@@ -30,7 +30,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import dataclasses  # pylint: disable=g-import-not-at-top
 import itertools
-import json
 import time
 from typing import Any, NamedTuple, Optional
 
@@ -43,6 +42,8 @@ from training import command_line
 from training import config as config_lib
 from training.engine import registry
 from training.runner import experiment
+from training.studies.shared import report
+from training.studies.shared import study_runs
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE_CONFIGS = {
@@ -140,18 +141,6 @@ def cells(models, corruptions, fractions, aggregators, seeds, participation=(Non
   return out
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-  """'i/n' -> (i, n) with 0 <= i < n."""
-  index, _, count = text.partition('/')
-  try:
-    index, count = int(index), int(count)
-  except ValueError:
-    raise ValueError(f"shard must be 'i/n' with integers 0 <= i < n, got {text!r}") from None
-  if not 0 <= index < count:
-    raise ValueError(f"shard must be 'i/n' with integers 0 <= i < n, got {text!r}")
-  return index, count
-
-
 def cell_config(cell: Cell, rounds: int, eval_every: int, output_dir: str,
                 local_epochs: Optional[int] = None, client_execution: str = 'worker') -> config_lib.ExperimentConfig:
   base = read_flagfile(BASE_CONFIGS[cell.model])
@@ -172,37 +161,9 @@ def setting_label(config: config_lib.ExperimentConfig) -> str:
   return f'{config.model}, {config.clients_per_round} of {config.num_clients} per round'
 
 
-def finished_summary(config: config_lib.ExperimentConfig) -> Optional[dict[str, Any]]:
-  """The summary of a run already completed with exactly `config`, else None.
-
-  Lets a rerun of the study (e.g. after its cells were run by several processes into one --output_dir) collect
-  the finished cells from their summary.json in milliseconds instead of rebuilding each run's process (~2 s each).
-  """
-  path = os.path.join(config.output_dir, 'summary.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    summary = json.load(f)
-  # A setting missing from an older summary is read at the value that run used (as a resumed run's config.json);
-  # where the run's files were (a study's archived cells extracted elsewhere) does not change what it computed.
-  # Change nothing a run computes, or (the worker's intra-op threads) only its last bits, as the machine's core
-  # count does: an archived run is the same run under any of them.
-  where = ('output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop', 'worker_intra_op_threads',
-           'checkpoint_every')
-  saved = json.loads(json.dumps(experiment.completed_config(summary.get('config', {}))))
-  wanted = json.loads(json.dumps(dataclasses.asdict(config)))
-  same_config = all(saved.get(k) == v for k, v in wanted.items() if k not in where)
-  # A run the runner stopped (its update non-finite round after round) is finished too: it cannot go on.
-  if same_config and (summary.get('rounds_completed') == config.rounds or 'stopped' in summary):
-    return summary
-  return None
-
-
 def final_accuracy(output_dir: str, last_evals: int) -> float:
   """Mean test accuracy over the run's last `last_evals` evaluated rounds (from its metrics.csv)."""
-  rows = experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
-  accuracy = [r['test/accuracy'] for r in rows if 'test/accuracy' in r]
-  return float(np.mean(accuracy[-last_evals:]))
+  return float(np.mean(study_runs.curve(output_dir, 'test/accuracy')[-last_evals:]))
 
 
 def _group(record: dict) -> str:
@@ -344,9 +305,7 @@ def check_start_goals(results: list[dict], fractions: list[float], baseline: str
 
 
 def plot(results: list[dict], fractions: list[float], path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = report.pyplot()
   models = _groups(results)
   corruptions = list(dict.fromkeys(r['corruption'] for r in results if r['corruption'] != 'none')) or ['none']
   aggregators = list(dict.fromkeys(r['aggregator'] for r in results))
@@ -376,18 +335,15 @@ def plot(results: list[dict], fractions: list[float], path: str) -> None:
 def write_results(results: list[dict], fractions: list[float], output_dir: str,
                   header: str) -> tuple[str, list[str]]:
   """Writes results.md (header, tables, claims) and results.json; returns the tables and the claims."""
-  os.makedirs(output_dir, exist_ok=True)
   table = summarize(results, fractions)
   if max(fractions) > 0:
     table = summarize_at(results, max(fractions)) + '\n' + table
   claims = check_claims(results, fractions)
   if any(r['corruption'] == 'omniscient' for r in results):
     claims += check_start_goals(results, fractions)
-  with open(os.path.join(output_dir, 'results.md'), 'w') as f:
-    f.write(header + '\n\n' + table + '\n')
-    f.write('## The RFA paper\'s qualitative claims here\n\n' + '\n'.join(claims) + '\n')
-  with open(os.path.join(output_dir, 'results.json'), 'w') as f:
-    json.dump(results, f, indent=2)
+  markdown = (header + '\n\n' + table + '\n' + '## The RFA paper\'s qualitative claims here\n\n' + '\n'.join(claims)
+              + '\n')
+  report.write_report(output_dir, markdown, results, indent=2)
   return table, claims
 
 
@@ -412,7 +368,7 @@ def main(argv):
     seeds = [int(s) for s in FLAGS.seeds]
     fractions = sorted(float(f) for f in FLAGS.fractions)
     participation = [int(k) for k in FLAGS.clients_per_round] or [None]
-    shard, num_shards = parse_shard(FLAGS.shard)
+    shard, num_shards = study_runs.parse_shard(FLAGS.shard)
   except ValueError as e:
     raise app.UsageError(f'invalid study settings: {e}') from e
   # Every n-th cell: the grid is aggregator-major, so each shard gets a like share of the slow aggregators.
@@ -434,7 +390,7 @@ def main(argv):
   started = time.monotonic()
   for i, cell in enumerate(todo, 1):
     config = configure(cell)
-    summary = finished_summary(config) or experiment.run(config, show_progress=False).summary
+    summary = study_runs.finished_summary(config) or experiment.run(config, show_progress=False).summary
     results.append({'model': cell.model, 'setting': setting_label(config), 'corruption': cell.corruption,
                     'rho': cell.rho, 'aggregator': cell.aggregator, 'seed': cell.seed,
                     'clients_per_round': config.clients_per_round, 'num_clients': config.num_clients,

@@ -177,62 +177,39 @@ def build_config(trajectory: str) -> config_lib.ExperimentConfig:
   return config_lib.ExperimentConfig(aggregator='mean', corruption='none', **common)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  started = time.monotonic()
-  trajectory, seed = _TRAJECTORY.value, _SEED.value
-  command_line.check_output_file(_OUTPUT.value, 'output')  # Before the training, not after it.
-  config = build_config(trajectory)
-  try:
-    experiment.validate(config)
-  except ValueError as e:
-    raise app.UsageError(f'invalid flags: {e}') from e
-  command_line.start_simulation()
-  setup = experiment.build_setup(config)
-  process = setup.process
-  client_ids = list(setup.data.train.client_ids)
-  corrupted_ids = set(corruption_lib.corrupted_clients(client_ids, RHO, seed))
-  captured = {}
-  if trajectory == 'rfa':
-    inner = process.honest_client_results
+class Measurements:
+  """The round loop's callbacks: before a round, the model (and for the honest run the clients' updates); after it,
+  the round's row, from the updates the round computed (the attacker's view for the rfa run)."""
 
-    def keep(model_weights, data):  # The attacker's view of the round, kept for the measurements.
-      captured['results'] = inner(model_weights, data)
-      return captured['results']
+  def __init__(self, setup: experiment.Setup, config: config_lib.ExperimentConfig, trajectory: str, seed: int):
+    self.setup, self.process, self.trajectory, self.seed = setup, setup.process, trajectory, seed
+    self.client_ids = list(setup.data.train.client_ids)
+    self.corrupted_ids = set(corruption_lib.corrupted_clients(self.client_ids, RHO, seed))
+    self.captured = {}
+    self.rows = []
+    if trajectory == 'rfa':
+      inner = self.process.honest_client_results
 
-    process.honest_client_results = keep
-    assert corrupted_ids == set(setup.corrupted), (corrupted_ids, setup.corrupted)
-  else:
-    client_results = fedavg_family.build_client_results(
-        fedavg_family.build_client_work(setup.model_fn, config.algorithm_config()))
-  rows = []
+      def keep(model_weights, data):  # The attacker's view of the round, kept for the measurements.
+        self.captured['results'] = inner(model_weights, data)
+        return self.captured['results']
 
-  def before_round(round_num, state, participants, datasets):
+      self.process.honest_client_results = keep
+      assert self.corrupted_ids == set(setup.corrupted), (self.corrupted_ids, setup.corrupted)
+    else:
+      self.client_results = fedavg_family.build_client_results(
+          fedavg_family.build_client_work(setup.model_fn, config.algorithm_config()))
+
+  def before_round(self, round_num, state, participants, datasets):
     del round_num, participants
-    captured['before'] = flat(process.get_model_weights(state).trainable)
-    if trajectory == 'honest':
-      captured['results'] = client_results(process.get_model_weights(state), list(datasets))
+    self.captured['before'] = flat(self.process.get_model_weights(state).trainable)
+    if self.trajectory == 'honest':
+      self.captured['results'] = self.client_results(self.process.get_model_weights(state), list(datasets))
     return {}
 
-  def measure_round(done: round_loop.Round) -> None:
-    after = flat(process.get_model_weights(done.state).trainable)
-    results = captured.pop('results')
-    updates = np.stack([flat(r.update) for r in results])
-    weights = np.array([float(r.update_weight) for r in results])
-    corrupted = np.array([c in corrupted_ids for c in done.participants])
-    row, pass3, m_all = measure(updates, weights, corrupted)
-    for extra in [float(x) for x in _EXTRA_RHOS.value if x]:
-      ids = set(corruption_lib.corrupted_clients(client_ids, extra, seed))
-      other, _, _ = measure(updates, weights, np.array([c in ids for c in done.participants]), extra)
-      row.update({f'rho{extra:g}_{k}': v for k, v in other.items()})
-    applied = captured.pop('before') - after  # Server SGD with lr 1: the aggregate itself.
-    expected = pass3 if trajectory == 'rfa' else m_all
-    row['check_rel_diff'] = float(np.linalg.norm(applied - expected) / np.linalg.norm(expected))
-    row['applied_cos'] = cos(applied, updates[~corrupted].T @ weights[~corrupted])
-    evaluation = setup.evaluator(process.get_model_weights(done.state))
-    row = {'round': done.number, 'test_accuracy': evaluation['accuracy'], 'test_loss': evaluation['loss'], **row}
-    rows.append(row)
+  def after_round(self, done: round_loop.Round) -> None:
+    row = self.round_row(done)
+    self.rows.append(row)
     print(f"round {row['round']:2d} acc {row['test_accuracy']:.3f} |m| {row['mean_norm']:.3g} "
           f"spread/|m| {row['spread_ratio']:.2f} cos_h {row['honest_cos_mean']:.2f} "
           f"pass1/2/3 cos {row['pass1_cos']:+.2f}/{row['pass2_cos']:+.2f}/{row['pass3_cos']:+.2f} "
@@ -240,29 +217,73 @@ def main(argv):
           f"(pred {row['gm_pred_along']:+.2f}) |GM-z|/|z| {row['gm_dist_to_z']:.2g} z_opt {row['z_opt']:.2f} "
           f"check {row['check_rel_diff']:.1e}", flush=True)
 
-  state = round_loop.seeded_initial_state(process, setup.build_keras, config.seed)
+  def round_row(self, done: round_loop.Round) -> dict[str, float]:
+    """The round's measurements (`measure`, also at --extra_rhos), the check of the applied aggregate, accuracy."""
+    after = flat(self.process.get_model_weights(done.state).trainable)
+    results = self.captured.pop('results')
+    updates = np.stack([flat(r.update) for r in results])
+    weights = np.array([float(r.update_weight) for r in results])
+    corrupted = np.array([c in self.corrupted_ids for c in done.participants])
+    row, pass3, m_all = measure(updates, weights, corrupted)
+    for extra in [float(x) for x in _EXTRA_RHOS.value if x]:
+      ids = set(corruption_lib.corrupted_clients(self.client_ids, extra, self.seed))
+      other, _, _ = measure(updates, weights, np.array([c in ids for c in done.participants]), extra)
+      row.update({f'rho{extra:g}_{k}': v for k, v in other.items()})
+    applied = self.captured.pop('before') - after  # Server SGD with lr 1: the aggregate itself.
+    expected = pass3 if self.trajectory == 'rfa' else m_all
+    row['check_rel_diff'] = float(np.linalg.norm(applied - expected) / np.linalg.norm(expected))
+    row['applied_cos'] = cos(applied, updates[~corrupted].T @ weights[~corrupted])
+    evaluation = self.setup.evaluator(self.process.get_model_weights(done.state))
+    return {'round': done.number, 'test_accuracy': evaluation['accuracy'], 'test_loss': evaluation['loss'], **row}
+
+
+def train(setup: experiment.Setup, config: config_lib.ExperimentConfig, measurements: Measurements) -> None:
+  """The trajectory's rounds, as the runner trains them, with the measurements' callbacks."""
+  state = round_loop.seeded_initial_state(setup.process, setup.build_keras, config.seed)
   inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs,
                                    config.batch_size, config.seed)
   placement = experiment.place_datasets(setup.method, inputs)  # Where the clients build them (the honest run).
   try:
-    round_loop.RoundLoop(setup.method, state, inputs, before_round=before_round,
-                         after_round=(measure_round,)).run(config.rounds)
+    round_loop.RoundLoop(setup.method, state, inputs, before_round=measurements.before_round,
+                         after_round=(measurements.after_round,)).run(config.rounds)
   finally:
     if placement is not None:
       placement.close()
-  seconds = time.monotonic() - started
-  output = _OUTPUT.value
+
+
+def write_outputs(output: str, measurements: Measurements, config: config_lib.ExperimentConfig,
+                  seconds: float) -> None:
+  """<output>.csv (a row per round) and <output>.json (the rows, the settings, the seconds)."""
+  rows = measurements.rows
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   with open(output + '.csv', 'w', newline='') as f:
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-  settings = {'local_epochs': config.local_epochs, 'trajectory': trajectory, 'rounds': config.rounds, 'seed': seed,
-              'extra_rhos': list(_EXTRA_RHOS.value), 'output': output}
+  settings = {'local_epochs': config.local_epochs, 'trajectory': measurements.trajectory, 'rounds': config.rounds,
+              'seed': measurements.seed, 'extra_rhos': list(_EXTRA_RHOS.value), 'output': output}
   with open(output + '.json', 'w') as f:
-    json.dump({'settings': settings, 'nu': NU, 'rho': RHO, 'corrupted_clients': sorted(corrupted_ids),
+    json.dump({'settings': settings, 'nu': NU, 'rho': RHO, 'corrupted_clients': sorted(measurements.corrupted_ids),
                'seconds': seconds, 'rows': rows}, f, indent=1)
-  print(f'wrote {output}.csv/.json in {seconds:.0f} s')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  started = time.monotonic()
+  command_line.check_output_file(_OUTPUT.value, 'output')  # Before the training, not after it.
+  config = build_config(_TRAJECTORY.value)
+  try:
+    experiment.validate(config)
+  except ValueError as e:
+    raise app.UsageError(f'invalid flags: {e}') from e
+  command_line.start_simulation()
+  setup = experiment.build_setup(config)
+  measurements = Measurements(setup, config, _TRAJECTORY.value, _SEED.value)
+  train(setup, config, measurements)
+  seconds = time.monotonic() - started
+  write_outputs(_OUTPUT.value, measurements, config, seconds)
+  print(f'wrote {_OUTPUT.value}.csv/.json in {seconds:.0f} s')
 
 
 if __name__ == '__main__':

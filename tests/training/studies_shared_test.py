@@ -1,0 +1,151 @@
+"""What the studies share (`training.studies.shared`): intervals and verdicts, the GMA studies' rules, the
+Fashion-MNIST grid's edge rule, shards; and that no study module imports another."""
+
+import ast
+import os
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import tests
+from training.studies.shared import fmnist_protocol
+from training.studies.shared import gma_protocol
+from training.studies.shared import intervals
+from training.studies.shared import study_runs
+
+
+def test_t_quantiles_are_students_and_conservative_between_table_entries():
+  for df in range(1, 40):
+    exact = stats.t.ppf(0.975, df)
+    ours = intervals.t_quantile_975(df)
+    assert ours >= exact - 5e-4  # Never narrower than the exact interval (table values are rounded to 3 places).
+    if df in intervals._T975:  # pylint: disable=protected-access
+      assert ours == pytest.approx(exact, abs=5e-4)
+    assert ours <= exact * 1.03  # Between entries at most 3% wider.
+  with pytest.raises(ValueError, match='df'):
+    intervals.t_quantile_975(0)
+
+
+def test_paired_interval_matches_scipys_t_interval():
+  rng = np.random.default_rng(0)
+  for n in (2, 5, 7):
+    d = rng.normal(0.4, 1.0, n)
+    mean, low, high = intervals.paired_interval(d)
+    ref_low, ref_high = stats.t.interval(0.95, n - 1, loc=d.mean(), scale=stats.sem(d))
+    assert mean == pytest.approx(d.mean())
+    assert (low, high) == pytest.approx((ref_low, ref_high), abs=2e-3 * (ref_high - ref_low))
+  with pytest.raises(ValueError, match='at least 2'):
+    intervals.paired_interval([1.0])
+
+
+def test_welch_interval_matches_scipys():
+  a, b = [1.0, 2.5, 0.3, 1.8, 2.2], [0.1, -0.4, 0.9, 0.2, -1.1]
+  mean, low, high = intervals.welch_interval(a, b)
+  va, vb = np.var(a, ddof=1) / 5, np.var(b, ddof=1) / 5
+  df = (va + vb) ** 2 / (va ** 2 / 4 + vb ** 2 / 4)
+  exact = stats.t.interval(0.95, df, loc=np.mean(a) - np.mean(b), scale=np.sqrt(va + vb))
+  assert mean == pytest.approx(np.mean(a) - np.mean(b))
+  # df rounded down: at least as wide as scipy's interval at the fractional df, and no wider than at floor(df).
+  assert low <= exact[0] and high >= exact[1]
+  floor = stats.t.interval(0.95, int(df), loc=mean, scale=np.sqrt(va + vb))
+  assert (low, high) == pytest.approx(floor, rel=1e-3)
+
+
+def test_verdict_reads_the_interval():
+  assert intervals.verdict(0.1, 0.9) == 'GMA ahead'
+  assert intervals.verdict(-0.9, -0.1) == 'AVG ahead'
+  assert intervals.verdict(-0.1, 0.9) == 'undecided'
+  assert intervals.verdict(0.0, 0.5) == 'undecided'  # An interval touching 0 contains it.
+
+
+def test_convergence_rule():
+  assert not gma_protocol.converged([0.5] * 19)  # Too short to tell.
+  assert gma_protocol.converged([0.90] * 10 + [0.904] * 10)  # +0.4 points: a plateau.
+  assert not gma_protocol.converged([0.80] * 10 + [0.82] * 10)  # +2 points: still rising.
+  assert gma_protocol.converged(list(np.linspace(0.1, 0.9, 30)) + [0.9] * 20)
+
+
+def test_a_score_at_chance_is_one_within_a_point_of_a_single_class_predictor():
+  # Fashion-MNIST's balanced test split: a model that predicts one class scores exactly 10%.
+  assert gma_protocol.at_chance(0.10) and gma_protocol.at_chance(0.1099) and gma_protocol.at_chance(0.05)
+  assert not gma_protocol.at_chance(0.1101) and not gma_protocol.at_chance(0.75)
+
+
+def test_equal_learning_rate_line_compares_where_both_arms_learn_and_counts_the_rest_apart():
+  # (AVG, GMA): two pairs where both learn (GMA +2 and -4 points), then only GMA, only AVG, neither.
+  pairs = [(0.80, 0.82), (0.70, 0.66), (0.102, 0.45), (0.60, 0.1), (0.1028, 0.1028)]
+  line = gma_protocol.equal_lr_line(pairs, 'here')
+  assert line.startswith('- "Robust to the learning rate" (App. D.6 / Table 10, FedAvg on non-iid Fashion-MNIST')
+  assert line.endswith('here: where both arms learn (above 11%), GMA above AVG in 1 of 2 pairs, below in 1, equal in '
+                       '0; median difference -1.00 points. Only GMA learns in 1, only AVG in 1, neither in 1.')
+  assert 'median' not in gma_protocol.equal_lr_line([(0.1, 0.1)], 'here')  # No pair where both learn: no median.
+
+
+def test_a_run_is_named_as_its_directory_in_the_archives():
+  # The archived runs are read back by these names (archives/gma_study_runs.tar.gz, gma_fmnist_runs.tar.gz).
+  run = gma_protocol.Run('label10', 'fedadam', 'gma', 0.05, 0.1, 0.4, 3, False)
+  assert run.name == 'label10-fedadam-gma-clr0.05-slr0.1-tau0.4-final-seed3' and run.method == 'fedadam/gma'
+  assert run._replace(tuning=True, seed=0).name.endswith('-tau0.4-tune-seed0')
+  assert gma_protocol.adaptive_optimizer('fedyogi') == 'tff' and gma_protocol.adaptive_optimizer('fedavg') != 'tff'
+
+
+def test_beyond_steps_past_an_edge_of_the_grid_along_the_ladder():
+  ladder = fmnist_protocol.SERVER_LR_LADDER
+  assert fmnist_protocol.beyond(ladder, (1.0, 1.5, 2.0), 2.0) == 3.0
+  assert fmnist_protocol.beyond(ladder, (1.0, 1.5, 2.0), 1.0) == 0.1
+  assert fmnist_protocol.beyond(ladder, (1.0, 1.5, 2.0), 1.5) is None  # Inner value.
+  assert fmnist_protocol.beyond(ladder, (0.001, 0.01), 0.001) is None  # The ladder's end.
+  # The ladders hold the paper's grid (App. D.4) and one step beyond each end.
+  assert set(fmnist_protocol.CLIENT_LR_LADDER[1:-1]) == {0.001, 0.01, 0.05, 0.1}
+  assert set(fmnist_protocol.SERVER_LR_LADDER[1:-1]) == {0.01, 0.1, 1.0, 1.5, 2.0}
+
+
+def test_the_edge_rule_extends_each_axis_whose_edge_the_winner_sits_on():
+  client_lrs, server_lrs = fmnist_protocol.grid('fedavg')
+  point = gma_protocol.Run('s', 'fedavg', 'mean', 0.1, 1.0, 0.4, 0, True)  # Any NamedTuple with the two rates.
+  extension = fmnist_protocol.edge_extension(point, client_lrs, server_lrs)
+  assert [(p.client_lr, p.server_lr) for p in extension] == [(0.2, 1.0), (0.1, 0.1)]  # Client lr first.
+  assert fmnist_protocol.edge_extension(point._replace(client_lr=0.05, server_lr=1.5), client_lrs, server_lrs) == []
+  adaptive = fmnist_protocol.edge_extension(point._replace(server_lr=0.01), *fmnist_protocol.grid('fedadam'))
+  assert [(p.client_lr, p.server_lr) for p in adaptive] == [(0.2, 0.01), (0.1, 0.001)]
+
+
+def test_shard_parsing():
+  assert study_runs.parse_shard('0/1') == (0, 1) and study_runs.parse_shard('2/3') == (2, 3)
+  for bad in ('1/1', '-1/2', '1', 'a/b', '0/0'):
+    with pytest.raises(ValueError, match='shard'):
+      study_runs.parse_shard(bad)
+
+
+def test_shards_split_the_runs_by_name():
+  runs = [gma_protocol.Run('label10', 'fedavg', 'mean', clr, 1.0, 0.4, seed, False)
+          for clr in (0.01, 0.05, 0.1) for seed in range(10)]
+  shards = [[r for r in runs if study_runs.in_shard(r, i, 3)] for i in range(3)]
+  assert sorted(r.name for s in shards for r in s) == sorted(r.name for r in runs)  # Each run in one shard.
+  assert all(shards)
+
+
+def _study_imports(path: str) -> set[str]:
+  """The `training.studies...` modules a file imports."""
+  names = set()
+  for node in ast.walk(ast.parse(open(path, encoding='utf-8').read())):
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith('training.studies'):
+      names |= {f'{node.module}.{a.name}' for a in node.names}
+    elif isinstance(node, ast.Import):
+      names |= {a.name for a in node.names if a.name.startswith('training.studies')}
+  return names
+
+
+def test_no_study_imports_another_only_the_shared_modules():
+  directory = os.path.join(tests.ROOT, 'training', 'studies')
+  studies = [f for f in os.listdir(directory) if f.endswith('.py') and f != '__init__.py']
+  assert {'gma.py', 'gma_fmnist.py', 'gma_fmnist_claims.py', 'rfa.py'} <= set(studies)
+  for name in studies:
+    for imported in _study_imports(os.path.join(directory, name)):
+      assert imported.startswith('training.studies.shared.'), f'{name} imports {imported}'
+  shared = os.path.join(directory, 'shared')
+  for name in os.listdir(shared):
+    if name.endswith('.py'):
+      for imported in _study_imports(os.path.join(shared, name)):
+        assert imported.startswith('training.studies.shared.'), f'shared/{name} imports {imported}'

@@ -1,0 +1,52 @@
+"""95% t intervals of the GMA studies' differences (paired per seed, or Welch's between cells) and their verdicts.
+
+Student's t quantiles come from a table (no SciPy at run time); between its entries the next smaller degrees of
+freedom's, so an interval is never narrower than the exact one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+# Two-sided 95% quantiles of Student's t, t_{0.975, df}, for the paired intervals (df = seeds - 1).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t_quantile_975(df: int) -> float:
+  """t_{0.975, df}; for a df between the table's entries (or past 30) the next smaller df's: a wider, conservative
+  interval."""
+  if df < 1:
+    raise ValueError(f'df must be >= 1, got {df}')
+  return _T975[max(k for k in _T975 if k <= df)]
+
+
+def paired_interval(differences: Sequence[float]) -> tuple[float, float, float]:
+  """(mean, low, high): the 95% t interval of the mean of paired differences."""
+  d = np.asarray(differences, np.float64)
+  if d.size < 2:
+    raise ValueError(f'a paired interval needs at least 2 differences, got {d.size}')
+  half = t_quantile_975(d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
+  return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+  """(mean, low, high): the 95% Welch t interval of mean(a) - mean(b) (df rounded down: conservative)."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+  df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)) if va + vb > 0 else a.size + b.size - 2
+  half = t_quantile_975(max(1, int(df))) * float(np.sqrt(va + vb))
+  mean = float(a.mean() - b.mean())
+  return mean, mean - half, mean + half
+
+
+def verdict(low: float, high: float) -> str:
+  """What an interval of GMA - AVG says: above 0, below 0, or containing it."""
+  if low > 0:
+    return 'GMA ahead'
+  if high < 0:
+    return 'AVG ahead'
+  return 'undecided'

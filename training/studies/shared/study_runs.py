@@ -1,0 +1,135 @@
+"""A study's runs on disk: one runner directory per run, read back once finished, and shared among processes.
+
+Every cell of a study is one run of the experiment runner (`training.runner.experiment`) into its own directory, so a
+stopped study resumes, a finished run is read back from its summary.json (also from an extracted archive of them),
+and several processes (`--shard=i/n`) can run parts of a study into one output directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import zlib
+from typing import Any, Optional, Protocol
+
+import numpy as np
+
+from training import config as config_lib
+from training.runner import experiment
+
+
+def finished_summary(config: config_lib.ExperimentConfig) -> Optional[dict[str, Any]]:
+  """The summary of a run already completed with exactly `config`, else None.
+
+  Lets a rerun of the study (e.g. after its cells were run by several processes into one --output_dir) collect
+  the finished cells from their summary.json in milliseconds instead of rebuilding each run's process (~2 s each).
+  """
+  path = os.path.join(config.output_dir, 'summary.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    summary = json.load(f)
+  # A setting missing from an older summary is read at the value that run used (as a resumed run's config.json);
+  # where the run's files were (a study's archived cells extracted elsewhere) does not change what it computed.
+  # Change nothing a run computes, or (the worker's intra-op threads) only its last bits, as the machine's core
+  # count does: an archived run is the same run under any of them.
+  where = ('output_dir', 'data_dir', 'workers', 'dataset_placement', 'client_loop', 'worker_intra_op_threads',
+           'checkpoint_every')
+  saved = json.loads(json.dumps(experiment.completed_config(summary.get('config', {}))))
+  wanted = json.loads(json.dumps(dataclasses.asdict(config)))
+  same_config = all(saved.get(k) == v for k, v in wanted.items() if k not in where)
+  # A run the runner stopped (its update non-finite round after round) is finished too: it cannot go on.
+  if same_config and (summary.get('rounds_completed') == config.rounds or 'stopped' in summary):
+    return summary
+  return None
+
+
+def metrics_rows(output_dir: str) -> list[dict[str, float]]:
+  """A run's metrics.csv rows, each {column: value} ([] when it has none)."""
+  return experiment._read_rows(os.path.join(output_dir, 'metrics.csv'))  # pylint: disable=protected-access
+
+
+def curve(output_dir: str, key: str) -> list[float]:
+  """A run's values of metrics column `key`, over the rounds that have one (e.g. the evaluated rounds)."""
+  return [r[key] for r in metrics_rows(output_dir) if key in r]
+
+
+def mean_of(output_dir: str, suffix: str) -> Optional[float]:
+  """Mean over rounds of the first metrics column ending in `suffix` (e.g. GMA's masked_fraction)."""
+  rows = metrics_rows(output_dir)
+  keys = sorted({k for r in rows for k in r if k.endswith(suffix)})
+  values = [r[keys[0]] for r in rows if keys and keys[0] in r]
+  return float(np.mean(values)) if values else None
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+  """'i/n' -> (i, n) with 0 <= i < n."""
+  index, _, count = text.partition('/')
+  try:
+    index, count = int(index), int(count)
+  except ValueError:
+    raise ValueError(f"shard must be 'i/n' with integers 0 <= i < n, got {text!r}") from None
+  if not 0 <= index < count:
+    raise ValueError(f"shard must be 'i/n' with integers 0 <= i < n, got {text!r}")
+  return index, count
+
+
+class NamedRun(Protocol):
+  """A study's run: its name is its directory's."""
+  name: str
+  tuning: bool
+
+
+class StagedStudy(Protocol):
+  """What `run_all` needs of a study whose later stages depend on its earlier stages' finished runs."""
+
+  def runnable(self, stages: str) -> tuple[list[Any], int]:
+    """(runs whose inputs are known, number of cells still blocked on unfinished earlier stages)."""
+
+  def config(self, run: Any) -> config_lib.ExperimentConfig:
+    """The runner's configuration of a run."""
+
+  def summary(self, run: Any) -> Optional[dict[str, Any]]:
+    """The run's summary once finished, else None."""
+
+
+def in_shard(run: NamedRun, shard: int, num_shards: int) -> bool:
+  """Whether shard `shard` of `num_shards` runs `run`: by a hash of its name, the same in every process."""
+  return zlib.crc32(run.name.encode()) % num_shards == shard
+
+
+def run_all(study: StagedStudy, stages: str, shard: int, num_shards: int, poll_seconds: float = 30.0) -> None:
+  """Runs this shard's runs as they become runnable; returns when no run of this shard is left."""
+  started, done = time.monotonic(), 0
+  while True:
+    runs, blocked = study.runnable(stages)
+    todo = [r for r in runs if in_shard(r, shard, num_shards) and study.summary(r) is None]
+    if not todo:
+      pending = [r for r in runs if study.summary(r) is None]
+      if not blocked and not pending:
+        return
+      if stages == 'final' or (num_shards == 1 and not pending):
+        # Nothing this shard can run will appear: a `final` shard runs no tuning and needs no other shard's
+        # finals, and a lone shard waiting only on blocked cells would wait on itself.
+        if blocked:
+          print(f'{blocked} (setting, method) cells wait for tuning runs that this call does not run; '
+                'run --stage=tune (or all) for them', flush=True)
+        return
+      time.sleep(poll_seconds)  # Waiting for the other shards' runs of an earlier stage.
+      continue
+    for run in todo:
+      try:
+        summary = experiment.run(study.config(run), show_progress=False).summary
+      except experiment.TrainingStopped as e:  # A diverged run: finished, scored on the rounds it ran.
+        print(f'{run.name}: {e}', flush=True)
+        summary = study.summary(run)
+      done += 1
+      score = summary.get('best_validation_accuracy') if run.tuning else summary.get('best_accuracy')
+      print(f'[{done}, {time.monotonic() - started:.0f}s] {run.name}: best '
+            f'{"validation" if run.tuning else "test"} {100 * (score or 0):.1f}%', flush=True)
+      if not run.tuning:
+        continue
+      # A finished tuning run may make later-stage runs runnable: recompute the list.
+      break
