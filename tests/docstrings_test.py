@@ -2,8 +2,7 @@
 
 Plain pytest, no TensorFlow: it parses the source only. The first line is a one-sentence summary, as TFF's; the
 detail lives in class and function docstrings and in docs/, and the pointers there (`docs/NAME.md#anchor`) in
-tff_gma's and training's source must resolve. The modules still in their pass (`_PENDING`, the studies' and the
-benchmark's) may fail; every other module is checked strictly."""
+tff_gma's and training's source must resolve. Every module is checked strictly."""
 
 import ast
 import os
@@ -16,26 +15,6 @@ from tests import docs_test
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ('tff_gma', 'training')
 MAX_LINES = 6
-# Modules whose docstrings are still being shortened (issue 39 item 6): expected to fail until then, not strictly.
-_PENDING = frozenset((
-    'training/bench/__init__.py',
-    'training/bench/cli.py',
-    'training/bench/floor.py',
-    'training/bench/presets.py',
-    'training/bench/runner_runs.py',
-    'training/bench/sections.py',
-    'training/bench/small_rounds.py',
-    'training/bench/timing.py',
-    'training/studies/__init__.py',
-    'training/studies/gma.py',
-    'training/studies/gma_fmnist.py',
-    'training/studies/gma_fmnist_claims.py',
-    'training/studies/membership.py',
-    'training/studies/rfa.py',
-    'training/studies/rfa_spread.py',
-    'training/studies/shared/fmnist_protocol.py',
-))
-_PENDING_MARK = pytest.mark.xfail(strict=False, reason='module docstring: shortening in progress (issue 39 item 6)')
 _DOCS_POINTER = re.compile(r'\bdocs/([\w.-]+\.md)(?:#([\w-]+))?')
 
 
@@ -68,20 +47,13 @@ def _read(path: str) -> str:
 def _params():
   for package in PACKAGES:
     for path in python_files(package):
-      marks = [_PENDING_MARK] if path in _PENDING else []
-      yield pytest.param(path, marks=marks, id=path)
+      yield pytest.param(path, id=path)
 
 
 def test_finds_the_modules():
   library = python_files('tff_gma')
   assert 'tff_gma/__init__.py' in library and 'tff_gma/aggregators/weiszfeld.py' in library, library
   assert python_files('training'), 'no module found under training/'
-
-
-def test_pending_modules_exist():
-  """A pending entry names a module that exists: a renamed or removed one would leave the list stale."""
-  missing = sorted(_PENDING - set(python_files('training')))
-  assert not missing, f'_PENDING names modules that do not exist: {missing}'
 
 
 def docstring_problem(source: str):

@@ -1,56 +1,9 @@
-"""The benchmark: aggregator overhead and client scaling in TFF's runtime, as ratios to the mean in the same run.
+"""The benchmark's command line: its flags, the sections run in order, the targets checked, JSON and Markdown written.
 
-    python -m training.bench --quick      # a few minutes (scripts/bench.sh --quick)
-    python -m training.bench              # the full benchmark (run it on a quiet machine)
-    python -m training.bench --smoke      # every section and key on tiny sizes (the tests)
+    python -m training.bench [--quick | --smoke] [--sections=...] [--aggregators=mean,gma+secure,rfa+num_passes=5]
 
-The candidates are methods of `training.engine.methods`, named as `registry.resolve` names them (an aggregator, which is
-FedAvg with it; a composed algorithm; ALGORITHM/AGGREGATOR), each optionally with aggregator or method settings:
-`NAME+setting=value+...` (fields of `training.engine.config_lib.AggregatorParams` or
-`training.engine.config_lib.MethodParams`; a bare boolean setting means true), e.g. `gma+secure`, `rfa+num_passes=5`.
-The entry is the candidate's label in the JSON. Default: every aggregator the methods know (`registry.AGGREGATORS`: the
-registry's and Elastic), then secure GMA and RFA with 1 and 5 passes; an aggregator added to `training.engine.registry`
-is benchmarked with no edit here. Secure entries without `secure_bound` get the section's bound (model updates: 1; the
-probe's values: 4).
-
-Three sections, each written into the JSON (--output, default outputs/bench/bench.json) and a Markdown table
-beside it (bench.md):
-
-* rounds: one round of each candidate (`methods.build`: the process the runner trains, the project's client
-  work with TFF's DATASET_ITERATOR loop) on the digits model, all on the same client datasets and from the same
-  model, as `round_time_ratio` (median round time / median of `mean`). Also the project's mean pipeline
-  (`project_pipeline`: what the runner builds for --aggregator=mean, with its per-round client sampling and
-  dataset construction) against TFF's stock `build_weighted_fed_avg` with plain batched datasets:
-  `pipeline_throughput_ratio` = stock round time / project round time (> 1: the project's pipeline is faster).
-  And the client-loop comparison: stock FedAvg with `loop_implementation=DATASET_ITERATOR`
-  (`stock_fedavg_iterator`) against TFF's default DATASET_REDUCE (`stock_fedavg`): `iterator_loop_speedup`.
-* aggregation: each FedAvg candidate's aggregation process alone (`training.engine.registry.build`; Elastic's
-  `ElasticFactory`), for models of 1e4, 1e5, 1e6 floats and 10 / 100 clients, with the client values generated
-  inside the TFF worker (`training.bench.timing.aggregation_probe`): `aggregation_time_ratio[config][candidate]`.
-  The generation of the client values is the same for every candidate of a config (Elastic's values are twice
-  as many: an update and a sensitivity) and is timed on its own (`generation_vector`,
-  `generation_update_and_sensitivity`); `aggregation_extra_seconds` is what each candidate adds to a call of the
-  mean.
-* scaling: round time and peak resident memory (this process and the TFF worker) against clients per round
-  (10, 50, 100, 500) of the digits set split over 500 clients (about 3 examples each).
-* client_execution: FedAvg with the mean, its clients trained in the TFF worker (`--client_execution=worker`)
-  against in this process's TensorFlow (`local`, `training.engine.client_execution`), interleaved in one run, on the
-  digits CNN (the digits over 10 clients) and on ResNet-18-GN with CIFAR-10-shaped generated examples ([32, 32, 3],
-  10 clients x 300; `--client_execution_examples` makes it smaller): `client_execution_time_ratio[model]` =
-  local round time / worker round time (< 1: local is faster), with the TensorFlow devices each mode trained on
-  and local mode's device line. Without a GPU, local trains on this process's CPU.
-* breakdown, peers (`training.bench.small_rounds`): a small round's time per TFF invocation (`round_parts`), and the
-  round against the same round as plain TF in this process and against its floor (`peer_ratios`).
-* runner (`training.bench.runner_runs`): `python -m training.run` end to end: start-up to the first round, saving
-  against training, a label500-shaped study run against its training floor (`runner_ratios`).
-
-Method: everything is compiled first (the first call of each computation, timed and reported as
-compile_seconds), then the candidates run in interleaved sweeps (order rotated each sweep) on the same inputs,
-and the medians are compared. Each sample also records the CPU seconds of this Python process and of the TFF
-worker (from /proc), which splits a round's time into the worker's work, Python's (tracing, serialization, gRPC)
-and waiting; `round_cpu_ratio` is the ratio of those CPU seconds, steadier than wall time when other work shares
-the machine. --profile=NAME adds a cProfile of the Python side of NAME's rounds (profile_NAME.txt).
-"""
+--quick: a few minutes; none: the full benchmark (a quiet machine); --smoke: every key on tiny sizes. Writes
+--output (outputs/bench/bench.json) and bench.md. Entries, sections, keys: docs/benchmark.md#sections-keys-and-method"""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
 """The in-graph floor of a FedAvg round: the clients' arithmetic with nothing around it.
 
-The same client work as a FedAvg round (one local epoch of minibatch SGD with momentum from the server model, on
-each client's examples, then the example-weighted mean of the clients' models), written as plain TF in one graph
-run by a `tf.compat.v1.Session` in this process: the model as pure functions of its weight tensors
-(`tff.learning.models.functional_model_from_keras`), each client's examples as one constant tensor, the steps as a
-`tf.while_loop` over batch slices with the weights and momentum as loop tensors, every client in the one graph
-(independent loops TF may run side by side). No dataset, no variable, no TFF runtime: what a round cannot go below
-on this machine. The batches are taken in the stored order (the arithmetic does not depend on the order).
-
-`build_floor_in_worker(...)` is the same graph run as one TFF computation by TFF's worker: the part of the gap that
-is the worker's way of running TF, apart from everything a round adds.
-
-`build_floor(...)` returns the round as a no-argument callable (its result: the new model's weights, NumPy), for
-`training.bench.timing.interleaved_times` beside the TFF rounds it bounds.
+The same client work as a FedAvg round written as plain TF in one `tf.compat.v1.Session` graph in this process (no
+dataset, variable or TFF runtime: what a round cannot go below here); `build_floor_in_worker` runs that graph in
+TFF's worker. How it is built: docs/benchmark.md#sections-keys-and-method
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""What a benchmark run measures: its `Settings`, the full, --quick and --smoke presets, the entries benchmarked by
-default, the issues' targets, and the digits setup every section shares.
+"""What a benchmark run measures: its settings, presets, default entries, the issues' targets and the digits setup.
 
-`training.bench.cli` turns the flags into `Settings`; the sections (`training.bench.sections`, `small_rounds`,
-`runner_runs`) read them.
+`Settings` with the full, --quick and --smoke presets; `training.bench.cli` turns the flags into them and the sections
+(`training.bench.sections`, `small_rounds`, `runner_runs`) read them.
 """
 
 from __future__ import annotations

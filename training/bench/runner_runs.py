@@ -1,14 +1,8 @@
 """The runner end to end (issue 37's run-level targets): `python -m training.run` started as a user starts it.
 
-* `defaults`: a run at the runner's defaults but for the data and model (Fashion-MNIST, label skew, 500 clients of
-  120 examples, 10 a round, LeNet): the process's start-up to its first round (`process_seconds_before_rounds`) and
-  its saving (metrics rows and checkpoints) against its training (`seconds_by_part`).
-* `study`: a run shaped as the Fashion-MNIST study's label500 cell (150 rounds, evaluated every 5th round and in
-  each of the last 10, batch 16) against its training floor: as many rounds of the in-graph floor
-  (`training.bench.floor`) of the same shape (10 clients of 120 generated examples), timed in this process right
-  after each run.
-
-Needs Fashion-MNIST's files (`scripts/setup.sh --data=fashion_mnist`); without them the section says so and skips.
+`defaults`: start-up to the first round and saving against training at the runner's defaults; `study`: a
+label500-shaped study run against its in-graph floor. Needs Fashion-MNIST's files (skips without them).
+What each measures: docs/benchmark.md#sections-keys-and-method
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """The benchmark's sections that time whole rounds and aggregations of its entries.
 
-* `rounds`: a round of every candidate, interleaved, as ratios to the mean (and TFF's stock FedAvg);
-* `aggregation`: the aggregation process alone, on values generated in the worker;
-* `client_execution`: clients trained in the TFF worker vs in this process;
-* `scaling`: round time and memory against clients per round;
-* `floor`: a FedAvg round of the project (datasets built in the worker, and sent), TFF's stock FedAvg and the
-  in-graph floor (`training.bench.floor`: the same arithmetic as plain TF in this process), as ratios to the floor.
-
-Two more, `breakdown` and `peers` (a small round's time per TFF invocation; the round against plain TF), are in
-`training.bench.small_rounds`, and `runner` in `training.bench.runner_runs`.
-
-What they measure is `training.bench.presets.Settings`; the entries are `training.bench.candidates`.
-`training.bench.cli` runs them, checks the targets and writes JSON and Markdown; `training.bench.timing` has the
-timing tools. See `training.bench.cli` for the command line.
+`rounds`, `aggregation`, `client_execution`, `scaling` and `floor`, each as ratios in one process; `breakdown` and
+`peers` are in `training.bench.small_rounds`, `runner` in `training.bench.runner_runs`, the command line in
+`training.bench.cli`. What each measures: docs/benchmark.md#sections-keys-and-method
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Small rounds against the speed of their math (issue 37): two sections of `python -m training.bench`.
 
-* `breakdown`: where a small FedAvg/mean round's time goes, one TFF invocation at a time (the state in and out, a
-  client computation that does nothing, the clients' data, their training, the aggregation, the checkpoint and CSV
-  writes), each timed interleaved with the whole round, on the Python side and in the worker.
-* `peers`: the project's round against the same round as a plain TensorFlow program in this process
-  (`PlainTFRound`) and against its in-graph floor (`training.bench.floor`), interleaved, as ratios.
-
-Both build the round the runner builds by default (the clients' datasets built in the TFF worker, the in-graph
-client loop), as the floor section's `project_worker_datasets` entry does, on generated examples of the model's data
-shape. `training.bench.cli` runs them, checks the targets (`check_targets`) and writes their tables (`markdown`).
+`breakdown`: where a small FedAvg/mean round's time goes, one TFF invocation at a time; `peers`: the round against
+the same round as plain TensorFlow in this process (`PlainTFRound`) and against its in-graph floor.
+What each measures: docs/benchmark.md#sections-keys-and-method
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Measuring the cost of aggregators in TFF's runtime: interleaved timing, process memory and CPU, probes.
 
-Absolute times on a shared machine are noisy, so everything here is built for *ratios measured in one process*:
-
-* `interleaved_times` runs several callables in rotating order (ABC, BCA, CAB, ...), one repetition of each per
-  sweep, so slow periods of the machine hit every candidate alike; `median` of the samples, not the mean.
-* `ProcessStats` reads the peak resident memory and CPU time of this process and of the TFF worker process(es)
-  from `/proc` (Linux): the worker's CPU time is the work the runtime did, this process's is Python's (tracing,
-  serialization, gRPC), and wall time minus both is waiting.
-* `aggregation_probe` builds a computation that runs an aggregation process on client values *generated inside
-  the worker* from a CLIENTS-placed seed, and returns only scalars: feeding large client values from Python
-  would time the gRPC transfer, not the aggregation.
+Built for ratios measured in one process: `interleaved_times` (rotating order, medians), `ProcessStats` (memory and
+CPU of this process and the TFF worker, from /proc) and `aggregation_probe` (client values generated in the worker).
+Why each: docs/benchmark.md#sections-keys-and-method
 """
 
 from __future__ import annotations

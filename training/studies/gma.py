@@ -1,65 +1,9 @@
 """The GMA study on the embedded digits: AVG vs GMA as the GMA paper measures it (Tables 2-3, 7-9, App. C-E).
 
-    python -m training.studies.gma [--stage=all|tune|final] [--settings=...] [--shard=i/n]
-        [--output_dir=outputs/gma_study]
+    python -m training.studies.gma [--stage=all|tune|final] [--settings=...] [--shard=i/n] [--output_dir=...]
 
-Settings (`SETTINGS`; CNN unless said, 1 local epoch, batch 16, client SGD with momentum 0.9):
-* `label10`: label skew, k = 2 classes per client drawn at random (`partition.label_skew`), 10 clients, all per
-  round (the paper's 10-client rows);
-* `label50`, `label100`: the same skew, 50 and 100 clients, 10 sampled per round (the paper's sampled rows;
-  its 500-client rows do not fit the 1,438 training digits);
-* `feature10`: FedCMNIST-style feature skew (each client its own colour-label correlation), 10 clients, all per
-  round, reported on held-out OOD test clients (the paper's Table 3);
-* `dirichlet10`: Dirichlet label skew alpha = 0.1, 10 clients, all per round (FedAvg only, App. D);
-* `convex_iid`, `convex_label`: the convex experiment (App. E): logistic regression, one local step per round
-  (full-batch: one batch of up to 1,000 examples), FedAvg, iid and label skew k = 2, 10 clients, 500 rounds. With
-  one full-batch step from the same model, the example-weighted mean of the clients' steps is the gradient step on
-  all the data whatever the partition: AVG's convex_iid and convex_label runs are the same computation (their
-  results agree), and any difference within the pair is GMA's mask alone. (The paper does not give its batch
-  size; with minibatch steps the partition would matter only through sampling noise.)
-Methods: FedAvg, FedProx, FedAdam, FedYogi, each with AVG (`mean`) and GMA (`gma`, soft mask); FedAvg also with
-the binary AND-mask (`gma_binary`). FedAdam/FedYogi with GMA are the paper's Algorithm 2 (moments from the unmasked
-mean, mask on the step: `tff_gma.learning.build_gma_fed_avg`).
-
-Protocol (the paper's, within this machine's budget):
-1. Tuning, on a validation split: every training client holds out 20% of its examples (`--validation_fraction`);
-   the runs train on the rest and are scored on the pooled held-out examples, never on the test split. Score:
-   the best validation accuracy over the rounds (the paper's metric), seed `TUNE_SEED`. The grid, chosen
-   separately for AVG and GMA of each algorithm and setting:
-   - stage 1: client lr in `CLIENT_LRS` x server lr in `SERVER_LRS[algorithm]`, GMA at tau = 0.4 (the paper's);
-   - stage 2 (GMA only): tau in `TAUS` at the stage-1 winner's learning rates (a coordinate search: the paper's
-     full product, 4 x 5 x 9 = 180 runs per cell, does not fit).
-   Paper grid: client lr {1e-3, 1e-2, 5e-2, 1e-1}, server lr {1e-2, 1e-1, 1, 1.5, 2}, tau {0.1, ..., 0.9}.
-   Dropped for the budget: client lr 1e-3 (it does not learn in these rounds), server lr 1e-2 and 2 for SGD
-   servers and 1, 1.5, 2 for adaptive ones (an adaptive step of size 1 per coordinate diverges), tau 0.1, 0.3,
-   0.5, 0.7, 0.8, 0.9 (GMA is tuned over tau in {0.2, 0.4, 0.6}).
-2. Rounds: each setting runs `rounds` rounds (`SETTINGS`). Convergence rule, checked on the tuning winners'
-   validation curves: a curve has converged when its mean over the last 10 evaluated rounds is within
-   `gma_protocol.PLATEAU_POINTS` (0.5) points of its mean over the 10 before; the table marks a setting whose
-   winners did not all converge.
-3. Final runs: the winners' hyperparameters, all of each client's training examples (no validation split), seeds
-   `FINAL_SEEDS` (4, as the paper). Reported: the best test accuracy over rounds (the paper's Tables 2-3 metric)
-   and the mean of the last 10 rounds (its Tables 7-9), mean +- std over seeds, with the rounds and the winning
-   hyperparameters per cell, and GMA's mean `masked_fraction` (the share of coordinates the mask shrinks).
-
-Budget (measured on this 2-core machine with two shards side by side: about 1 s per round and shard for the 10-client
-CNN settings; 0.5-0.6 s for the 10-of-50/100 CNN rounds and ~0.3 s for the convex ones, measured with a test suite
-running beside them, after the evaluator kept its Keras copy and the state was saved every 10 rounds (now the runner's
-default `checkpoint_every`), which had cost ~0.4 and ~0.2 s of every sampled round): tuning 306 runs (per CNN
-label/feature setting 9 methods: 6 stage-1 runs each, plus 2 stage-2 runs for each of the 5 GMA methods = 64; 22 for
-dirichlet10, 14 per convex setting), final 172 runs (43 cells x 4 seeds); rounds 100 (CNN, 10 clients), 150 (sampled),
-500 (convex): about 75,000 rounds in all, 7-8 hours of wall time as two shards (`--shard=0/2`, `--shard=1/2` side by
-side), then once without `--shard` to collect. That spans several sessions here: stop the shards at any time (a stopped
-run resumes from its newest checkpoint), keep the finished cells (`summary.json`, `metrics.csv`, `config.json` of each
-run directory: enough to read them back), and start the shards again. Every cell is one run of the experiment runner
-into its own directory under `--output_dir/runs` (metrics, checkpoints, summary), so a stopped study resumes, and
-finished cells are read back from their summary.json (also from an extracted archive of them). Measured: the study ran
-over several sessions here; its last 187 runs (feature10, dirichlet10, label50 and label100's last cell) took 2 hours as
-two shards, with the test suite beside them for 42 minutes. A shard waits for the cells its later stages depend on (run
-by the other shard) and polls every 30 s.
-
-Writes `results.md` (tables, verdicts), `results.json`, `results.png` (test curves of the headline settings).
-"""
+Tunes each method on a validation split, then runs the winners on `FINAL_SEEDS`; writes results.md/json/png.
+Settings, protocol, budget, commands: docs/gma_study.md#settings-protocol-and-budget"""
 
 from __future__ import annotations
 

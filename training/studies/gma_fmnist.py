@@ -1,54 +1,9 @@
 """The GMA study on the paper's own data: Fashion-MNIST and LeNet, side by side with the paper's Table 2.
 
     python -m training.studies.gma_fmnist [--stage=all|tune|final|collect] [--settings=...] [--shard=i/n]
-        [--output_dir=outputs/gma_fmnist_study]
 
-The digits study (`training.studies.gma`, `docs/gma_study.md`) follows the paper's method on data whose ceiling
-hides its effects; this one runs the paper's own setting (Table 1: Fashion-MNIST, LeNet, label skew k = 2, 10
-clients sampled per round, 1 local epoch, client SGD with momentum 0.9) with a protocol that can tell a difference
-from noise. The shard / resume / read-back machinery is the digits study's (`shared.study_runs.run_all`, one runner
-directory per run, finished runs read back from their `summary.json`).
-
-Settings (`SETTINGS`, in the issue's priority order; a cell is reported only when all its runs finished):
-* `fmnist_label500`: label skew k = 2, 500 clients (120 examples each), 10 per round (the paper's largest gains);
-* `fmnist_label100`: the same with 100 clients (600 each), 100 rounds (a round trains five times the examples of a
-  500-client round; 150 would add half again to the cell's measured ~3.7 hours, and the three cells already pass
-  ~10);
-* `fmnist_iid100`: iid, 100 clients, 10 per round (the paper's iid rows: the test of "more so when non-iid").
-Batch size 16 (the paper does not give one; the digits study's), so a 500-client round is 10 x 8 steps.
-
-Methods: FedAvg, FedProx (mu = `config.AlgorithmConfig.proximal_strength`, 0.01, not tuned: the paper does not give
-its mu), FedAdam, FedYogi, each with AVG (`mean`) and GMA (`gma`; for FedAdam/FedYogi Algorithm 2, the mask on the
-optimizer's step), and FedAdam/FedYogi also with the drop-in placement (`gma_dropin`: TFF's builder with the GMA
-factory, the mask before the optimizer), tuned the same way.
-
-Protocol (`Study`; its constants, grid and cells are `shared.fmnist_protocol`'s, which the claims study shares):
-1. Learning rates, on a validation split (20% of every training client held out; runs scored on the pooled held-out
-   examples, never on the test split), each point run on `TUNE_SEEDS` (two partitions: the seed draws the
-   partition, the initial model and the client sampling); a point's score is the mean over them of the best
-   validation accuracy over rounds (the paper's metric). GMA at tau = 0.4 here. The grid is the paper's (client lr
-   {0.001, 0.01, 0.05, 0.1} x server lr {0.01, 0.1, 1, 1.5, 2}) less the values a measurement showed never win
-   (`GRID_CUTS` says which and where it was measured).
-2. Edge rule: when the winner sits on an edge of its grid along an axis, the next value of that axis's ladder
-   (`CLIENT_LR_LADDER`, `SERVER_LR_LADDER`: the paper's values, one step beyond each end) is run at the winner's
-   other coordinate; the best of grid and extension wins. One step: an extension that wins is marked `edge` in the
-   table.
-3. tau in `TAUS` (GMA methods) at the learning-rate winner, on the same partitions; the best of {0.2, 0.4, 0.6}.
-   The edge rule is not applied to tau: one step below 0.2 is 0, where the soft mask is all ones and GMA is AVG,
-   the other arm itself.
-4. Finals: the chosen hyperparameters on `FINAL_SEEDS` (5 seeds, none a tuning partition), all training examples,
-   the test split evaluated every `EVAL_EVERY`-th round and in each of the last 10.
-Reported per (setting, algorithm) and per GMA variant: best and last-10 test accuracy (mean +- std over seeds), the
-paired per-seed difference GMA - AVG with its 95% t interval, and a verdict from the interval: "GMA ahead" (above
-0), "AVG ahead" (below 0) or "undecided" (contains 0), on last-10 (primary) and on best (our reading of Table 2's
-"average best test performance": best over the rounds); the convergence rule of the digits study on the tuning
-winner's validation curve; the paper's AVG, GMA and gap beside ours; how many final runs ended at chance
-(`collapsed`). Then the paper's claims, each from the cells that finished (`claims`; one that needs a cell not run
-says so), with App. D.6's equal-learning-rate question read from the tuning runs (`equal_lr_pairs`).
-
-Writes `results.md`, `results.json` (what the tables read: every number of the report) and `results.png` (test
-curves per setting and algorithm, each seed thin, the mean bold).
-"""
+Learning rates tuned on two partitions with the edge rule, then tau; paired 95% t intervals of GMA - AVG over
+`FINAL_SEEDS`; writes results.md/json/png under --output_dir. Protocol: docs/gma_fmnist_study.md#the-protocol-in-full"""
 
 from __future__ import annotations
 

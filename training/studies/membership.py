@@ -1,18 +1,9 @@
 """Membership inference against FedAvg with mean vs GMA aggregation on the embedded digits (GMA paper, App. F).
 
-    python -m training.studies.membership [--seeds=0,1,2] [--rounds=30] [--model=cnn]
-        [--partition=label_skew] [--output_dir=outputs/membership_inference]
+    python -m training.studies.membership [--seeds=0,1,2] [--rounds=30] [--model=cnn] [--output_dir=...]
 
-For each aggregator (mean, gma) and seed, one run of the experiment runner (`training.runner.experiment`, identical
-settings and seeds for both aggregators, every client in every round; runs live under --output_dir and resume).
-Then a logistic-regression attacker (`training.engine.membership_attack.membership_attack`) is trained on the final
-model's logits for members (the pooled training examples of all clients, every one of which trained in every
-round) and non-members (the central test split), balanced by drawing as many members as there are test
-examples. Attack accuracy near 50% means the model's outputs reveal little about membership.
-
-Writes `results.md` (mean +- std over seeds: attack accuracy with the paper's logit features and with all
-features, attack AUC, the gap attack, the final model's train and test accuracy) and `results.json`.
-"""
+One runner run per aggregator (mean, gma) and seed, then a logistic-regression attacker on the final model's outputs
+for members and non-members; writes results.md, results.json. Protocol: docs/results.md#how-the-membership-study-runs"""
 
 from __future__ import annotations
 

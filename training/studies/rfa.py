@@ -1,26 +1,9 @@
 """The RFA robustness study on the embedded digits: accuracy against the corruption level (RFA paper, Sec. 5.2-5.3).
 
-    python -m training.studies.rfa [--seeds=0,1,2] [--rounds=10] [--local_epochs=5] [--models=logistic,cnn]
-        [--corruptions=data_negate,data_flip_labels,gaussian,omniscient] [--fractions=0,0.1,0.25,0.4]
-        [--aggregators=mean,rfa,rfa_one_step,gma,median,trimmed_mean,krum,clip_mean,zeroing_mean]
-        [--clients_per_round=10,20] [--output_dir=outputs/reproduce_rfa] [--shard=i/n]
+    python -m training.studies.rfa [--models=logistic,cnn] [--corruptions=...] [--fractions=...] [--aggregators=...]
 
-Each model's base settings come from its flagfile (`configs/rfa_digits_linear.flags` for `logistic`,
-`configs/rfa_digits_cnn.flags` for `cnn`: 20 clients, 10 per round, FedAvg); the study varies the aggregator,
-the corruption and its level rho, the seed, the rounds and the local epochs. Every cell is one run of the experiment
-runner (`training.runner.experiment`), with its own metrics, checkpoints and summary under --output_dir, so an
-interrupted study resumes (finished cells are read back from their summary.json, so several processes may run
-parts of the grid (--shard) into one --output_dir and a last call over the whole grid collects them). rho = 0 is
-one uncorrupted run per (model, aggregator, seed), shared by every corruption's column. `trimmed_mean` and `krum`
-are told rho (as in the paper); the others are agnostic.
-
-An aggregator entry may carry runner settings of its own, `NAME+setting=value+...`: `rfa+rfa_init=zero+num_passes=5`
-is RFA started from the zero update with 5 passes (the entry is its label in the tables). --clients_per_round
-lists participation levels to compare (default: the flagfile's); each is its own group of tables.
-
-Writes `results.md` (per model and corruption: final accuracy in %, mean +- std over seeds, rows aggregators,
-columns rho; then the paper's qualitative claims checked against the numbers), `results.json` and `results.png`.
-"""
+An entry may carry settings (`rfa+rfa_init=zero+num_passes=5`); one runner run per cell, in shards (`--shard=i/n`);
+writes results.md, results.json, results.png. Grid, defaults, flagfiles: docs/rfa_study.md#how-the-study-runs"""
 
 from __future__ import annotations
 

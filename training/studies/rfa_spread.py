@@ -1,44 +1,9 @@
 """Why RFA holds or breaks under the omniscient attack: the honest updates' spread against their mean, per round.
 
-    python -m training.studies.rfa_spread --local_epochs=1 --trajectory=rfa --output=outputs/rfa_spread/e1_rfa
+    python -m training.studies.rfa_spread --local_epochs=1 --trajectory=rfa|honest --output=outputs/rfa_spread/e1_rfa
 
-Trains one trajectory exactly as the runner (`training.run`) does, with its flags' values fixed to the RFA-limit
-setting (digits, CNN, IID, 20 of 20 clients, FedAvg: client SGD lr 0.05 momentum 0.9, batch 16, server SGD lr 1;
-seed, rounds and local epochs from the flags):
-
-* `--trajectory=rfa`: RFA (3 passes, zero start, smoothing nu = 1e-6) under the omniscient attack with
-  rho = 0.4 (8 of 20 clients), i.e. the run of `training.run --aggregator=rfa --rfa_init=zero
-  --corruption=omniscient --corrupt_fraction=0.4` (same seeds, same rounds: its test accuracy per round must
-  equal the runner's metrics.csv). The round's honest updates are those the simulated attacker computes (the
-  harness's `honest_client_results` is wrapped to keep them, so the clients train once per round, as in the run).
-* `--trajectory=honest`: the uncorrupted mean run (`--aggregator=mean --corruption=none`); every client's update
-  is computed once more (`fedavg_family.build_client_results`) for the measurements, and the 8 clients that the
-  corrupted run would corrupt are asked "what if they attacked now" (the attack vector computed on this round's
-  updates, the geometric median of the 12 honest + 8 attack points).
-
-Per round (all vectors are whole flattened updates, float64; a_i the clients' example counts):
-
-* m: the weighted mean of the 12 honest clients' updates (the honest mean); m_all: the mean of all 20 clients'
-  honest updates (what the attack negates); z: the attack point, which all 8 corrupted clients send
-  (`corruption.omniscient_attack`: the weighted mean of the 20 sent points is -m_all).
-* spread: mean_i ||u_i - m|| over the honest clients (and its max), as a ratio to ||m||; mean cos(u_i, m).
-* RFA as run: smoothed Weiszfeld (nu = 1e-6) from the zero update, passes 1..3 (pass 1 is one-step RFA);
-  the converged smoothed geometric median of the 20 sent points (Weiszfeld from zero until the step is below
-  1e-9 ||m|| or 20000 iterations); the geometric median of the 12 honest points only. Each: cos with m, norm
-  ratio to ||m||.
-* z_opt: ||sum_{i honest} a_i (u_i - z) / ||u_i - z|| || / (sum of the corrupted weights). <= 1 is the exact
-  optimality condition for the geometric median to be z itself (8 coincident points): the attacker owns it.
-* guarantee: C(rho) * max_i ||u_i - m|| / ||m||, C(rho) = (1 - rho) / sqrt(1 - 2 rho) (Minsker 2015, Lemma
-  2.1, Hilbert space): the geometric median lies within C * r of m whenever at most rho of the (weighted) points
-  are farther than r from m. >= 1: the guaranteed ball contains 0 and points with a negative cosine with m.
-* rho<r>_*: the same quantities for a hypothetical attack by round(r * 20) clients on the same round's updates
-  (`--extra_rhos`, default 0.1 and 0.25; the trajectory stays the rho = 0.4 run's or the honest one).
-* check: the aggregate the library computed this round (the model delta, server lr 1) against the NumPy pass 3
-  (rfa) or the NumPy mean (honest): relative difference.
-
-Writes <output>.csv (one row per round) and <output>.json (rows + settings + seconds). NumPy on top of the harness;
-about 1 minute for E = 1 and 2 to 3 minutes for E = 5 (30 rounds) on 2 cores.
-"""
+Replays the RFA-limit run (digits CNN, 20 of 20 clients, 40% omniscient) as the runner trains it; writes per round
+where Weiszfeld's passes and the geometric median land. Columns: docs/results.md#what-rfa_spread-measures"""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""The tuning protocol of the Fashion-MNIST GMA studies, and the cells of the first (`gma_fmnist`), which the second
-(`gma_fmnist_claims`) re-runs.
+"""The tuning protocol of the Fashion-MNIST GMA studies, and the first study's cells, which the second re-runs.
 
 Both tune learning rates on the paper's grid less `GRID_CUTS`, with the edge rule along `CLIENT_LR_LADDER` and
-`SERVER_LR_LADDER`, on a validation split and `TUNE_SEEDS` partitions (a point's score: the mean over them of the
-best validation accuracy), then tau in `TAUS`; finals on `FINAL_SEEDS`. The protocol itself is in
-`training.studies.gma_fmnist`'s docstring.
+`SERVER_LR_LADDER`, on a validation split and `TUNE_SEEDS` partitions, then tau in `TAUS`; finals on `FINAL_SEEDS`.
+The protocol: docs/gma_fmnist_study.md#the-protocol-in-full
 """
 
 from __future__ import annotations
