@@ -56,6 +56,11 @@ def test_a_refused_start_then_the_corrected_command_runs(tmp_path):
 
 
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+# `python -m training.run` as a terminal's foreground command starts it: SIGINT at its default, so that Ctrl-C reaches
+# it even when this suite itself runs as a background job (which starts with SIGINT ignored, inherited by what it
+# starts: there a run rightly ignores Ctrl-C). The exec keeps the pid, which the lock's message names.
+_FOREGROUND_RUNNER = [sys.executable, '-c', 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); '
+                      'os.execv(sys.executable, [sys.executable, "-m", "training.run", *sys.argv[1:]])']
 
 
 def _wait_for(path, process, timeout=240):
@@ -71,7 +76,7 @@ def test_a_second_run_is_refused_and_ctrl_c_says_how_to_resume(tmp_path):
   out = tmp_path / 'out'
   flags = [f'--output_dir={out}', '--rounds=8', '--model=logistic', '--num_clients=4', '--clients_per_round=3',
            '--eval_every=4', '--checkpoint_every=1']
-  first = subprocess.Popen([sys.executable, '-m', 'training.run', *flags], cwd=tests.ROOT, stdout=subprocess.PIPE,
+  first = subprocess.Popen([*_FOREGROUND_RUNNER, *flags], cwd=tests.ROOT, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_ENV)
   try:
     _wait_for(out / 'checkpoints' / 'program_state_2', first)
