@@ -100,7 +100,7 @@ def test_client_lr_reaches_the_optimizer_the_library_builder_gets(tmp_path, monk
   _spy(monkeypatch, tff_gma.learning, builder, calls)
   _process(tmp_path, f'--algorithm={algorithm}', f'--client_lr={CLIENT_LR}')
   (args, kwargs, _), = calls
-  client_optimizer = kwargs['client_optimizer'] if 'client_optimizer' in kwargs else args[1]
+  client_optimizer = kwargs['client_optimizer_fn'] if 'client_optimizer_fn' in kwargs else args[1]
   assert _optimizer_learning_rate(client_optimizer) == pytest.approx(CLIENT_LR, rel=1e-6)
 
 

@@ -70,8 +70,8 @@ def build_personalized_client_update(model_fn: Callable[[], tff.learning.models.
 
 def build_personalized_rfa(
     model_fn: Callable[[], tff.learning.models.VariableModel],
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     metrics_aggregator=None,
 ) -> client_lib.LearningProcessWithClientState:
@@ -89,8 +89,8 @@ def build_personalized_rfa(
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
-    client_optimizer: the local optimizer of both phases (e.g. `tff.learning.optimizers.build_sgdm(0.05)`).
-    server_optimizer: applied to the aggregated update; default SGD with learning rate 1 (w <- aggregate).
+    client_optimizer_fn: the local optimizer of both phases (e.g. `tff.learning.optimizers.build_sgdm(0.05)`).
+    server_optimizer_fn: applied to the aggregated update; default SGD with learning rate 1 (w <- aggregate).
     model_aggregator: weighted factory for the shared updates; default RFA,
       `tff_gma.aggregators.GeometricMedianFactory()` (3 passes).
     metrics_aggregator: as in TFF's builders (default `tff.learning.metrics.sum_then_finalize`).
@@ -98,10 +98,10 @@ def build_personalized_rfa(
   Raises:
     ValueError: for an invalid argument (the message names it).
   """
-  client_optimizer = client_lib.check_optimizer(client_optimizer, 'client_optimizer')
+  client_optimizer = client_lib.check_optimizer(client_optimizer_fn, 'client_optimizer_fn')
   server_optimizer = client_lib.check_optimizer(
-      server_optimizer if server_optimizer is not None else tff.learning.optimizers.build_sgdm(1.0),
-      'server_optimizer')
+      server_optimizer_fn if server_optimizer_fn is not None else tff.learning.optimizers.build_sgdm(1.0),
+      'server_optimizer_fn')
   if model_aggregator is None:
     model_aggregator = geometric_median.GeometricMedianFactory()
   elif not isinstance(model_aggregator, tff.aggregators.WeightedAggregationFactory):

@@ -160,7 +160,7 @@ def _build_client_round(model_fn, types: client_lib.ModelTypes, client_optimizer
 
 def build_scaffold(
     model_fn: Callable[[], tff.learning.models.VariableModel],
-    client_optimizer: tff.learning.optimizers.Optimizer,
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
     server_lr: float = 1.0,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     *,
@@ -185,7 +185,7 @@ def build_scaffold(
 
   Args:
     model_fn: no-arg callable returning a `tff.learning.models.VariableModel`.
-    client_optimizer: the clients' `tff.learning.optimizers.Optimizer`, stepped on the corrected gradient from its
+    client_optimizer_fn: the clients' `tff.learning.optimizers.Optimizer`, stepped on the corrected gradient from its
       initial state: the paper's plain SGD at eta_l (`tff.learning.optimizers.build_sgdm(eta_l)`, option II
       exactly), or TFF's SGD with momentum (`build_sgdm(eta_l, momentum=...)`), after which c_i+ is still the mean
       minibatch gradient. The control variates never read its learning rate.
@@ -206,7 +206,7 @@ def build_scaffold(
   Raises:
     ValueError: for an invalid argument (the message names it).
   """
-  client_lib.check_optimizer(client_optimizer, 'client_optimizer')
+  client_lib.check_optimizer(client_optimizer_fn, 'client_optimizer_fn')
   server_lr = checks.check_positive_finite(server_lr, 'server_lr')
   num_clients = checks.check_positive_int(num_clients, 'num_clients', optional=True)
   if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES, tff.learning.ClientWeighting.UNIFORM):
@@ -223,7 +223,7 @@ def build_scaffold(
   control_mean = mean.weighted_mean_factory(secure, value_bound, weight_bound=1.0)
   types = client_lib.model_types(model_fn, metrics_aggregator)
   init_fn, client_round, control_type, _ = _build_client_round(
-      model_fn, types, client_optimizer, client_weighting, None if num_clients is None else int(num_clients),
+      model_fn, types, client_optimizer_fn, client_weighting, None if num_clients is None else int(num_clients),
       control_mean)
   return client_lib.compose_with_client_state(
       types, init_fn, client_round, model_aggregator, server_optimizer_fn, control_type, CONTROL_VARIATE)

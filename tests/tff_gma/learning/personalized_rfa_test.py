@@ -85,5 +85,5 @@ def test_invalid_arguments_raise():
   with pytest.raises(ValueError, match='model_aggregator'):
     personalized_rfa.build_personalized_rfa(model_fn, tff.learning.optimizers.build_sgdm(0.1),
                                             model_aggregator=tff.aggregators.SumFactory())
-  with pytest.raises(ValueError, match='client_optimizer'):
+  with pytest.raises(ValueError, match='^client_optimizer_fn must be'):
     personalized_rfa.build_personalized_rfa(model_fn, 0.1)

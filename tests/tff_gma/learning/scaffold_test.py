@@ -154,7 +154,7 @@ def test_invalid_arguments(digits_setup):
   _, _, model_fn = digits_setup
   # The client optimizer is an optimizer, not its rate nor a function building one.
   for not_an_optimizer in (0.1, lambda: sgd(0.1)):
-    with pytest.raises(ValueError, match='^client_optimizer must be a tff.learning.optimizers.Optimizer'):
+    with pytest.raises(ValueError, match='^client_optimizer_fn must be a tff.learning.optimizers.Optimizer'):
       build_scaffold(model_fn, not_an_optimizer)
   with pytest.raises(ValueError, match='server_lr'):
     build_scaffold(model_fn, sgd(0.1), server_lr=-1.0)
