@@ -7,21 +7,50 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import pytest  # pylint: disable=g-import-not-at-top
 
-# A test that trains through the runner or starts processes is end-to-end: it joins the `slow` tier even without
-# an explicit marker, so that `-m "not slow"` stays a fast tier as tests are added.
+# A test that trains through the runner or starts processes (itself, through a function of its module, or through a
+# fixture) is end-to-end: it joins the `slow` tier even without an explicit marker, so that `-m "not slow"` stays a
+# fast tier as tests are added.
 _END_TO_END_CALLS = ('experiment.run(', 'subprocess.run(', 'subprocess.Popen(', 'start_local_workers(')
 
 
+def _source(function) -> str:
+  try:
+    return inspect.getsource(function)
+  except (OSError, TypeError):
+    return ''
+
+
+def _starts_processes(source: str) -> bool:
+  return any(call in source for call in _END_TO_END_CALLS)
+
+
+def _process_helpers(module) -> tuple[str, ...]:
+  """`name(` for each function of a test module that starts processes, itself or through another such function of
+  the module (a test calling one is end-to-end too)."""
+  sources = {name: _source(value) for name, value in vars(module).items()
+             if inspect.isfunction(value) and value.__module__ == module.__name__}
+  helpers = {name for name, source in sources.items() if _starts_processes(source)}
+  while True:  # Whatever calls a helper is one.
+    more = {name for name, source in sources.items() if name not in helpers
+            and any(f'{helper}(' in source for helper in helpers)}
+    if not more:
+      return tuple(f'{name}(' for name in helpers)
+    helpers |= more
+
+
 def pytest_collection_modifyitems(items):
+  helpers = {}
   for item in items:
     function = getattr(item, 'function', None)
     if function is None or 'slow' in item.keywords:
       continue
-    try:
-      source = inspect.getsource(function)
-    except (OSError, TypeError):
-      continue
-    if any(call in source for call in _END_TO_END_CALLS):
+    module = item.module
+    if module.__name__ not in helpers:
+      helpers[module.__name__] = _process_helpers(module)
+    source = _source(function)
+    fixtures = [_source(d.func) for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]  # pylint: disable=protected-access
+    if (_starts_processes(source) or any(call in source for call in helpers[module.__name__])
+        or any(_starts_processes(f) for f in fixtures)):
       item.add_marker(pytest.mark.slow)
 
 

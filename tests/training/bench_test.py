@@ -322,6 +322,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   assert '### logistic 2x20, batch 16' in markdown and '| logistic 2x20, batch 16 |' in markdown
 
 
+@pytest.mark.slow  # A whole benchmark section: both client-execution modes trained and timed.
 def test_client_execution_section_times_both_modes_and_says_where_they_trained(simulation_context):
   settings = dataclasses.replace(presets.SMOKE, sections=('client_execution',),
                                  client_execution_models=('logistic', 'resnet18_gn'))
