@@ -34,7 +34,8 @@ from tff_gma import models
 from tff_gma.data import loaders
 from training import config as config_lib
 from training import demo
-from training.bench import sections as bench_sections
+from training.bench import candidates as bench_candidates
+from training.bench import presets as bench_presets
 from training.engine import corruption as corruption_lib
 from training.engine import fedavg_family
 from training.engine import methods
@@ -263,10 +264,10 @@ def test_flagfiles_studies_demo_and_bench_set_only_what_their_methods_read(tmp_p
   for name, hyperparameters in chosen.items():
     registry.check_settings(*registry.resolve(name),
                             registry.settings_of(hyperparameters.algorithm_config, hyperparameters.params))
-  for entry in bench_sections.AGGREGATORS:
-    bench_sections.parse_candidate(entry)  # Refuses an entry whose settings its method does not read.
+  for entry in bench_presets.AGGREGATORS:
+    bench_candidates.parse_candidate(entry)  # Refuses an entry whose settings its method does not read.
   with pytest.raises(ValueError, match="'median\\+secure': secure: aggregator 'median'"):
-    bench_sections.parse_candidate('median+secure')
+    bench_candidates.parse_candidate('median+secure')
 
 
 @pytest.mark.parametrize('aggregator', ['clip_mean', 'zeroing_mean'])

@@ -11,6 +11,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from training import config as config_lib
+from training.engine import client_pipeline
 from training.engine import methods
 from training.engine import worker_datasets
 from training.runner import experiment
@@ -39,7 +40,8 @@ def test_round_pipeline_takes_the_batches_tf_data_shuffle_takes(global_seed):
       {'x': np.arange(50, dtype=np.float32).reshape(25, 2), 'y': np.arange(25, dtype=np.int32)})
   tf.random.set_seed(global_seed)
   expected = _batches(examples.shuffle(10_000, seed=1234, reshuffle_each_iteration=True).repeat(3).batch(4))
-  ours = _batches(round_loop.round_pipeline(examples, *round_loop.shuffle_seeds(1234), local_epochs=3, batch_size=4))
+  ours = _batches(client_pipeline.round_pipeline(examples, *round_loop.shuffle_seeds(1234), local_epochs=3,
+                                                 batch_size=4))
   assert len(ours) == len(expected) == 19
   for a, b in zip(ours, expected):
     for u, v in zip(a, b):

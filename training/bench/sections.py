@@ -34,10 +34,6 @@ from training.engine import methods
 from training.engine import worker_datasets
 from training.runner import round_loop
 
-# Read by tests/training/method_settings_test.py from this module (outside the benchmark): the default entries and
-# their parser, which are `presets`' and `candidates`'.
-AGGREGATORS = presets.AGGREGATORS
-parse_candidate = candidates_lib.parse_candidate
 
 # ----------------------------------------------------------------------------------------------------------------
 # Section: rounds.

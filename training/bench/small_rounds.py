@@ -27,6 +27,7 @@ from tff_gma.learning import in_graph
 from training.bench import floor as floor_lib
 from training.bench import presets
 from training.bench import timing
+from training.engine import client_pipeline
 from training.engine import fedavg_family
 from training.engine import methods
 from training.engine import worker_datasets
@@ -116,7 +117,7 @@ class PlainTFRound:
   the loss's gradient and SGD with momentum as TFF's `build_sgdm` steps (v = momentum * v + g; w = w - lr * v). Then a
   second `tf.function` (traced once) applies the example-weighted mean of the clients' updates with the server's SGD, as
   TFF's mean and finalizer do. The examples are tensors held in this process; each round a client takes them in the
-  order the project's round does (the permutation `round_loop.round_pipeline` draws with the round's seed pair,
+  order the project's round does (the permutation `client_pipeline.round_pipeline` draws with the round's seed pair,
   `round_seeds(round_num)`, one per client), so both take the same batches.
   """
 
@@ -148,7 +149,7 @@ class PlainTFRound:
     for velocity in self._velocity:
       velocity.assign(tf.zeros_like(velocity))
     size = tf.shape(y, out_type=tf.int64)[0]
-    order = round_loop.round_pipeline(tf.data.Dataset.range(size), seed, seed2, local_epochs=1,
+    order = client_pipeline.round_pipeline(tf.data.Dataset.range(size), seed, seed2, local_epochs=1,
                                       batch_size=size).get_single_element()
     x, y = tf.gather(x, order), tf.gather(y, order)
     for begin in tf.range(0, size, self._batch_size):

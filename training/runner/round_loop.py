@@ -38,12 +38,6 @@ def client_seed(seed: int, round_num: int, index: int) -> int:
   return _round_seed(seed, round_num, index + 1)
 
 
-# The pipeline itself is the engine's (the TFF worker builds the same one from files): its names, as before.
-SHUFFLE_BUFFER = client_pipeline.SHUFFLE_BUFFER
-round_pipeline = client_pipeline.round_pipeline
-shuffled = client_pipeline.shuffled
-
-
 def shuffle_seeds(op_seed: int) -> tuple[int, int]:
   """The (seed, seed2) pair `Dataset.shuffle(seed=op_seed)` takes in this process: TF's global seed (set by
   `seeded_initial_state`) with the op seed."""
@@ -56,7 +50,7 @@ def client_dataset(
 ) -> tf.data.Dataset:
   """The client's data for one round: shuffled (seeded by seed, round and client), repeated, batched."""
   index = client_data.client_ids.index(client_id)
-  return round_pipeline(client_data.create_tf_dataset_for_client(client_id),
+  return client_pipeline.round_pipeline(client_data.create_tf_dataset_for_client(client_id),
                         *shuffle_seeds(client_seed(seed, round_num, index)), local_epochs=local_epochs,
                         batch_size=batch_size)
 
@@ -107,8 +101,9 @@ class ClientInputs:
     return [shuffle_seeds(client_seed(self.seed, round_num, ids.index(c))) for c in client_ids]
 
   def pipeline(self, examples: tf.data.Dataset, seed, seed2) -> tf.data.Dataset:
-    """`round_pipeline` with this run's epochs and batch size (the seeds may be tensors)."""
-    return round_pipeline(examples, seed, seed2, local_epochs=self.local_epochs, batch_size=self.batch_size)
+    """`client_pipeline.round_pipeline` with this run's epochs and batch size (the seeds may be tensors)."""
+    return client_pipeline.round_pipeline(examples, seed, seed2, local_epochs=self.local_epochs,
+                                          batch_size=self.batch_size)
 
 
 def flatten_metrics(metrics, prefix: str = '') -> dict[str, float]:
