@@ -386,6 +386,7 @@ def test_the_floor_computes_the_round_tffs_fedavg_computes(simulation_context, m
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # A whole benchmark section, timed.
 def test_floor_section_times_every_entry_as_a_ratio_to_the_floor(simulation_context):
   section = sections.bench_floor(presets.SMOKE, [simulation_context.pid])
   assert set(section['round_to_floor']['logistic']) == {*sections.FLOOR_ENTRIES[1:], 'project_beyond_one_batch'}
@@ -437,6 +438,7 @@ def _small_markdown(section_name, section):
                             'details': {section_name: section}, 'targets': []})
 
 
+@pytest.mark.slow  # A whole benchmark section, timed.
 def test_breakdown_section_times_every_probe_and_derives_the_parts(simulation_context):
   section = small_rounds.bench_breakdown(presets.SMOKE, [simulation_context.pid])
   assert list(section['round_parts']) == ['logistic 2x20']
@@ -454,6 +456,7 @@ def test_breakdown_section_times_every_probe_and_derives_the_parts(simulation_co
   assert '### logistic 2x20, batch 16' in markdown and '| part: aggregation (' in markdown
 
 
+@pytest.mark.slow  # A whole benchmark section, timed.
 def test_peers_section_times_the_three_rounds_as_ratios(simulation_context):
   section = small_rounds.bench_peers(presets.SMOKE, [simulation_context.pid])
   ratios = section['peer_ratios']['logistic 2x20']

@@ -2,10 +2,10 @@
 
 Per record, the method it names (an aggregator under the first algorithm it runs with; an algorithm with its
 default aggregator, or the first private one when that is not private) is built by `methods.build` on a tiny digits
-setup and must: be a `LearningProcess`; initialize and run a round (`Method.run_round`, client state included) to
-finite weights that moved; get the audit verdict its record declares (`private`, with secure client metrics);
-aggregate in one stage exactly when it declares `multi_worker`; and `registry.check` must accept exactly the
-client-execution modes it declares.
+setup and must: be a `LearningProcess`; get the audit verdict its record declares (`private`, with secure client
+metrics); aggregate in one stage exactly when it declares `multi_worker`; and `registry.check` must accept exactly
+the client-execution modes it declares; and (slow tier) initialize and run a round through the runner's loop,
+client state included, to finite weights that moved.
 """
 
 import numpy as np
@@ -49,19 +49,32 @@ def test_every_record_is_covered():
   assert {a for a, _ in _METHODS} == set(registry.ALGORITHMS)
 
 
-@pytest.mark.parametrize('algorithm, aggregator', _METHODS, ids=[f'{a}/{g}' for a, g in _METHODS])
-def test_record_contract(setup, algorithm, aggregator):
-  data, build_keras, model_fn = setup
-  aggregator_record, algorithm_record = registry.aggregator(aggregator), registry.algorithm(algorithm)
-  if aggregator_record.kind == registry.MODEL_AGGREGATOR:
-    assert isinstance(registry.build(aggregator), tff.aggregators.WeightedAggregationFactory)
-  else:
-    with pytest.raises(ValueError, match='not a model aggregator'):
-      registry.build(aggregator)
+@pytest.fixture(scope='module')
+def built(setup):
+  """Each record's method, built once for both tests below (the full suite runs both)."""
+  data, _, model_fn = setup
+  methods_by_name = {}
 
-  method = methods.build(model_fn, algorithm, aggregator, num_clients=len(data.train.client_ids),
-                         metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)
-  assert isinstance(method.process, tff.learning.templates.LearningProcess)
+  def get(algorithm, aggregator):
+    if (algorithm, aggregator) not in methods_by_name:
+      methods_by_name[algorithm, aggregator] = methods.build(
+          model_fn, algorithm, aggregator, num_clients=len(data.train.client_ids),
+          metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)
+    return methods_by_name[algorithm, aggregator]
+  return get
+
+
+_IDS = [f'{a}/{g}' for a, g in _METHODS]
+
+
+# The slow tier: a round through the runner's loop. The fast tier runs a round of every algorithm and every
+# aggregator through `methods.build` against its reference (tests/methods_reference/reference_test.py); the worker's
+# first call of each new process (some 2 s) is most of this test's time.
+@pytest.mark.slow
+@pytest.mark.parametrize('algorithm, aggregator', _METHODS, ids=_IDS)
+def test_record_trains_a_round(setup, built, algorithm, aggregator):
+  data, build_keras, _ = setup
+  method = built(algorithm, aggregator)
   state = round_loop.seeded_initial_state(method.process, build_keras, 0)
   before = method.process.get_model_weights(state).trainable
   inputs = round_loop.ClientInputs(data.train, len(data.train.client_ids), 1, 32, 0)
@@ -72,6 +85,18 @@ def test_record_contract(setup, algorithm, aggregator):
   assert any(not np.allclose(a, b) for a, b in zip(after, before))
   assert done.row  # The round's metrics, flattened.
 
+
+@pytest.mark.parametrize('algorithm, aggregator', _METHODS, ids=_IDS)
+def test_record_contract(built, algorithm, aggregator):
+  aggregator_record, algorithm_record = registry.aggregator(aggregator), registry.algorithm(algorithm)
+  if aggregator_record.kind == registry.MODEL_AGGREGATOR:
+    assert isinstance(registry.build(aggregator), tff.aggregators.WeightedAggregationFactory)
+  else:
+    with pytest.raises(ValueError, match='not a model aggregator'):
+      registry.build(aggregator)
+
+  method = built(algorithm, aggregator)
+  assert isinstance(method.process, tff.learning.templates.LearningProcess)
   report = audit.audit_computation(method.process)
   assert report.ok == registry.is_private(algorithm, aggregator), [str(v) for v in report.violations]
 

@@ -12,6 +12,7 @@ from tff_gma import aggregators
 from tff_gma.aggregators import geometric_median
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import weiszfeld
+from tests import tiers
 from tests.tff_gma.aggregators import aggregator_test_utils as utils
 
 VALUE_TYPE = tff.to_type(collections.OrderedDict(
@@ -244,7 +245,9 @@ def test_matches_numpy_reference(secure, one_step):
     assert len(measurements['objective']) == num_passes
 
 
-@pytest.mark.parametrize('secure,num_passes', [(False, 2), (False, 3), (False, 5), (True, 2), (True, 3)])
+# The fast tier: each pass count once and secure sums once (2 passes); the full suite adds secure with 3.
+@pytest.mark.parametrize('secure,num_passes', tiers.cover_once(
+    [(False, 2), (False, 3), (False, 5), (True, 2), (True, 3)], keys=[lambda c: c[0], lambda c: c[1]]))
 def test_zero_start_matches_numpy_reference(secure, num_passes):
   """init='zero': pass 1 reweights from v_0 = 0 (one-step RFA), then Weiszfeld from there; R rounds for R passes."""
   proc = process(num_passes, False, secure, init='zero')
@@ -585,8 +588,10 @@ def _weighted_process(secure, weight_dtype):
   return factory.create(VALUE_TYPE, tff.TensorType(weight_dtype))
 
 
-@pytest.mark.parametrize('weight_dtype', [np.int32, np.int64])
-@pytest.mark.parametrize('secure', [False, True])
+# The fast tier: each dtype and each mode once; the full suite adds secure sums with int64 weights.
+@pytest.mark.parametrize('secure, weight_dtype', tiers.cover_once(
+    [(False, np.int32), (False, np.int64), (True, np.int32), (True, np.int64)],
+    keys=[lambda c: c[0], lambda c: c[1]], ids=lambda c: f'{c[0]}-{c[1].__name__}'))
 def test_int_weights_give_the_float32_result(secure, weight_dtype):
   rng = np.random.default_rng(97)
   values = random_values(rng, 5, center=0.5)
