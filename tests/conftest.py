@@ -10,7 +10,8 @@ import pytest  # pylint: disable=g-import-not-at-top
 # A test that trains through the runner or starts processes (itself, through a function of its module, or through a
 # fixture) is end-to-end: it joins the `slow` tier even without an explicit marker, so that `-m "not slow"` stays a
 # fast tier as tests are added.
-_END_TO_END_CALLS = ('experiment.run(', 'subprocess.run(', 'subprocess.Popen(', 'start_local_workers(')
+_END_TO_END_CALLS = ('experiment.run(', 'subprocess.run(', 'subprocess.Popen(', 'start_local_workers(',
+                     'run_background_job(', 'run_on_tmpfs(')  # The last two: tests/ helpers that start processes.
 
 
 def _source(function) -> str:

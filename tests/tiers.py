@@ -28,3 +28,8 @@ def cover_once(cases: Iterable[Any], keys: Sequence[Callable[[Any], Hashable]],
     marks = () if new else (pytest.mark.slow,)
     params.append(pytest.param(*arguments, marks=marks, id=ids(case) if ids else None))
   return params
+
+
+def first_only(cases: Iterable[Any], ids: Optional[Callable[[Any], str]] = None) -> list[Any]:
+  """`cases` as `pytest.param`s: the first in the fast tier, the rest marked slow."""
+  return cover_once(cases, keys=[lambda case: None], ids=ids)

@@ -26,3 +26,9 @@ def test_one_value_cases_and_ids():
 @pytest.mark.parametrize('x, y', tiers.cover_once([(1, 2), (1, 2)], keys=[lambda c: c]))
 def test_the_params_drive_a_multi_name_parametrize(x, y):
   assert (x, y) == (1, 2)
+
+
+def test_first_only_keeps_the_first_case_fast():
+  params = tiers.first_only(['a', 'b', 'c'])
+  assert [p.values for p in params] == [('a',), ('b',), ('c',)]
+  assert [_is_slow(p) for p in params] == [False, True, True]

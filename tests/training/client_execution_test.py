@@ -69,15 +69,15 @@ def _flat_weights(process, state):
   return _flat(process.get_model_weights(state))
 
 
-# The fast tier runs the first case of each aggregator; the full suite all six (tests/tiers.py).
-@pytest.mark.parametrize('algorithm, aggregator, config', tiers.cover_once([
-    ('fedavg', 'mean', {}),
+# The fast tier runs the first case (the one with most parts of its own); the full suite all six (tests/tiers.py).
+@pytest.mark.parametrize('algorithm, aggregator, config', tiers.first_only([
     ('fedadam', 'gma', {'server_lr': 0.01}),  # GMA's Algorithm 2: its own aggregator and finalizer pair.
+    ('fedavg', 'mean', {}),
     ('fedavg', 'rfa', {}),  # 3 Weiszfeld passes (the default).
     ('fedavg', 'gma', {}),
     ('fedprox', 'mean', {'proximal_strength': 0.1}),
     ('fedadam', 'mean', {'server_lr': 0.01}),
-], keys=[lambda case: case[1]]))
+]))
 def test_local_rounds_give_the_worker_rounds_model_and_metrics(digits_setup, algorithm, aggregator, config):
   data = digits_setup
   build_keras, model_fn = _model(data, 'logistic')
@@ -117,13 +117,13 @@ def test_local_rounds_give_the_worker_rounds_model_and_metrics(digits_setup, alg
 # tf.function, both in this process. Measured bit-identical for three of these four and one float32 rounding step
 # apart (9e-8) for the CNN with FedProx (the session's graph optimizer and the tf.function's may fuse differently);
 # asserted to 1e-6 (the CNN after one round, where that step has not grown through ReLU training).
-# The fast tier runs the first case of each model and algorithm (two of the four); the full suite all four.
-@pytest.mark.parametrize('model, algorithm, aggregator, rounds', tiers.cover_once([
+# The fast tier runs the first case; the full suite all four (tests/tiers.py).
+@pytest.mark.parametrize('model, algorithm, aggregator, rounds', tiers.first_only([
     ('logistic', 'fedprox', 'mean', 3),
-    ('cnn', 'fedavg', 'gma', 1),
     ('logistic', 'fedavg', 'mean', 3),
+    ('cnn', 'fedavg', 'gma', 1),
     ('cnn', 'fedprox', 'mean', 1),
-], keys=[lambda case: case[0], lambda case: case[1]]))
+]))
 def test_local_in_graph_loop_trains_as_the_local_iterator_loop(digits_setup, model, algorithm, aggregator, rounds):
   data = digits_setup
   build_keras, model_fn = _model(data, model)
