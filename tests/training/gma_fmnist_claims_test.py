@@ -1,19 +1,28 @@
 """Tests of the GMA claims study (training.studies.gma_fmnist_claims) and of colored MNIST's shared colouring.
 
-The study's protocol and read-back run on fake runs (summaries and curves made up here, no training); the
-construction's properties are checked on the images themselves (the colour read back from the pixels).
+The study's protocol, read-back and report (--stage=collect) run on fake runs (summaries and curves made up here,
+written as a finished run leaves them; no training); the construction's properties are checked on the images
+themselves (the colour read back from the pixels).
 """
+
+import collections
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from scipy import stats
+
+import tests
 
 from tff_gma.data import colored
 from tff_gma.data import federated
 from training.runner import experiment
 from training.studies import gma_fmnist_claims as claims
-from training.studies.shared import study_runs
-
-T_975_DF4 = 2.7764451051977987  # Student t, 97.5% quantile, 4 degrees of freedom (tables).
 
 
 def test_every_cell_and_method_validates():
@@ -181,28 +190,231 @@ def test_fedprox_tunes_mu_then_tau_and_cells_take_their_sources_choices():
   assert any(r.setting == 'epochs1' and r.tuning for r in study.runnable('tune')[0])
 
 
-def test_collect_reports_whole_cells_only_and_pairs_seeds(monkeypatch):
-  study = FakeStudy(['cfm100_feature'])
-  runs = study.finish_all()
-  def curve(output_dir, key):  # GMA 2 points above AVG on the OOD clients, seed-dependent; equal in distribution.
-    seed = int(output_dir.rsplit('seed', 1)[1])
-    lift = 0.02 * (1 + 0.1 * seed) if '-gma-' in output_dir and key.startswith('ood') else 0.0
-    return [0.5 + 0.01 * i + lift for i in range(12)]
-  monkeypatch.setattr(study_runs, 'curve', curve)
+# ------------------------------------------------------------------------------------------------------------------
+# The report (--stage=collect), on run directories the test writes: summary.json (with the run's config) and
+# metrics.csv, as a finished run leaves them.
+
+ROUNDS = 60
+EVALUATED = sorted(set(range(5, ROUNDS + 1, 5)) | set(range(ROUNDS - 9, ROUNDS + 1)))  # The study's schedule: 20.
+_ARCHIVED_JSON = os.path.join(tests.ROOT, 'docs', 'gma_fmnist_study.json')
+
+
+def _final_curve(run: claims.Run, key: str) -> np.ndarray:
+  """A final run's accuracies at EVALUATED: a level per algorithm and seed, a little seed-dependent wiggle; GMA
+  above AVG by 1 + 0.1 x seed points a local epoch (twice that on the OOD clients) and still rising 0.2 points an
+  evaluation (AVG flat: converged by the rule, GMA not)."""
+  i = np.arange(len(EVALUATED))
+  level = 0.70 + 0.01 * run.seed + 0.005 * claims.ALL_ALGORITHMS.index(run.algorithm)
+  wiggle = 0.001 * ((7 * i + run.seed) % 5)
+  if run.aggregator == 'mean':
+    return level + wiggle
+  epochs = claims.SETTINGS[run.setting].config['local_epochs']
+  lift = 0.01 * (1 + 0.1 * run.seed) * epochs * (2 if key.startswith('ood') else 1)
+  return level + lift + wiggle + 0.002 * (i - len(i) + 1)
+
+
+def _curve(setting, algorithm, aggregator, seed, key):
+  return _final_curve(claims.Run(setting, algorithm, aggregator, 0.0, 0.0, 0.0, None, seed, False), key)
+
+
+def _write_run(study, run, spent):
+  """Writes a finished run; `spent[setting]` gathers its (train, evaluate, release, waited) seconds a round."""
+  config = study.config(run)
+  k = sum(len(v) for v in spent.values())
+  per_round = (0.3 + 0.01 * len(run.setting) + 0.01 * (k % 7), 0.05 * (1 + k % 3), 0.02 + 0.001 * (k % 5),
+               0.001 * (k % 4))
+  spent[run.setting].append(per_round)
+  summary = {'rounds_completed': config.rounds, 'client_loop': 'in_graph', 'config': dataclasses.asdict(config),
+             'seconds_by_part': dict(zip(('train', 'evaluate', 'release_and_checkpoint', 'waited'),
+                                         [ROUNDS * x for x in per_round]), rounds=ROUNDS)}
+  keys = [] if run.tuning else ['test/accuracy'] + (['ood_test/accuracy'] if claims.SETTINGS[run.setting].ood else [])
+  if run.tuning:
+    summary['best_validation_accuracy'] = _fake_score(run)
+  os.makedirs(config.output_dir)
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(summary, f)
+  curves = {key: _final_curve(run, key) for key in keys}
+  with open(os.path.join(config.output_dir, 'metrics.csv'), 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['round', 'client_work/train/loss'] + keys)
+    for r in range(1, ROUNDS + 1):
+      evaluated = [f'{curves[key][EVALUATED.index(r)]!r}' if r in EVALUATED else '' for key in keys]
+      writer.writerow([r, 0.5] + evaluated)
+
+
+def _finish(study, spent, missing=()):
+  """Writes every run the study can run, stage after stage, but those named in `missing`."""
+  while True:
+    todo = [r for r in study.runnable('all')[0] if r.name not in missing and study.summary(r) is None]
+    if not todo:
+      return
+    for run in todo:
+      _write_run(study, run, spent)
+
+
+_REPORTED = ['rerun_label100', 'cfm10_mixed', 'epochs1', 'epochs3']
+_SETTINGS = _REPORTED + ['cfm100_feature']  # The last: one final run short.
+
+
+@pytest.fixture(scope='module')
+def finished(tmp_path_factory):
+  """A study of _SETTINGS whose runs all finished but one final run of cfm100_feature; collected once."""
+  out = tmp_path_factory.mktemp('claims')
+  study = claims.Study(_SETTINGS, [], claims.TUNE_SEEDS, claims.FINAL_SEEDS, str(out), rounds=ROUNDS)
+  spent = collections.defaultdict(list)
+  _finish(study, spent, missing=['cfm100_feature-fedyogi-gma-clr0.05-slr0.01-tau0.6-final-seed4'])
+  assert study.summary(claims.Run('cfm100_feature', 'fedyogi', 'gma', 0.05, 0.01, 0.6, None, 4, False)) is None
   records = claims.collect(study)
-  assert len(records) == len(claims.OOD_METHODS)
-  rows = claims.comparisons(records)
-  fedavg = next(r for r in rows if r['method'] == 'fedavg/gma')
-  diff = np.array([2.0 * (1 + 0.1 * s) for s in claims.FINAL_SEEDS])
-  half = T_975_DF4 * diff.std(ddof=1) / np.sqrt(len(diff))
-  assert fedavg['ood_last10']['mean'] == pytest.approx(diff.mean())
-  assert fedavg['ood_last10']['low'] == pytest.approx(diff.mean() - half, rel=1e-4)  # The study's t: 4 digits.
-  assert fedavg['ood_last10']['verdict'] == 'GMA ahead' and fedavg['paper'] == (89.88, 91.37)
-  assert fedavg['test_best']['mean'] == pytest.approx(0.0)
-  table = claims.side_by_side(rows, 'cfm100_feature')
-  assert '| fedavg/gma | 89.88 -> 91.37 |' in table and table.rstrip().endswith('61.00 -> 61.00; 56.50 -> 56.50 |')
-  # One final run missing: the cell is not reported at all.
-  partial = FakeStudy(['cfm100_feature'])
-  missing = [r.name for r in runs if not r.tuning][:1]
-  partial.finish_all(missing)
-  assert not claims.collect(partial)
+  markdown = claims.write_results(study, records)
+  return study, records, markdown, spent, out
+
+
+def _record(records, setting, method):
+  return next(r for r in records if (r['setting'], r['method']) == (setting, method))
+
+
+def test_collect_reports_whole_cells_only_and_pairs_seeds(finished):
+  study, records, markdown, _, out = finished
+  assert list(dict.fromkeys(r['setting'] for r in records)) == _REPORTED  # cfm100_feature: one run short, absent.
+  assert [r['method'] for r in records if r['setting'] == 'cfm10_mixed'] == [m.key for m in claims.OOD_METHODS]
+  saved = json.loads((out / 'results.json').read_text())
+  rows = saved['comparisons']
+  fedavg = next(r for r in rows if (r['setting'], r['method']) == ('cfm10_mixed', 'fedavg/gma'))
+  gma, avg = ([_curve('cfm10_mixed', 'fedavg', aggregator, s, key) for s in claims.FINAL_SEEDS]
+              for aggregator, key in (('gma', 'ood'), ('mean', 'ood')))
+  diff = np.array([100 * (g[-10:].mean() - a[-10:].mean()) for g, a in zip(gma, avg)])
+  low, high = stats.t.interval(0.95, len(diff) - 1, loc=diff.mean(), scale=stats.sem(diff))
+  assert fedavg['ood_last10']['differences'] == pytest.approx(diff)
+  assert (fedavg['ood_last10']['low'], fedavg['ood_last10']['high']) == pytest.approx(
+      (low, high), abs=2e-3 * (high - low))  # The study's t quantiles: 3 decimals.
+  assert fedavg['ood_last10']['verdict'] == 'GMA ahead' and fedavg['paper'] == [86.77, 89.17]
+  test_diff = [100 * (_curve('cfm10_mixed', 'fedavg', 'gma', s, 'test').max()
+                      - _curve('cfm10_mixed', 'fedavg', 'mean', s, 'test').max()) for s in claims.FINAL_SEEDS]
+  assert fedavg['test_best']['differences'] == pytest.approx(test_diff)
+  assert not (out / 'curves_cfm100_feature.png').exists()
+  assert 'cfm100_feature' not in markdown.split('**Where')[0]
+
+
+def test_every_cell_with_paper_numbers_shows_them_beside_each_gma_method(finished):
+  _, records, markdown, _, _ = finished
+  for setting, cell in claims.SETTINGS.items():
+    for method in cell.methods:
+      assert (claims.paper_numbers(setting, method.algorithm) is None) == (setting == 'epochs1'), (setting, method)
+  for r in records:
+    if r['aggregator'] != 'mean':
+      paper = claims.paper_numbers(r['setting'], r['algorithm'])
+      shown = '-' if paper is None else f'{paper[0]:.2f} -> {paper[1]:.2f}'
+      assert f"| {r['method']} | {shown} |" in markdown, r['method']
+  assert '| fedprox/gma | 85.14 -> 85.78 |' in markdown  # Table 2's non-iid 100 row, beside rerun_label100.
+  assert '| fedavg/gma@tau0.4 | 89.91 -> 91.73 |' in markdown  # Table 9, E = 3.
+
+
+def test_the_convergence_rule_per_cell(finished):
+  _, records, markdown, _, _ = finished
+  for r in records:
+    prefixes = ('ood', 'test') if claims.SETTINGS[r['setting']].ood else ('test',)
+    for prefix in prefixes:
+      curves = [_curve(r['setting'], r['algorithm'], r['aggregator'], s, prefix) for s in r['seeds']]
+      rises = [100 * (c[-10:].mean() - c[-20:-10].mean()) for c in curves]
+      assert r[f'{prefix}_rise'] == pytest.approx(rises)
+      assert r[f'{prefix}_converged'] == [x < 0.5 for x in rises]
+      assert all(r[f'{prefix}_converged']) == (r['aggregator'] == 'mean')  # GMA rises 2 points: not converged.
+  assert '| fedavg/gma | 60 | 0 of 5 | +2.00 | 0 of 5 | +2.00 |' in markdown  # cfm10_mixed: OOD, then test.
+  assert ('- Converged by the rule (test accuracy: the last 10 evaluations\' mean under 0.5 point above the 10 '
+          'before\'s), rerun_label100: AVG 15 of 15, GMA 0 of 25 final runs.') in markdown
+
+
+def test_the_reruns_beside_the_archived_rows(finished):
+  _, records, markdown, _, out = finished
+  with open(_ARCHIVED_JSON) as f:
+    archived = json.load(f)
+  saved = json.loads((out / 'results.json').read_text())['against_archived']
+  assert [r['method'] for r in saved] == [m.key for m in claims.RERUN_METHODS]
+  for row in saved:
+    ours = _record(records, 'rerun_label100', row['method'])
+    old = next(r for r in archived['records'] if (r['setting'], r['algorithm'], r['aggregator']) == (
+        'fmnist_label100', ours['algorithm'], ours['aggregator']))
+    assert old['seeds'] == ours['seeds'] == list(claims.FINAL_SEEDS)
+    for metric in ('best', 'last10'):
+      diff = 100 * (np.array(ours[f'test_{metric}']) - np.array(old[metric]))
+      low, high = stats.t.interval(0.95, len(diff) - 1, loc=diff.mean(), scale=stats.sem(diff))
+      change = row[metric]
+      assert change['old'] == pytest.approx(100 * np.mean(old[metric])) and change['paired']
+      assert (change['mean'], change['low'], change['high']) == pytest.approx(
+          (diff.mean(), low, high), abs=2e-3 * (high - low))
+    if ours['aggregator'] != 'mean':
+      then = next(c for c in archived['comparisons'] if (c['setting'], c['algorithm'], c['aggregator']) == (
+          'fmnist_label100', ours['algorithm'], ours['aggregator']))
+      assert row['verdicts']['best'] == [then['best']['verdict'], 'GMA ahead']
+  fedprox = saved[0]['best']  # fedprox/mean's row, as the table prints it.
+  assert (f"| fedprox/mean | {fedprox['old']:.2f} -> {fedprox['new']:.2f} | {fedprox['mean']:+.2f} "
+          f"[{fedprox['low']:+.2f}, {fedprox['high']:+.2f}] |") in markdown
+
+
+def test_the_cost_table_is_the_medians_of_the_runs_seconds_a_round(finished):
+  _, _, markdown, spent, out = finished
+  cost = json.loads((out / 'results.json').read_text())['cost']
+  assert [c['setting'] for c in cost] == _SETTINGS  # Every finished run, of cells not complete too.
+  for row in cost:
+    runs = np.array(spent[row['setting']])
+    assert row['runs'] == len(runs) and row['client_loop'] == 'in_graph'
+    expected = np.median(runs, axis=0)
+    assert [row[k] for k in ('train', 'evaluate', 'release_and_checkpoint', 'waited')] == pytest.approx(expected)
+  first = cost[0]
+  assert (f"| rerun_label100 | in_graph | {first['runs']} | {first['train']:.3f} | {first['evaluate']:.3f} | "
+          f"{first['release_and_checkpoint']:.3f} |") in markdown
+
+
+def test_table9s_trend_and_the_claims_lines(finished):
+  _, records, markdown, _, out = finished
+  gaps = {}
+  for setting in ('epochs1', 'epochs3'):
+    gma, avg = _record(records, setting, 'fedavg/gma'), _record(records, setting, 'fedavg/mean')
+    gaps[setting] = 100 * (np.array(gma['test_last10']) - np.array(avg['test_last10']))
+  a, b = gaps['epochs3'], gaps['epochs1']  # E = 3 lifts GMA three times E = 1's: the gap grows.
+  va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+  df = int((va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)))
+  half = stats.t.ppf(0.975, df) * np.sqrt(va + vb)
+  trend = a.mean() - b.mean()
+  assert f'E=3 minus E=1: {trend:+.2f} [{trend - half:+.2f}, {trend + half:+.2f}] (95% Welch)' in markdown
+  assert f'E=3 {a.mean():+.2f}' in markdown and '(paper +1.82)' in markdown
+  assert ('- "GMA raises out-of-distribution accuracy, +1.5 to +3.6 points" (Table 3), cfm10_mixed (ood): best: '
+          'GMA ahead 4, AVG ahead 0, undecided 0 of 4') in markdown
+  inside = 0
+  for c in json.loads((out / 'results.json').read_text())['comparisons']:
+    if c['setting'] == 'cfm10_mixed':  # Table 3's mixed-skew 10-client row: ((AVG mean, std), (GMA mean, std)).
+      (avg, _), (gma, _) = claims.PAPER_TABLE3['Yes', 10][c['method'].split('/')[0]]
+      inside += c['ood_best']['low'] <= gma - avg <= c['ood_best']['high']
+  assert 0 < inside < 4  # The fake gaps put some of the paper's inside, not all: the count is not trivially 0 or 4.
+  assert f"the paper's gap inside our best interval in {inside} of 4." in markdown
+  assert 'epochs1 (test): best: GMA ahead 2, AVG ahead 0, undecided 0 of 2; last-10: GMA ahead 2, AVG ahead 0, ' \
+      'undecided 0 of 2; the paper gives no number here.' in markdown
+
+
+def test_collect_is_reproducible_byte_for_byte_and_the_command_gives_the_same(finished):
+  study, _, _, _, out = finished
+  before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+  assert sorted(before) == ['curves_cfm10_mixed.png', 'curves_epochs1.png', 'curves_epochs3.png',
+                            'curves_rerun_label100.png', 'results.json', 'results.md']
+  claims.write_results(study, claims.collect(study))
+  assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+  proc = subprocess.run([sys.executable, '-m', 'training.studies.gma_fmnist_claims', '--stage=collect',
+                         f'--settings={",".join(_SETTINGS)}', f'--rounds={ROUNDS}', f'--output_dir={out}'],
+                        cwd=tests.ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_no_cell_finished_writes_a_report_that_says_so(tmp_path):
+  study = claims.Study(['cfm100_mixed'], [], claims.TUNE_SEEDS, claims.FINAL_SEEDS, str(tmp_path), rounds=ROUNDS)
+  spent = collections.defaultdict(list)
+  for run in study.runnable('all')[0][:3]:  # Three tuning runs finished, nothing else.
+    _write_run(study, run, spent)
+  records = claims.collect(study)
+  markdown = claims.write_results(study, records)
+  assert records == [] and 'No cell is complete yet' in markdown
+  saved = json.loads((tmp_path / 'results.json').read_text())
+  assert saved['records'] == saved['comparisons'] == saved['against_archived'] == saved['claims'] == []
+  assert saved['cost'][0]['runs'] == 3
+  assert saved['cost'][0]['train'] == pytest.approx(np.median([s[0] for s in spent['cfm100_mixed']]))
+  assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ['results.json', 'results.md']

@@ -59,7 +59,24 @@ def test_verdict_reads_the_interval():
   assert intervals.verdict(0.0, 0.5) == 'undecided'  # An interval touching 0 contains it.
 
 
+def test_change_is_paired_by_seed_or_welchs_between_unpaired_runs():
+  new, old = [0.81, 0.83, 0.80, 0.84], [0.80, 0.80, 0.79, 0.81]
+  paired = intervals.change(new, old, paired=True)
+  d = 100 * (np.array(new) - np.array(old))
+  assert paired['differences'] == pytest.approx(d) and paired['mean'] == pytest.approx(d.mean())
+  low, high = stats.t.interval(0.95, 3, loc=d.mean(), scale=stats.sem(d))
+  assert (paired['low'], paired['high']) == pytest.approx((low, high), abs=2e-3 * (high - low))  # t to 3 places.
+  unpaired = intervals.change(new, old[:3], paired=False)
+  assert unpaired['differences'] is None and not unpaired['paired']
+  assert unpaired['old'] == pytest.approx(100 * np.mean(old[:3])) and unpaired['new'] == pytest.approx(82.0)
+  assert (unpaired['mean'], unpaired['low'], unpaired['high']) == pytest.approx(
+      intervals.welch_interval(100 * np.array(new), 100 * np.array(old[:3])))
+
+
 def test_convergence_rule():
+  assert gma_protocol.late_rise([0.5] * 19) is None
+  assert gma_protocol.late_rise([0.80] * 10 + [0.82] * 10) == pytest.approx(2.0)
+  assert gma_protocol.converged([0.85] * 10 + [0.80] * 10)  # A fall counts as converged: the rule is one-sided.
   assert not gma_protocol.converged([0.5] * 19)  # Too short to tell.
   assert gma_protocol.converged([0.90] * 10 + [0.904] * 10)  # +0.4 points: a plateau.
   assert not gma_protocol.converged([0.80] * 10 + [0.82] * 10)  # +2 points: still rising.

@@ -124,7 +124,8 @@ def collect(study: Study) -> list[dict[str, Any]]:
       finals = study.final_runs(setting, method, chosen)
       if any(study.summary(r) is None for r in finals):
         break
-      tested = [_test_curve(study.config(r).output_dir) for r in finals]
+      tested = [study_runs.curves_with_rounds(study.config(r).output_dir, ['test/accuracy'])['test/accuracy']
+                for r in finals]
       curves = [values for _, values in tested]
       last10 = [float(np.mean(c[-gma_protocol.LAST_EVALS:])) for c in curves]
       winner_curves = [study_runs.curve(study.config(r).output_dir, 'validation/accuracy')
@@ -150,12 +151,6 @@ def collect(study: Study) -> list[dict[str, Any]]:
   return records
 
 
-def _test_curve(output_dir: str) -> tuple[list[int], list[float]]:
-  """(the evaluated rounds, their test accuracies) of a run, from one read of its metrics.csv."""
-  tested = [r for r in study_runs.metrics_rows(output_dir) if 'test/accuracy' in r]
-  return [int(r['round']) for r in tested], [r['test/accuracy'] for r in tested]
-
-
 def _mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
   known = [v for v in values if v is not None]
   return float(np.mean(known)) if known else None
@@ -171,38 +166,11 @@ def comparisons(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
       continue
     row = {'setting': setting, 'algorithm': algorithm, 'aggregator': aggregator}
     for metric in ('last10', 'best'):
-      diff = [100 * (g - a) for g, a in zip(r[metric], avg[metric])]
-      mean, low, high = intervals.paired_interval(diff)
-      row[metric] = {'avg': 100 * float(np.mean(avg[metric])), 'gma': 100 * float(np.mean(r[metric])),
-                     'differences': diff, 'mean': mean, 'low': low, 'high': high,
-                     'verdict': intervals.verdict(low, high)}
+      row[metric] = intervals.paired_comparison(r[metric], avg[metric])
     paper = fmnist_protocol.PAPER_TABLE2.get(SETTINGS[setting].paper_row or '', {}).get(algorithm)
     row['paper'] = None if paper is None else {'avg': paper[0], 'gma': paper[1], 'gap': paper[1] - paper[0]}
     out.append(row)
   return out
-
-
-def cost_table(study: Study) -> str:
-  """Where a round's time goes, per setting and client loop: medians over the finished runs of seconds per round
-  (training, evaluation, release and checkpoint, from each run's summary.json `seconds_by_part`, which counts the
-  rounds of the run's last session; a summary without `client_loop` was written before the setting existed, by
-  TFF's iterator loop)."""
-  lines = ['| setting | client loop | runs | train s/round | evaluate s/round | release + checkpoint s/round | '
-           'not training |', '|---|---|---|---|---|---|---|']
-  for setting in study.settings:
-    parts = collections.defaultdict(list)
-    for run in study.runnable('all')[0]:
-      summary = study.summary(run) if run.setting == setting else None
-      if summary is not None and 'seconds_by_part' in summary and summary['seconds_by_part']['rounds'] > 0:
-        p = summary['seconds_by_part']
-        parts[summary.get('client_loop', 'iterator')].append(
-            [p['train'] / p['rounds'], p['evaluate'] / p['rounds'], p['release_and_checkpoint'] / p['rounds']])
-    for loop in config_lib.CLIENT_LOOPS:
-      if parts[loop]:
-        train, evaluate, release = np.median(np.asarray(parts[loop]), axis=0)
-        lines.append(f'| {setting} | {loop} | {len(parts[loop])} | {train:.3f} | {evaluate:.3f} | {release:.3f} | '
-                     f'{(evaluate + release) / (train + evaluate + release):.0%} |')
-  return '\n'.join(lines)
 
 
 def table(records: list[dict[str, Any]], setting: str) -> str:
@@ -266,9 +234,7 @@ def claims(study: Study, records: list[dict[str, Any]], rows: list[dict[str, Any
       continue
     parts = []
     for metric, name in (('last10', 'last-10 (primary)'), ('best', 'best (the paper\'s)')):
-      counts = collections.Counter(c[metric]['verdict'] for c in cell)
-      parts.append(f"{name}: GMA ahead {counts['GMA ahead']}, AVG ahead {counts['AVG ahead']}, undecided "
-                   f"{counts['undecided']} of {len(cell)}")
+      parts.append(f'{name}: ' + intervals.verdict_counts([c[metric]['verdict'] for c in cell]))
     with_paper = [c for c in cell if c['paper'] is not None]
     inside = sum(c['best']['low'] <= c['paper']['gap'] <= c['best']['high'] for c in with_paper)
     parts.append(f"the paper's gap lies inside our best-accuracy interval in {inside} of {len(with_paper)}")
@@ -310,39 +276,22 @@ def claims(study: Study, records: list[dict[str, Any]], rows: list[dict[str, Any
 def plot(records: list[dict[str, Any]], path: str) -> None:
   """Test accuracy over rounds: a row per setting, a panel per algorithm; each aggregator's mean over seeds (bold)
   and its seeds (thin), so a collapsed seed shows."""
-  plt = report.pyplot()
   settings = list(dict.fromkeys(r['setting'] for r in records))
   algorithms = list(dict.fromkeys(r['algorithm'] for r in records))
   if not settings:
     return
-  fig, axes = plt.subplots(len(settings), len(algorithms), figsize=(4 * len(algorithms), 3.2 * len(settings)),
-                           squeeze=False, sharey=True)
   colors = {'mean': 'tab:blue', 'gma': 'tab:red', 'gma_dropin': 'tab:green'}
-  for row, setting in zip(axes, settings):
-    for ax, algorithm in zip(row, algorithms):
-      for r in records:
-        if (r['setting'], r['algorithm']) != (setting, algorithm):
-          continue
-        color = colors.get(r['aggregator'], 'tab:gray')
-        for rounds, values in zip(r['curve_rounds'], r['curves']):
-          ax.plot(rounds, 100 * np.asarray(values), color=color, linewidth=0.5, alpha=0.35)
-        length = min(len(c) for c in r['curves'])
-        ax.plot(r['curve_rounds'][0][:length], 100 * np.mean([c[:length] for c in r['curves']], axis=0),
-                color=color, linewidth=1.8, label=r['aggregator'])
-      ax.set_title(f'{setting}: {algorithm}', fontsize=9)
-      ax.set_xlabel('round')
-      ax.set_ylabel('test accuracy %')
-      ax.grid(alpha=0.3)
-      ax.legend(fontsize=7, loc='lower right')
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  def panel(setting, algorithm):
+    return report.Panel(f'{setting}: {algorithm}', 'test accuracy %', [
+        report.Series(r['aggregator'], colors.get(r['aggregator'], 'tab:gray'), r['curve_rounds'], r['curves'])
+        for r in records if (r['setting'], r['algorithm']) == (setting, algorithm)])
+  report.curves_figure([[panel(s, a) for a in algorithms] for s in settings], path)
 
 
 def write_results(study: Study, records: list[dict[str, Any]]) -> str:
   rows = comparisons(records)
   claim_lines = claims(study, records, rows) if records else []
-  cost = cost_table(study)
+  cost = study_runs.cost_table(study_runs.cost_rows(study.settings, study.runnable('all')[0], study.summary))
   text = [f'GMA study on Fashion-MNIST with LeNet (`training.studies.gma_fmnist`). Tuning: mean best validation '
           f'accuracy over partitions {list(study.tune_seeds)} (20% of each client held out); finals: seeds '
           f'{list(study.seeds)} on all training examples. Accuracy % mean +- std over seeds; "best" = best test '

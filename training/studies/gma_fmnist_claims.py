@@ -27,10 +27,9 @@ from training import command_line
 from training import config as config_lib
 from training.engine import client_execution
 from training.runner import experiment
+from training.studies.shared import claims_report
 from training.studies.shared import fmnist_protocol
 from training.studies.shared import gma_protocol
-from training.studies.shared import intervals
-from training.studies.shared import report
 from training.studies.shared import study_runs
 
 TUNE_SEEDS = fmnist_protocol.TUNE_SEEDS
@@ -107,6 +106,8 @@ ALL_ALGORITHMS = ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
 RERUN_METHODS = _methods(('fedprox', 'fedadam', 'fedyogi'))  # Item 1: the rows the trust issue changed.
 OOD_METHODS = _methods(ALL_ALGORITHMS, dropin=False)  # Table 3: AVG and GMA (Algorithm 2 for the adaptive ones).
 EPOCH_METHODS = (Method('fedavg', 'mean'), Method('fedavg', 'gma'), Method('fedavg', 'gma', TAU_FIXED))
+# Item 1's cells and the archived study's cells they re-run (whose results are in docs/gma_fmnist_study.json).
+ARCHIVED = {'rerun_label500': 'fmnist_label500', 'rerun_label100': 'fmnist_label100', 'rerun_iid100': 'fmnist_iid100'}
 _LABEL = dict(fmnist_protocol.LENET, partition='label_skew', classes_per_client=2)
 # The 10-client cells train a tenth of the training split: 60,000 examples a round (~17 s a round, days a cell) do not
 # fit the budget. One class-stratified subset (6,000 examples, 600 of each class, drawn from a fixed seed:
@@ -121,8 +122,7 @@ _LABEL100_FEDAVG = {'fedavg/mean': Point(0.01, 1.0, STAGE1_TAU, None), 'fedavg/g
 def _settings() -> dict[str, Setting]:
   """The cells in the issue's order (its budget cuts from the end: batch, horizon, E = 20, ...)."""
   out = {}
-  for name, source in (('rerun_label500', 'fmnist_label500'), ('rerun_label100', 'fmnist_label100'),
-                       ('rerun_iid100', 'fmnist_iid100')):  # Item 1.
+  for name, source in ARCHIVED.items():  # Item 1.
     archived = fmnist_protocol.SETTINGS[source]
     config = {k: v for k, v in archived.config.items() if k != 'worker_intra_op_threads'}
     out[name] = Setting(archived.label + ' (FedProx / adaptive re-run)', config, RERUN_METHODS, archived.rounds,
@@ -310,10 +310,20 @@ class Study(fmnist_protocol.PartitionTuning):
 # ----------------------------------------------------------------------------------------------------------------
 # Results.
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARCHIVED_RESULTS = os.path.join(_ROOT, 'docs', 'gma_fmnist_study.json')  # The archived study's collected results.
+_ACCURACIES = {'test': 'test/accuracy', 'ood': 'ood_test/accuracy'}  # A record's prefix -> its metrics.csv column.
+# What the report needs to know of each cell.
+REPORT_CELLS = {name: claims_report.Cell(
+    cell.label, ('ood', 'test') if cell.ood else ('test',), cell.paper[0] if cell.paper else None,
+    {a: paper_numbers(name, a) for a in ALL_ALGORITHMS}, cell.config['local_epochs'], ARCHIVED.get(name))
+    for name, cell in SETTINGS.items()}
+
 
 def collect(study: Study) -> list[dict[str, Any]]:
   """One record per (setting, method) of the settings whose final runs all finished (a cell whole or not at all):
-  best and last-10 test accuracy on the central test split and, for the coloured cells, on the OOD test clients."""
+  per accuracy (the central test split's; the OOD test clients' for the coloured cells) and final seed, the best and
+  last-10 accuracy, the convergence rule's rise and verdict, and the curves (for the figures only)."""
   records = []
   for setting in study.settings:
     cell = []
@@ -327,71 +337,32 @@ def collect(study: Study) -> list[dict[str, Any]]:
                 'tuning': found, 'rounds': study.config(finals[0]).rounds, 'seeds': [r.seed for r in finals]}
       if not gma_protocol.is_gma(method.aggregator):
         record['tau'] = None
-      for prefix, key in (('test', 'test/accuracy'), ('ood', 'ood_test/accuracy')):
-        curves = [study_runs.curve(study.config(r).output_dir, key) for r in finals]
-        if all(curves):
-          record[f'{prefix}_best'] = [float(np.max(c)) for c in curves]
-          record[f'{prefix}_last10'] = [float(np.mean(c[-LAST_EVALS:])) for c in curves]
+      read = [study_runs.curves_with_rounds(study.config(r).output_dir, list(_ACCURACIES.values())) for r in finals]
+      for prefix, key in _ACCURACIES.items():
+        tested = [run[key] for run in read]
+        if all(values for _, values in tested):
+          record.update(_accuracy(prefix, tested))
       cell.append(record)
     else:  # No method stopped short: the cell is whole.
       records += cell
   return records
 
 
-def comparisons(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  """Each GMA method against its algorithm's AVG in its cell: paired per-seed differences (points), 95% t interval
-  and verdict, on the cell's primary accuracy (OOD clients for the coloured cells) and on the central test split."""
-  by = {(r['setting'], r['method']): r for r in records}
-  out = []
-  for r in records:
-    avg = by.get((r['setting'], f"{r['algorithm']}/mean"))
-    if r['aggregator'] == 'mean' or avg is None:
-      continue
-    row = {'setting': r['setting'], 'method': r['method'], 'paper': paper_numbers(r['setting'], r['algorithm'])}
-    prefixes = ('ood', 'test') if SETTINGS[r['setting']].ood else ('test',)
-    for prefix in prefixes:
-      for metric in ('best', 'last10'):
-        ours, theirs = r[f'{prefix}_{metric}'], avg[f'{prefix}_{metric}']
-        diff = [100 * (g - a) for g, a in zip(ours, theirs)]
-        mean, low, high = intervals.paired_interval(diff)
-        row[f'{prefix}_{metric}'] = {
-            'avg': 100 * float(np.mean(theirs)), 'gma': 100 * float(np.mean(ours)), 'differences': diff,
-            'mean': mean, 'low': low, 'high': high, 'verdict': intervals.verdict(low, high)}
-    out.append(row)
-  return out
+def _accuracy(prefix: str, tested: list[tuple[list[int], list[float]]]) -> dict[str, Any]:
+  """A method's final runs on one accuracy ((evaluated rounds, accuracies) per seed), as a record's fields."""
+  values = [v for _, v in tested]
+  return {f'{prefix}_best': [float(np.max(v)) for v in values],
+          f'{prefix}_last10': [float(np.mean(v[-LAST_EVALS:])) for v in values],
+          f'{prefix}_rise': [gma_protocol.late_rise(v) for v in values],
+          f'{prefix}_converged': [gma_protocol.converged(v) for v in values],
+          f'{prefix}_curves': tested}
 
 
-def side_by_side(rows: list[dict[str, Any]], setting: str) -> str:
-  """A cell's comparisons beside the paper's numbers (Table 3: best; Table 9: last-10; Table 2: best)."""
-  prefix = 'ood' if SETTINGS[setting].ood else 'test'
-  beside = ' in distribution: AVG -> GMA, best; last-10 |' if prefix == 'ood' else ''
-  lines = [f'| method | paper AVG -> GMA | ours AVG -> GMA, best ({prefix}) | GMA - AVG best, 95% CI | verdict | '
-           f'ours AVG -> GMA, last-10 ({prefix}) | GMA - AVG last-10, 95% CI | verdict |' + beside,
-           '|---|---|---|---|---|---|---|---|' + ('---|' if beside else '')]
-  for c in rows:
-    if c['setting'] != setting:
-      continue
-    paper = '-' if c['paper'] is None else f"{c['paper'][0]:.2f} -> {c['paper'][1]:.2f}"
-    cells = [f"{m['avg']:.2f} -> {m['gma']:.2f} | {m['mean']:+.2f} [{m['low']:+.2f}, {m['high']:+.2f}] | "
-             f"{m['verdict']}" for m in (c[f'{prefix}_best'], c[f'{prefix}_last10'])]
-    if beside:
-      cells.append(f"{c['test_best']['avg']:.2f} -> {c['test_best']['gma']:.2f}; "
-                   f"{c['test_last10']['avg']:.2f} -> {c['test_last10']['gma']:.2f}")
-    lines.append(f"| {c['method']} | {paper} | " + ' | '.join(cells) + ' |')
-  return '\n'.join(lines)
-
-
-def write_results(study: Study, records: list[dict[str, Any]]) -> str:
-  """results.md (the comparisons per finished cell) and results.json (every number of it)."""
-  rows = comparisons(records)
-  text = ['GMA where the paper says it helps most (`training.studies.gma_fmnist_claims`): paired per-seed GMA - AVG, '
-          '95% t intervals, in points. Coloured cells: primary accuracy on the OOD test clients.', '']
-  for setting in study.settings:
-    if any(r['setting'] == setting for r in records):
-      text += [f'**{setting}: {SETTINGS[setting].label}**', '', side_by_side(rows, setting), '']
-  markdown = '\n'.join(text) + '\n'
-  report.write_report(study.output_dir, markdown, {'records': records, 'comparisons': rows})
-  return markdown
+def write_results(study: Study, records: list[dict[str, Any]], archived_path: str = ARCHIVED_RESULTS) -> str:
+  """results.md, results.json and a figure per finished cell under the study's output directory
+  (`shared.claims_report`); the cost table reads every finished run of the study's settings."""
+  cost = study_runs.cost_rows(study.settings, study.runnable('all')[0], study.summary)
+  return claims_report.write(study.output_dir, study.settings, records, REPORT_CELLS, cost, archived_path)
 
 
 FLAGS = flags.FLAGS

@@ -7,7 +7,7 @@ the convergence rule on a validation curve, what counts as chance, and App. D.6'
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from absl import flags
 import numpy as np
@@ -89,12 +89,19 @@ def adaptive_optimizer(algorithm: str) -> str:
   return 'tff' if algorithm in config_lib.ADAPTIVE_ALGORITHMS else config_lib.ExperimentConfig.adaptive_optimizer
 
 
-def converged(values: Sequence[float]) -> bool:
-  """The convergence rule: the last 10 evaluations' mean within PLATEAU_POINTS points of the 10 before."""
+def late_rise(values: Sequence[float]) -> Optional[float]:
+  """Points by which the last 10 evaluations' mean lies above the 10 before's (None with fewer than 20)."""
   if len(values) < 2 * LAST_EVALS:
-    return False
+    return None
   last, before = np.mean(values[-LAST_EVALS:]), np.mean(values[-2 * LAST_EVALS:-LAST_EVALS])
-  return bool(100 * (last - before) < PLATEAU_POINTS)
+  return float(100 * (last - before))
+
+
+def converged(values: Sequence[float]) -> bool:
+  """The convergence rule: the last 10 evaluations' mean within PLATEAU_POINTS points of the 10 before (one-sided:
+  a fall counts as converged)."""
+  rise = late_rise(values)
+  return rise is not None and rise < PLATEAU_POINTS
 
 
 def at_chance(accuracy: float) -> bool:

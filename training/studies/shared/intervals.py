@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,3 +51,31 @@ def verdict(low: float, high: float) -> str:
   if high < 0:
     return 'AVG ahead'
   return 'undecided'
+
+
+def paired_comparison(gma: Sequence[float], avg: Sequence[float]) -> dict[str, Any]:
+  """GMA's and AVG's accuracies (fractions, one per seed, paired by seed) as the studies report them: their means in
+  percent, the per-seed differences GMA - AVG in points, the 95% t interval of their mean and its verdict."""
+  diff = [100 * (g - a) for g, a in zip(gma, avg)]
+  mean, low, high = paired_interval(diff)
+  return {'avg': 100 * float(np.mean(avg)), 'gma': 100 * float(np.mean(gma)), 'differences': diff,
+          'mean': mean, 'low': low, 'high': high, 'verdict': verdict(low, high)}
+
+
+def verdict_counts(verdicts: Sequence[str]) -> str:
+  """'GMA ahead a, AVG ahead b, undecided c of n': how a cell's intervals came out."""
+  return (f"GMA ahead {verdicts.count('GMA ahead')}, AVG ahead {verdicts.count('AVG ahead')}, undecided "
+          f"{verdicts.count('undecided')} of {len(verdicts)}")
+
+
+def change(new: Sequence[float], old: Sequence[float], paired: bool) -> dict[str, Any]:
+  """How far accuracies (fractions, one per seed) moved from `old` to `new`: their means in percent and new - old in
+  points with its 95% interval, paired by seed when `paired` (the same seeds in the same order), else Welch's."""
+  if paired:
+    diff = [100 * (n - o) for n, o in zip(new, old)]
+    mean, low, high = paired_interval(diff)
+  else:
+    diff = None
+    mean, low, high = welch_interval([100 * n for n in new], [100 * o for o in old])
+  return {'old': 100 * float(np.mean(old)), 'new': 100 * float(np.mean(new)), 'differences': diff, 'mean': mean,
+          'low': low, 'high': high, 'paired': paired}

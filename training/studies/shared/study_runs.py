@@ -7,11 +7,13 @@ and several processes (`--shard=i/n`) can run parts of a study into one output d
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
 import time
 import zlib
+from collections.abc import Callable, Sequence
 from typing import Any, Optional, Protocol
 
 import numpy as np
@@ -54,6 +56,12 @@ def metrics_rows(output_dir: str) -> list[dict[str, float]]:
 def curve(output_dir: str, key: str) -> list[float]:
   """A run's values of metrics column `key`, over the rounds that have one (e.g. the evaluated rounds)."""
   return [r[key] for r in metrics_rows(output_dir) if key in r]
+
+
+def curves_with_rounds(output_dir: str, keys: Sequence[str]) -> dict[str, tuple[list[int], list[float]]]:
+  """{key: (the rounds that have a value of metrics column `key`, those values)}, from one read of metrics.csv."""
+  rows = metrics_rows(output_dir)
+  return {key: ([int(r['round']) for r in rows if key in r], [r[key] for r in rows if key in r]) for key in keys}
 
 
 def mean_of(output_dir: str, suffix: str) -> Optional[float]:
@@ -133,3 +141,45 @@ def run_all(study: StagedStudy, stages: str, shard: int, num_shards: int, poll_s
         continue
       # A finished tuning run may make later-stage runs runnable: recompute the list.
       break
+
+
+def cost_rows(settings: Sequence[str], runs: Sequence[Any], summary: Callable[[Any], Optional[dict[str, Any]]]
+              ) -> list[dict[str, Any]]:
+  """Where a round's time goes, per setting and client loop: medians over the finished `runs` (each with a
+  `setting`) of seconds per round (training, evaluation, release and checkpoint; `waited` where the summaries have
+  it), from each run's summary.json `seconds_by_part`, which counts the rounds of the run's last session; a summary
+  without `client_loop` was written before the setting existed, by TFF's iterator loop."""
+  out = []
+  for setting in settings:
+    parts, waited = collections.defaultdict(list), collections.defaultdict(list)
+    for run in runs:
+      found = summary(run) if run.setting == setting else None
+      if found is not None and 'seconds_by_part' in found and found['seconds_by_part']['rounds'] > 0:
+        p, loop = found['seconds_by_part'], found.get('client_loop', 'iterator')
+        parts[loop].append(
+            [p['train'] / p['rounds'], p['evaluate'] / p['rounds'], p['release_and_checkpoint'] / p['rounds']])
+        if 'waited' in p:
+          waited[loop].append(p['waited'] / p['rounds'])
+    for loop in config_lib.CLIENT_LOOPS:
+      if parts[loop]:
+        train, evaluate, release = (float(x) for x in np.median(np.asarray(parts[loop]), axis=0))
+        out.append({'setting': setting, 'client_loop': loop, 'runs': len(parts[loop]), 'train': train,
+                    'evaluate': evaluate, 'release_and_checkpoint': release,
+                    'waited': float(np.median(waited[loop])) if waited[loop] else None})
+  return out
+
+
+def cost_table(rows: Sequence[dict[str, Any]]) -> str:
+  """`cost_rows` as a markdown table, with the share of the parts' own time that is not training; a `waited`
+  column (the rounds' wait for the after-round work run beside them) where a row has one."""
+  waits = any(r.get('waited') is not None for r in rows)
+  lines = ['| setting | client loop | runs | train s/round | evaluate s/round | release + checkpoint s/round | '
+           'not training |' + (' waited s/round |' if waits else ''), '|---|---|---|---|---|---|---|'
+           + ('---|' if waits else '')]
+  for r in rows:
+    train, evaluate, release = r['train'], r['evaluate'], r['release_and_checkpoint']
+    waited = '-' if r.get('waited') is None else f"{r['waited']:.3f}"
+    lines.append(f"| {r['setting']} | {r['client_loop']} | {r['runs']} | {train:.3f} | {evaluate:.3f} | "
+                 f"{release:.3f} | {(evaluate + release) / (train + evaluate + release):.0%} |"
+                 + (f' {waited} |' if waits else ''))
+  return '\n'.join(lines)

@@ -1,0 +1,228 @@
+"""The GMA claims study's report (`gma_fmnist_claims --stage=collect`), from its records: results.md, results.json.
+
+Per finished cell: GMA - AVG beside the paper, convergence, the re-runs against the archived rows, a figure; then the
+claims and the cost table. Apart from the study for its size: the study describes its cells (`Cell`), so no study is
+imported here. The same records and runs give the same files, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+from training.studies.shared import gma_protocol
+from training.studies.shared import intervals
+from training.studies.shared import report
+from training.studies.shared import study_runs
+
+NAMES = {'test': 'test split', 'ood': 'OOD test clients'}  # A record's accuracies (its fields' prefixes).
+_COLORS = {'mean': 'tab:blue', 'gma': 'tab:red', 'gma_dropin': 'tab:green', 'gma@tau0.4': 'tab:orange'}
+_CLAIMS = {'table2': '"GMA outperforms AVG" (Table 2)', 'table9': '"GMA ahead of AVG" (Table 9, at this E)',
+           'table3': '"GMA raises out-of-distribution accuracy, +1.5 to +3.6 points" (Table 3)'}
+
+
+class Cell(NamedTuple):
+  """What the report needs to know of a cell besides its records."""
+  label: str
+  accuracies: tuple[str, ...]  # Its accuracies, the primary first: ('ood', 'test') for a coloured cell.
+  paper_table: Optional[str]  # 'table2', 'table3' or 'table9'.
+  paper: dict[str, Optional[tuple[float, float]]]  # Algorithm -> the paper's (AVG, GMA), where it gives them.
+  epochs: int  # Local epochs (Table 9's axis).
+  archived: Optional[str] = None  # The archived study's cell that this cell re-runs (item 1).
+
+
+def comparisons(records: list[dict[str, Any]], cells: Mapping[str, Cell]) -> list[dict[str, Any]]:
+  """Each GMA method against its algorithm's AVG in its cell: paired per-seed differences (points), 95% t interval
+  and verdict, on each of the cell's accuracies (the primary first), with the paper's (AVG, GMA) beside."""
+  by = {(r['setting'], r['method']): r for r in records}
+  out = []
+  for r in records:
+    avg = by.get((r['setting'], f"{r['algorithm']}/mean"))
+    if r['aggregator'] == 'mean' or avg is None:
+      continue
+    cell = cells[r['setting']]
+    row = {'setting': r['setting'], 'method': r['method'], 'paper': cell.paper.get(r['algorithm'])}
+    for prefix in cell.accuracies:
+      for metric in ('best', 'last10'):
+        row[f'{prefix}_{metric}'] = intervals.paired_comparison(r[f'{prefix}_{metric}'], avg[f'{prefix}_{metric}'])
+    out.append(row)
+  return out
+
+
+def side_by_side(rows: list[dict[str, Any]], setting: str, cell: Cell) -> str:
+  """A cell's comparisons beside the paper's numbers (Table 3: best; Table 9: last-10; Table 2: best)."""
+  prefix = cell.accuracies[0]
+  beside = ' in distribution: AVG -> GMA, best; last-10 |' if prefix == 'ood' else ''
+  lines = [f'| method | paper AVG -> GMA | ours AVG -> GMA, best ({prefix}) | GMA - AVG best, 95% CI | verdict | '
+           f'ours AVG -> GMA, last-10 ({prefix}) | GMA - AVG last-10, 95% CI | verdict |' + beside,
+           '|---|---|---|---|---|---|---|---|' + ('---|' if beside else '')]
+  for c in rows:
+    if c['setting'] != setting:
+      continue
+    paper = '-' if c['paper'] is None else f"{c['paper'][0]:.2f} -> {c['paper'][1]:.2f}"
+    cells = [f"{m['avg']:.2f} -> {m['gma']:.2f} | {m['mean']:+.2f} [{m['low']:+.2f}, {m['high']:+.2f}] | "
+             f"{m['verdict']}" for m in (c[f'{prefix}_best'], c[f'{prefix}_last10'])]
+    if beside:
+      cells.append(f"{c['test_best']['avg']:.2f} -> {c['test_best']['gma']:.2f}; "
+                   f"{c['test_last10']['avg']:.2f} -> {c['test_last10']['gma']:.2f}")
+    lines.append(f"| {c['method']} | {paper} | " + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def convergence_table(records: list[dict[str, Any]], setting: str, cell: Cell) -> str:
+  """Item 4, a cell's final runs by the convergence rule (`gma_protocol.converged`, on each accuracy's evaluations):
+  per method, how many converged, and the rise (last 10 evaluations' mean minus the 10 before's, mean over seeds)."""
+  lines = ['| method | rounds | ' + ' | '.join(f'converged ({p}) | rise ({p}), points' for p in cell.accuracies)
+           + ' |', '|---|---|' + '---|---|' * len(cell.accuracies)]
+  for r in records:
+    if r['setting'] == setting:
+      parts = []
+      for p in cell.accuracies:
+        rises = [x for x in r[f'{p}_rise'] if x is not None]
+        parts += [f"{sum(r[f'{p}_converged'])} of {len(r[f'{p}_converged'])}",
+                  f'{np.mean(rises):+.2f}' if rises else '-']
+      lines.append(f"| {r['method']} | {r['rounds']} | " + ' | '.join(parts) + ' |')
+  return '\n'.join(lines)
+
+
+def against_archived(records: list[dict[str, Any]], rows: list[dict[str, Any]], cells: Mapping[str, Cell],
+                     archived: dict[str, Any]) -> list[dict[str, Any]]:
+  """Item 1: each re-run row beside the archived study's row of its cell and method (`archived`: that study's
+  results.json): test accuracy, re-run - archived per metric (`intervals.change`), and for a GMA method its verdict
+  against AVG in the archived study and in the re-run."""
+  old = {(r['setting'], r['algorithm'], r['aggregator']): r for r in archived['records']}
+  old_rows = {(c['setting'], c['algorithm'], c['aggregator']): c for c in archived['comparisons']}
+  new_rows = {(c['setting'], c['method']): c for c in rows}
+  out = []
+  for r in records:
+    key = (cells[r['setting']].archived, r['algorithm'], r['aggregator'])
+    if key not in old or r['variant']:
+      continue
+    row = {'setting': r['setting'], 'archived_setting': key[0], 'method': r['method']}
+    for metric in ('best', 'last10'):
+      row[metric] = intervals.change(r[f'test_{metric}'], old[key][metric], r['seeds'] == old[key]['seeds'])
+    new = new_rows.get((r['setting'], r['method']))
+    if key in old_rows and new is not None:
+      row['verdicts'] = {m: [old_rows[key][m]['verdict'], new[f'test_{m}']['verdict']] for m in ('best', 'last10')}
+    out.append(row)
+  return out
+
+
+def archived_table(rows: list[dict[str, Any]], setting: str) -> str:
+  lines = ['| method | best %: archived -> re-run | re-run - archived, 95% CI | last-10 %: archived -> re-run | '
+           're-run - archived, 95% CI | GMA - AVG verdict, best: archived -> re-run | the same, last-10 |',
+           '|---|---|---|---|---|---|---|']
+  for c in rows:
+    if c['setting'] == setting:
+      parts = [f"{m['old']:.2f} -> {m['new']:.2f} | {m['mean']:+.2f} [{m['low']:+.2f}, {m['high']:+.2f}]"
+               + ('' if m['paired'] else ' (Welch)') for m in (c['best'], c['last10'])]
+      parts += [' -> '.join(c['verdicts'][m]) if 'verdicts' in c else '-' for m in ('best', 'last10')]
+      lines.append(f"| {c['method']} | " + ' | '.join(parts) + ' |')
+  return '\n'.join(lines)
+
+
+def claims(settings: Sequence[str], records: list[dict[str, Any]], rows: list[dict[str, Any]],
+           cells: Mapping[str, Cell]) -> list[str]:
+  """The paper's claims, each read from the intervals of the cells that finished, on a cell's primary accuracy,
+  with the paper's gap against our interval of the metric it reports (Table 9: last-10, else best); per cell, how
+  many final runs converged by the rule; Table 9's trend."""
+  out = []
+  for setting in [s for s in settings if any(r['setting'] == s for r in records)]:
+    cell, prefix = cells[setting], cells[setting].accuracies[0]
+    compared = [c for c in rows if c['setting'] == setting]
+    if compared:
+      parts = [f'{name}: ' + intervals.verdict_counts([c[f'{prefix}_{m}']['verdict'] for c in compared])
+               for m, name in (('best', 'best'), ('last10', 'last-10'))]
+      metric = 'last10' if cell.paper_table == 'table9' else 'best'
+      paper = [(c['paper'][1] - c['paper'][0], c[f'{prefix}_{metric}']) for c in compared if c['paper'] is not None]
+      parts.append(f"the paper's gap inside our {metric.replace('last10', 'last-10')} interval in "
+                   f"{sum(m['low'] <= gap <= m['high'] for gap, m in paper)} of {len(paper)}" if paper
+                   else 'the paper gives no number here')
+      out.append(f'- {_CLAIMS.get(cell.paper_table, _CLAIMS["table2"])}, {setting} ({prefix}): '
+                 + '; '.join(parts) + '.')
+    ran = {kind: [c for r in records if r['setting'] == setting and (r['aggregator'] == 'mean') == (kind == 'AVG')
+                  for c in r[f'{prefix}_converged']] for kind in ('AVG', 'GMA')}
+    out.append(f'- Converged by the rule ({prefix} accuracy: the last 10 evaluations\' mean under '
+               f'{gma_protocol.PLATEAU_POINTS:g} point above the 10 before\'s), {setting}: '
+               + ', '.join(f'{kind} {sum(v)} of {len(v)}' for kind, v in ran.items()) + ' final runs.')
+  return out + [epochs_line(rows, cells)] if records else []
+
+
+def epochs_line(rows: list[dict[str, Any]], cells: Mapping[str, Cell]) -> str:
+  """Table 9's "the gain grows with the local epochs": FedAvg GMA (tau tuned) - AVG, last-10, per finished E beside
+  the paper's gap, and the Welch interval of the largest finished E's gap minus the smallest's."""
+  gaps = {cells[c['setting']].epochs: (c['test_last10'], c['paper']) for c in rows
+          if cells[c['setting']].paper_table == 'table9' and c['method'] == 'fedavg/gma'}
+  claim = '- "More so with more local epochs" (Table 9; FedAvg, GMA with tau tuned - AVG, last-10, points)'
+  if len(gaps) < 2:
+    return f'{claim}: not tested: it needs two of the local-epoch cells complete ({len(gaps)} is).'
+  each = [f"E={e} {g['mean']:+.2f} [{g['low']:+.2f}, {g['high']:+.2f}]"
+          + ('' if paper is None else f' (paper {paper[1] - paper[0]:+.2f})') for e, (g, paper) in sorted(gaps.items())]
+  low, high = min(gaps), max(gaps)
+  trend = intervals.welch_interval(gaps[high][0]['differences'], gaps[low][0]['differences'])
+  return (f'{claim}: ' + ', '.join(each) + f'; E={high} minus E={low}: '
+          + '{:+.2f} [{:+.2f}, {:+.2f}] (95% Welch).'.format(*trend))
+
+
+def plot(records: list[dict[str, Any]], setting: str, cell: Cell, path: str) -> None:
+  """A finished cell's accuracy over rounds: a panel per algorithm, a row per accuracy (the primary first); each
+  method's mean over the final seeds (bold) and its seeds (thin)."""
+  ours = [r for r in records if r['setting'] == setting]
+
+  def panel(prefix, algorithm):
+    series = []
+    for r in [r for r in ours if r['algorithm'] == algorithm]:
+      label = r['method'].split('/', 1)[1]
+      rounds, values = zip(*r[f'{prefix}_curves'])
+      series.append(report.Series(label, _COLORS.get(label, 'tab:gray'), rounds, values))
+    return report.Panel(f'{setting}: {algorithm}', f'{NAMES[prefix]} accuracy %', series)
+  algorithms = list(dict.fromkeys(r['algorithm'] for r in ours))
+  report.curves_figure([[panel(p, a) for a in algorithms] for p in cell.accuracies], path)
+
+
+def _cell_section(setting: str, records: list[dict[str, Any]], rows: list[dict[str, Any]], cell: Cell,
+                  archived: list[dict[str, Any]]) -> list[str]:
+  first = next(r for r in records if r['setting'] == setting)
+  text = [f"**{setting}: {cell.label}, {first['rounds']} rounds, final seeds {first['seeds']}**", '',
+          side_by_side(rows, setting, cell), '', 'Convergence of the final runs (the rule: '
+          '`gma_protocol.converged`):', '', convergence_table(records, setting, cell), '']
+  if cell.archived:
+    text += [f'Test accuracy against the archived `{cell.archived}` rows (docs/gma_fmnist_study.json; intervals '
+             'paired by seed):', '', archived_table(archived, setting), '']
+  return text + [f'![{setting}](curves_{setting}.png)', '']
+
+
+def write(output_dir: str, settings: Sequence[str], records: list[dict[str, Any]], cells: Mapping[str, Cell],
+          cost: list[dict[str, Any]], archived_path: str) -> str:
+  """results.md, results.json (every number of the report) and a figure per finished cell (curves_<setting>.png)
+  under `output_dir`; `cost`: `study_runs.cost_rows`; `archived_path`: the archived study's results.json."""
+  rows = comparisons(records, cells)
+  archived = []
+  if any(cells[r['setting']].archived for r in records):
+    with open(archived_path) as f:
+      archived = against_archived(records, rows, cells, json.load(f))
+  finished = [s for s in settings if any(r['setting'] == s for r in records)]
+  text = ['GMA where the paper says it helps most (`training.studies.gma_fmnist_claims`): paired per-seed GMA - AVG, '
+          '95% t intervals, in points. Coloured cells: primary accuracy on the OOD test clients.', '']
+  if not finished:
+    text += ['No cell is complete yet: a cell is reported once every final run of every method in it finished.', '']
+  for setting in finished:
+    text += _cell_section(setting, records, rows, cells[setting], archived)
+  claim_lines = claims(settings, records, rows, cells)
+  if claim_lines:
+    text += ['**The paper\'s claims here**', ''] + claim_lines + ['']
+  text += ['**Where a round\'s time goes** (medians over every finished run of the settings, tuning runs and cells '
+           'not yet complete included; evaluation, release and checkpoint run beside the next round\'s training where '
+           'they may, `training.runner.background`: such a round takes about its training plus `waited`)', '',
+           study_runs.cost_table(cost), '']
+  markdown = '\n'.join(text) + '\n'
+  report.write_report(output_dir, markdown, {
+      'records': [{k: v for k, v in r.items() if not k.endswith('_curves')} for r in records],
+      'comparisons': rows, 'against_archived': archived, 'claims': claim_lines, 'cost': cost})
+  for setting in finished:
+    plot(records, setting, cells[setting], os.path.join(output_dir, f'curves_{setting}.png'))
+  return markdown
