@@ -141,12 +141,24 @@ def test_finished_cells_are_read_back_not_rerun(tmp_path):
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(older, f)
   assert study_runs.finished_summary(config)['best_accuracy'] == 0.6
-  # ... at the value it ran with where the default changed since: RFA started from the mean before rfa_init.
+  # ... at the value it ran with where the default changed since: RFA started from the mean before rfa_init. That
+  # makes an RFA run another run, not a mean run (the mean reads no rfa_init: the archived start study's mean cells).
   older = dict(summary, config={k: v for k, v in summary['config'].items() if k != 'rfa_init'})
   with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
     json.dump(older, f)
-  assert config.rfa_init == 'zero' and study_runs.finished_summary(config) is None
-  assert study_runs.finished_summary(dataclasses.replace(config, rfa_init='mean'))['best_accuracy'] == 0.6
+  assert config.rfa_init == 'zero' and study_runs.finished_summary(config)['best_accuracy'] == 0.6
+  rfa = dataclasses.replace(config, aggregator='rfa')
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(dict(older, config=dict(older['config'], aggregator='rfa')), f)
+  assert rfa.rfa_init == 'zero' and study_runs.finished_summary(rfa) is None
+  assert study_runs.finished_summary(dataclasses.replace(rfa, rfa_init='mean'))['best_accuracy'] == 0.6
+  # Nor does a mean run read tau or num_passes: a value it held does not make it another run; a setting it reads does.
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(dict(summary, config=dict(summary['config'], tau=0.9, num_passes=7)), f)
+  assert study_runs.finished_summary(config)['best_accuracy'] == 0.6
+  assert study_runs.finished_summary(dataclasses.replace(config, secure=True, secure_bound=1.0)) is None
+  with open(os.path.join(config.output_dir, 'summary.json'), 'w') as f:
+    json.dump(summary, f)
   # Another setting of the same cell directory, or a run stopped before its last round, must run (again).
   assert study_runs.finished_summary(dataclasses.replace(config, client_lr=0.1)) is None
   summary['rounds_completed'] = 3

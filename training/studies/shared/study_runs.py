@@ -19,6 +19,7 @@ from typing import Any, Optional, Protocol
 import numpy as np
 
 from training import config as config_lib
+from training.engine import registry
 from training.runner import experiment
 
 
@@ -41,11 +42,19 @@ def finished_summary(config: config_lib.ExperimentConfig) -> Optional[dict[str, 
            'checkpoint_every')
   saved = json.loads(json.dumps(experiment.completed_config(summary.get('config', {}))))
   wanted = json.loads(json.dumps(dataclasses.asdict(config)))
-  same_config = all(saved.get(k) == v for k, v in wanted.items() if k not in where)
+  same_config = all(saved.get(k) == v for k, v in wanted.items() if k not in where + _unread_settings(config))
   # A run the runner stopped (its update non-finite round after round) is finished too: it cannot go on.
   if same_config and (summary.get('rounds_completed') == config.rounds or 'stopped' in summary):
     return summary
   return None
+
+
+def _unread_settings(config: config_lib.ExperimentConfig) -> tuple[str, ...]:
+  """The method settings `config`'s method does not read (`registry.used_settings`): a run computed the same
+  whatever they held, so a default that changed since (`rfa_init` for a `mean` run) does not make it another run."""
+  settings = registry.settings_of(config)
+  used = registry.used_settings(config.algorithm, config.aggregator, settings, config.corruption)
+  return tuple(name for name in settings if name not in used)
 
 
 def metrics_rows(output_dir: str) -> list[dict[str, float]]:
