@@ -53,7 +53,7 @@ CASES = (
 
 # The fast tier runs the first case (in CASES' order) to show each algorithm, aggregator, adaptive optimizer and
 # placement of the aggregate in an adaptive server (GMA's mask on the step, Algorithm 2, or the aggregate as the
-# optimizer's input): 22 of the 67; the full suite runs every case (tests/tiers.py). RFA's starts and pass counts
+# optimizer's input): 20 of the 66; the full suite runs every case (tests/tiers.py). RFA's starts and pass counts
 # are the full suite's here; the fast tier checks them against their reference in geometric_median_test.
 FAST_TIER_KEYS = (
     lambda case: case.algorithm,
