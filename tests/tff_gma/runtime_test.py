@@ -44,6 +44,14 @@ _CHILD = textwrap.dedent('''
       raise RuntimeError('deliberate failure after a computation')
     if mode == 'wait':
       time.sleep(120)
+    if mode.startswith('swallow'):  # A caller that catches SystemExit, as pytest does a test's.
+      from tff_gma.runtime import worker_process
+      worker_process.SIGTERM_GRACE_S = 1.0 if mode == 'swallow' else 600.0
+      while True:
+        try:
+          time.sleep(0.05)
+        except SystemExit as e:
+          print('SWALLOWED', e.code, flush=True)
 ''')
 
 
@@ -81,6 +89,29 @@ def test_worker_stops_when_python_is_signalled(sig, tmp_path):
   proc.communicate(timeout=60)
   assert proc.returncode != 0
   assert processes.wait_gone(pid), f'worker {pid} outlived its Python process ({sig.name})'
+
+
+@pytest.mark.parametrize('mode', ['swallow', 'swallow_then_sigterm'])
+def test_a_caller_that_catches_the_sigterm_exit_still_ends(mode, tmp_path):
+  # SIGTERM becomes SystemExit(143) so that the exit hook stops the worker; a caller that catches it (pytest) must
+  # still end, as it would without the library: after the grace period (1 s here), or at once at a second SIGTERM.
+  proc = _start(mode, tmp_path)
+  try:
+    pid = _read_worker_pid(proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline() == 'SWALLOWED 143\n', proc.stderr.read()
+    started = time.monotonic()
+    if mode == 'swallow_then_sigterm':
+      proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    elapsed = time.monotonic() - started
+  finally:
+    if proc.poll() is None:  # It did not end: end it here, not at the suite's end.
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == (143 if mode == 'swallow' else -signal.SIGTERM), proc.returncode
+  assert elapsed < 10.0 if mode == 'swallow' else elapsed < 5.0, elapsed
+  assert processes.wait_gone(pid), f'worker {pid} outlived its Python process ({mode})'
 
 
 def test_worker_log_goes_to_file_not_caller(tmp_path):

@@ -33,6 +33,7 @@ class RuntimeState:
   run_dir: Optional[str] = None
   run_dir_pid: Optional[int] = None  # The process that created `run_dir`.
   exit_hook_pid: Optional[int] = None  # The process that registered the exit hook.
+  sigterm_received: bool = False  # A SIGTERM came: its handler is not set again (`worker_process`).
   socket_names: Any = dataclasses.field(default_factory=itertools.count)
   log_names: Any = dataclasses.field(default_factory=itertools.count)
 

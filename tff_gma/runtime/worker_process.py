@@ -373,18 +373,33 @@ def _register_exit_hook() -> None:
   atexit.register(stop_all_workers)
 
 
+# After a SIGTERM, how long the normal exit it starts may take (a checkpoint finished, workers stopped) before the
+# process ends anyway: a caller that catches the SystemExit (pytest records it as the test's failure and goes on)
+# would otherwise outlive the SIGTERM that, without the library, ends it at once.
+SIGTERM_GRACE_S = 30.0
+
+
 def _sigterm_to_exit(signum, frame):
   del frame
   # Turn SIGTERM into a normal exit so the atexit hook stops the workers. (If the process is killed without
-  # running Python code, PR_SET_PDEATHSIG still takes the worker down.)
+  # running Python code, PR_SET_PDEATHSIG still takes the worker down.) A second SIGTERM gets the default action,
+  # and the grace period bounds the first: both as without the library.
+  STATE.sigterm_received = True
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  threading.Thread(target=_exit_after, args=(SIGTERM_GRACE_S, 128 + signum), daemon=True,
+                   name='tff_gma-sigterm-grace').start()
   raise SystemExit(128 + signum)
 
 
+def _exit_after(seconds: float, code: int) -> None:
+  time.sleep(seconds)
+  os._exit(code)  # Past the grace: no more Python code runs; PR_SET_PDEATHSIG takes the workers down.
+
+
 def install_sigterm_handler() -> None:
-  """Turns SIGTERM into a normal exit (which runs the exit hook), unless another handler is set or this is not
-  the main thread (where Python cannot set one)."""
-  if threading.current_thread() is not threading.main_thread():
+  """Turns SIGTERM into a normal exit (which runs the exit hook), unless another handler is set, this is not the
+  main thread (where Python cannot set one), or a SIGTERM already came (its grace period is running)."""
+  if threading.current_thread() is not threading.main_thread() or STATE.sigterm_received:
     return
   if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
     signal.signal(signal.SIGTERM, _sigterm_to_exit)
-
