@@ -413,11 +413,17 @@ def _accept_loop(listener: socket.socket, port: int, check: PeerCheck | None = N
     threading.Thread(target=_serve_connection, args=(client, port, check), daemon=True).start()
 
 
-def _die_with_parent_of(parent_pid: int):
+def die_with_parent_of(parent_pid: int):
+  """A `preexec_fn` (runs in the child between fork and exec): default SIGINT/SIGQUIT, and a SIGKILL when the
+  parent `parent_pid` dies (`PR_SET_PDEATHSIG`); exits at once if the parent is already gone. The one place every
+  process this library starts (the helper, the TFF worker, the audit's child) gets this from."""
   def preexec():
-    reset_signal_dispositions()  # The helper's own handlers are reset by exec, SIGQUIT is not.
-    libc = _libc()
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    reset_signal_dispositions()  # A background job's ignored SIGINT would pass on; exec resets handlers, not SIG_IGN.
+    try:
+      libc = _libc()
+      libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # Not Linux: the atexit hook still stops the child on a normal exit.
+      return
     if os.getppid() != parent_pid:  # The parent died before prctl: nobody would kill us.
       os._exit(1)  # pylint: disable=protected-access
   return preexec
@@ -469,7 +475,7 @@ def helper_main(argv: list[str]) -> int:
   # (PR_SET_PDEATHSIG fires when the forking thread ends).
   worker = subprocess.Popen(
       worker_argv + [f'--port={port}'], stdin=subprocess.DEVNULL, close_fds=True,
-      preexec_fn=_die_with_parent_of(os.getpid()))
+      preexec_fn=die_with_parent_of(os.getpid()))
   state['worker'] = worker
   if state['stopping']:
     on_signal(signal.SIGTERM, None)

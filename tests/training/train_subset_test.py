@@ -12,6 +12,7 @@ from tff_gma.data import digits
 from tff_gma.data import federated
 from training import config as config_lib
 from training.runner import experiment
+from training.runner import run_setup
 from training.studies.shared import study_runs
 
 _TOY = config_lib.ExperimentConfig(
@@ -48,6 +49,15 @@ def test_every_seed_trains_on_the_same_stratified_subset():
     assert len(setup.data.test_y) == len(digits.load_split().y_test)  # The test split is whole.
     pools.append(sorted(map(bytes, x)))
   assert pools[0] == pools[1] == sorted(map(bytes, digits.load_split().x_train[kept]))
+
+
+def test_a_study_reading_a_runs_data_gets_its_subset():
+  # The membership study attacks a run's model with that run's training examples: read through load_data.
+  y_split = digits.load_split().y_train
+  kept = federated.stratified_subset(y_split, 0.5)
+  data = run_setup.load_data(dataclasses.replace(_TOY, train_subset_fraction=0.5))
+  x, _ = data.train.pooled_arrays()
+  assert sorted(map(bytes, x)) == sorted(map(bytes, digits.load_split().x_train[kept]))
 
 
 def _drop_the_setting(path):

@@ -255,7 +255,7 @@ def stop_on_signals() -> Iterator[None]:
 def _child_preexec(parent_pid: int) -> Callable[[], None]:
   """Between fork and exec in the child: default dispositions for the signals a background job ignores (and
   would pass on), then `PR_SET_PDEATHSIG=SIGKILL` (exits at once if the parent is already gone)."""
-  die_with_parent = confinement._die_with_parent_of(parent_pid)  # pylint: disable=protected-access
+  die_with_parent = confinement.die_with_parent_of(parent_pid)
 
   def preexec() -> None:
     for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):

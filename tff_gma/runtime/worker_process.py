@@ -9,7 +9,6 @@ escalation; once one has started, an exit hook stops every live one and SIGTERM 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import dataclasses
 import logging
 import os
@@ -36,7 +35,6 @@ GRPC_OPTIONS = [
     ('grpc.max_receive_message_length', _GRPC_MAX_MESSAGE_BYTES),
     ('grpc.max_send_message_length', _GRPC_MAX_MESSAGE_BYTES),
 ]
-_PR_SET_PDEATHSIG = 1
 STARTUP_TIMEOUT_S = 120.0
 
 # The name the runtime logged under as one module: kept, so that what a user configured for it still applies.
@@ -49,20 +47,6 @@ def worker_binary_path() -> str:
   if not os.path.isfile(path):
     raise RuntimeError(f'TFF worker binary not found at {path}; is tensorflow-federated installed?')
   return path
-
-
-def _die_with_parent_of(parent_pid: int):
-  def preexec() -> None:
-    """Runs in the child between fork and exec: default SIGINT/SIGQUIT, and a SIGKILL when the parent dies."""
-    confinement.reset_signal_dispositions()
-    try:
-      libc = ctypes.CDLL('libc.so.6', use_errno=True)
-      libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except OSError:  # Not Linux: the atexit hook still stops the worker on a normal exit.
-      return
-    if os.getppid() != parent_pid:  # The parent died before prctl took effect.
-      os._exit(1)  # pylint: disable=protected-access
-  return preexec
 
 
 INTRA_OP_THREADS_ENV = 'TFF_GMA_WORKER_INTRA_OP_THREADS'
@@ -241,7 +225,7 @@ class WorkerProcess:
         close_fds=True,
         pass_fds=pass_fds,
         start_new_session=True,
-        preexec_fn=_die_with_parent_of(os.getpid()),
+        preexec_fn=confinement.die_with_parent_of(os.getpid()),
     )
     self._process = process
     self._owner_pid = os.getpid()

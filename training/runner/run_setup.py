@@ -56,12 +56,18 @@ class Setup:
     return 'validation/accuracy' if self.validation is not None else 'test/accuracy'
 
 
-def build_setup(config: config_lib.ExperimentConfig) -> Setup:
-  """The data (partitioned; poisoned or held out where the settings say), the model and the method."""
-  data = loaders.load_federated_data(
+def load_data(config: config_lib.ExperimentConfig) -> loaders.FederatedDataset:
+  """The run's partitioned data as `config` says, before validation, corruption or personal hold-out: the one
+  place a config's data settings reach the loaders (studies that look at a run's data read it from here)."""
+  return loaders.load_federated_data(
       config.dataset, config.partition, config.num_clients, config.seed, data_dir=config.data_dir,
       fashion_mnist_source=config.fashion_mnist_source, train_subset_fraction=config.train_subset_fraction,
       **config.partition_kwargs())
+
+
+def build_setup(config: config_lib.ExperimentConfig) -> Setup:
+  """The data (partitioned; poisoned or held out where the settings say), the model and the method."""
+  data = load_data(config)
   validation = None
   if config.validation_fraction > 0:
     data, validation = _split_validation(data, config.validation_fraction, config.seed)

@@ -19,12 +19,12 @@ from absl import logging
 import numpy as np
 
 from tff_gma import models
-from tff_gma.data import loaders
 from training import command_line
 from training import config as config_lib
 from training.engine import evaluation
 from training.engine import membership_attack
 from training.runner import experiment
+from training.runner import run_setup
 from training.studies.shared import report
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (one run per aggregator and seed).')
@@ -53,8 +53,7 @@ def run_config(aggregator: str, seed: int) -> config_lib.ExperimentConfig:
 def attack_run(config: config_lib.ExperimentConfig) -> dict[str, Any]:
   """Trains (or resumes) the run and attacks its final model."""
   weights = experiment.run(config, show_progress=False).model_weights
-  data = loaders.load_federated_data(config.dataset, config.partition, config.num_clients, config.seed,
-                                     **config.partition_kwargs())
+  data = run_setup.load_data(config)
   build_keras = models.keras_builder(config.model, data.input_shape, data.num_classes)
   evaluator = evaluation.CentralEvaluator(build_keras, data.test_x, data.test_y)
   xs, ys = zip(*(data.train.client_arrays(c) for c in data.train.client_ids))  # All clients trained every round.
