@@ -201,8 +201,9 @@ _ARCHIVED_JSON = os.path.join(tests.ROOT, 'docs', 'gma_fmnist_study.json')
 
 def _final_curve(run: claims.Run, key: str) -> np.ndarray:
   """A final run's accuracies at EVALUATED: a level per algorithm and seed, a little seed-dependent wiggle; GMA
-  above AVG by 1 + 0.1 x seed points a local epoch (twice that on the OOD clients) and still rising 0.2 points an
-  evaluation (AVG flat: converged by the rule, GMA not)."""
+  above AVG by 1 + 0.1 x seed points a local epoch (twice that on the OOD clients; 1.5 times at tau 0.4, so that
+  Table 9's two GMA arms differ) and still rising 0.2 points an evaluation (AVG flat: converged by the rule, GMA
+  not)."""
   i = np.arange(len(EVALUATED))
   level = 0.70 + 0.01 * run.seed + 0.005 * claims.ALL_ALGORITHMS.index(run.algorithm)
   wiggle = 0.001 * ((7 * i + run.seed) % 5)
@@ -210,6 +211,7 @@ def _final_curve(run: claims.Run, key: str) -> np.ndarray:
     return level + wiggle
   epochs = claims.SETTINGS[run.setting].config['local_epochs']
   lift = 0.01 * (1 + 0.1 * run.seed) * epochs * (2 if key.startswith('ood') else 1)
+  lift *= 1.5 if run.tau == claims.STAGE1_TAU else 1.0
   return level + lift + wiggle + 0.002 * (i - len(i) + 1)
 
 
@@ -264,9 +266,9 @@ def finished(tmp_path_factory):
   spent = collections.defaultdict(list)
   _finish(study, spent, missing=['cfm100_feature-fedyogi-gma-clr0.05-slr0.01-tau0.6-final-seed4'])
   assert study.summary(claims.Run('cfm100_feature', 'fedyogi', 'gma', 0.05, 0.01, 0.6, None, 4, False)) is None
-  records = claims.collect(study)
-  markdown = claims.write_results(study, records)
-  return study, records, markdown, spent, out
+  collected = claims.collect(study)
+  markdown = claims.write_results(study, collected)
+  return study, collected.records, markdown, spent, out
 
 
 def _record(records, setting, method):
@@ -319,9 +321,11 @@ def test_the_convergence_rule_per_cell(finished):
       assert r[f'{prefix}_rise'] == pytest.approx(rises)
       assert r[f'{prefix}_converged'] == [x < 0.5 for x in rises]
       assert all(r[f'{prefix}_converged']) == (r['aggregator'] == 'mean')  # GMA rises 2 points: not converged.
-  assert '| fedavg/gma | 60 | 0 of 5 | +2.00 | 0 of 5 | +2.00 |' in markdown  # cfm10_mixed: OOD, then test.
+  # cfm10_mixed: stopped early, then OOD, then test (converged, rise, at chance).
+  assert '| fedavg/gma | 60 | 0 of 5 | 0 of 5 | +2.00 | 0 of 5 | 0 of 5 | +2.00 | 0 of 5 |' in markdown
   assert ('- Converged by the rule (test accuracy: the last 10 evaluations\' mean under 0.5 point above the 10 '
-          'before\'s), rerun_label100: AVG 15 of 15, GMA 0 of 25 final runs.') in markdown
+          'before\'s), rerun_label100: AVG 15 of 15, GMA 0 of 25 final runs; stopped early: AVG 0, GMA 0; '
+          'last-10 at chance: AVG 0, GMA 0.') in markdown
 
 
 def test_the_reruns_beside_the_archived_rows(finished):
@@ -367,26 +371,34 @@ def test_the_cost_table_is_the_medians_of_the_runs_seconds_a_round(finished):
 
 def test_table9s_trend_and_the_claims_lines(finished):
   _, records, markdown, _, out = finished
-  gaps = {}
-  for setting in ('epochs1', 'epochs3'):
-    gma, avg = _record(records, setting, 'fedavg/gma'), _record(records, setting, 'fedavg/mean')
-    gaps[setting] = 100 * (np.array(gma['test_last10']) - np.array(avg['test_last10']))
-  a, b = gaps['epochs3'], gaps['epochs1']  # E = 3 lifts GMA three times E = 1's: the gap grows.
-  va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-  df = int((va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)))
-  half = stats.t.ppf(0.975, df) * np.sqrt(va + vb)
-  trend = a.mean() - b.mean()
-  assert f'E=3 minus E=1: {trend:+.2f} [{trend - half:+.2f}, {trend + half:+.2f}] (95% Welch)' in markdown
-  assert f'E=3 {a.mean():+.2f}' in markdown and '(paper +1.82)' in markdown
-  assert ('- "GMA raises out-of-distribution accuracy, +1.5 to +3.6 points" (Table 3), cfm10_mixed (ood): best: '
+  lines = [x for x in markdown.splitlines() if x.startswith('- "More so with more local epochs"')]
+  assert len(lines) == 2  # The paper's tau 0.4 first, then tau tuned.
+  for line, method, name in zip(lines, ('fedavg/gma@tau0.4', 'fedavg/gma'), ('GMA at tau 0.4', 'GMA with tau tuned')):
+    gaps = {}
+    for setting in ('epochs1', 'epochs3'):
+      gma, avg = _record(records, setting, method), _record(records, setting, 'fedavg/mean')
+      gaps[setting] = 100 * (np.array(gma['test_last10']) - np.array(avg['test_last10']))
+    a, b = gaps['epochs3'], gaps['epochs1']  # E = 3 lifts GMA three times E = 1's: the gap grows.
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    df = int((va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)))
+    half = stats.t.ppf(0.975, df) * np.sqrt(va + vb)
+    trend = a.mean() - b.mean()
+    assert f'(Table 9; FedAvg, {name} - AVG, last-10, points)' in line
+    assert f'E=3 minus E=1: {trend:+.2f} [{trend - half:+.2f}, {trend + half:+.2f}] (95% Welch)' in line
+    assert f'E=3 {a.mean():+.2f}' in line and '(paper +1.82)' in line
+  assert lines[0] != lines[1].replace('GMA with tau tuned', 'GMA at tau 0.4')  # The arms' numbers differ.
+  assert ('Table 3); the paper\'s GMA - AVG in this row +2.40 to +3.53 points, cfm10_mixed (ood): best: '
           'GMA ahead 4, AVG ahead 0, undecided 0 of 4') in markdown
+  # The paper's gap is counted once per algorithm: Algorithm 2's GMA, not the drop-in (rerun_label100: 3 of 5).
+  rerun = next(x for x in markdown.splitlines() if x.startswith('- "GMA outperforms AVG" (Table 2), rerun_label100'))
+  assert 'interval (GMA with tau tuned) in ' in rerun and rerun.endswith(' of 3.')
   inside = 0
   for c in json.loads((out / 'results.json').read_text())['comparisons']:
     if c['setting'] == 'cfm10_mixed':  # Table 3's mixed-skew 10-client row: ((AVG mean, std), (GMA mean, std)).
       (avg, _), (gma, _) = claims.PAPER_TABLE3['Yes', 10][c['method'].split('/')[0]]
       inside += c['ood_best']['low'] <= gma - avg <= c['ood_best']['high']
   assert 0 < inside < 4  # The fake gaps put some of the paper's inside, not all: the count is not trivially 0 or 4.
-  assert f"the paper's gap inside our best interval in {inside} of 4." in markdown
+  assert f"the paper's gap inside our best interval (GMA with tau tuned) in {inside} of 4." in markdown
   assert 'epochs1 (test): best: GMA ahead 2, AVG ahead 0, undecided 0 of 2; last-10: GMA ahead 2, AVG ahead 0, ' \
       'undecided 0 of 2; the paper gives no number here.' in markdown
 
@@ -410,11 +422,78 @@ def test_no_cell_finished_writes_a_report_that_says_so(tmp_path):
   spent = collections.defaultdict(list)
   for run in study.runnable('all')[0][:3]:  # Three tuning runs finished, nothing else.
     _write_run(study, run, spent)
-  records = claims.collect(study)
-  markdown = claims.write_results(study, records)
-  assert records == [] and 'No cell is complete yet' in markdown
+  collected = claims.collect(study)
+  markdown = claims.write_results(study, collected)
+  assert collected == ([], []) and 'No cell is complete yet' in markdown
   saved = json.loads((tmp_path / 'results.json').read_text())
   assert saved['records'] == saved['comparisons'] == saved['against_archived'] == saved['claims'] == []
   assert saved['cost'][0]['runs'] == 3
   assert saved['cost'][0]['train'] == pytest.approx(np.median([s[0] for s in spent['cfm100_mixed']]))
   assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ['results.json', 'results.md']
+
+
+def _end_badly(study, run, last_round, accuracy=None):
+  """Rewrites a finished run as one that stopped after `last_round` (non-finite updates: the runner's summary says
+  'stopped') and, with `accuracy`, as one whose every evaluation scored that (a collapsed run)."""
+  config = study.config(run)
+  path = os.path.join(config.output_dir, 'metrics.csv')
+  with open(path, newline='') as f:
+    header, *rows = list(csv.reader(f))
+  rows = [[row[0], row[1]] + [c if not c or accuracy is None else repr(accuracy) for c in row[2:]]
+          for row in rows if int(row[0]) <= last_round]
+  with open(path, 'w', newline='') as f:
+    csv.writer(f).writerows([header] + rows)
+  summary_path = os.path.join(config.output_dir, 'summary.json')
+  with open(summary_path) as f:
+    summary = json.load(f)
+  if last_round < config.rounds:
+    summary.update(rounds_completed=last_round, stopped=f'stopped after round {last_round}')
+  with open(summary_path, 'w') as f:
+    json.dump(summary, f)
+
+
+def _final(study, setting, method_key, seed):
+  method = next(m for m in claims.SETTINGS[setting].methods if m.key == method_key)
+  chosen = study.tuned(setting, method)[1]
+  return next(r for r in study.final_runs(setting, method, chosen) if r.seed == seed)
+
+
+def test_runs_that_ended_badly_are_counted_and_the_e20_check_and_subset_are_said(tmp_path):
+  study = claims.Study(['cfm10_mixed', 'epochs20'], [], claims.TUNE_SEEDS, claims.FINAL_SEEDS, str(tmp_path),
+                       rounds=ROUNDS)
+  _finish(study, collections.defaultdict(list))
+  stopped = _final(study, 'cfm10_mixed', 'fedavg/gma', claims.FINAL_SEEDS[0])
+  _end_badly(study, stopped, 30)
+  _end_badly(study, _final(study, 'cfm10_mixed', 'fedavg/mean', claims.FINAL_SEEDS[1]), ROUNDS, accuracy=0.105)
+  collected = claims.collect(study)
+  assert collected.unscored == []
+  gma, avg = _record(collected.records, 'cfm10_mixed', 'fedavg/gma'), _record(collected.records, 'cfm10_mixed',
+                                                                               'fedavg/mean')
+  assert gma['stopped'] == [True, False, False, False, False] and not any(avg['stopped'])
+  kept = [EVALUATED.index(r) for r in EVALUATED if r <= 30]  # Scored on the evaluations it ran: rounds 5 .. 30.
+  curve = _final_curve(stopped, 'ood')[kept]
+  assert gma['ood_best'][0] == pytest.approx(curve.max()) and gma['ood_last10'][0] == pytest.approx(curve[-10:].mean())
+  assert avg['ood_collapsed'] == avg['test_collapsed'] == [False, True, False, False, False]
+  assert not any(gma['ood_collapsed'])
+  markdown = claims.write_results(study, collected)
+  assert '| fedavg/gma | 60 | 1 of 5 | ' in markdown and '| fedavg/mean | 60 | 0 of 5 | ' in markdown
+  line = next(x for x in markdown.splitlines() if x.startswith('- Converged by the rule (ood') and 'cfm10_mixed' in x)
+  assert line.endswith('stopped early: AVG 0, GMA 1; last-10 at chance: AVG 1, GMA 0.')
+  # Table 3's claim in the paper's words, with its own gaps in the row (mixed skew, 10 clients: +2.40 to +3.53).
+  gaps = [gma - avg for (avg, _), (gma, _) in claims.PAPER_TABLE3['Yes', 10].values()]
+  assert (f'"in almost all cases gradient masking outperforms naive averaging" (Sec. 5.3, Table 3); the paper\'s '
+          f'GMA - AVG in this row {min(gaps):+.2f} to {max(gaps):+.2f} points, cfm10_mixed (ood)') in markdown
+  # The 10-client cells say how far the subset's local steps are from the paper's.
+  assert '~600 examples a client, ~750 local steps a round at E = 20 and batch 16' in markdown
+  assert '~600 examples a client, ~38 local steps a round at E = 1' in markdown
+  # E = 20's check of E = 1's learning rates (the fake scores peak at client lr 0.05, server lr 1.5 everywhere).
+  assert 'The learning rates come from `epochs1`' in markdown
+  assert '| fedavg/gma@tau0.4 | 0.05, 1.5 | 0.05, 1.5 | yes |' in markdown
+  # A final run that stopped before its first evaluation (round 5) has nothing to score: its cell is left out, named.
+  lost = _final(study, 'epochs20', 'fedavg/mean', claims.FINAL_SEEDS[2])
+  _end_badly(study, lost, 4)
+  collected = claims.collect(study)
+  assert collected.unscored == [lost.name]
+  assert {r['setting'] for r in collected.records} == {'cfm10_mixed'}
+  markdown = claims.write_results(study, collected)
+  assert f'`{lost.name}`' in markdown.split('**')[0] and '**epochs20:' not in markdown

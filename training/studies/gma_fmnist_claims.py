@@ -313,20 +313,43 @@ class Study(fmnist_protocol.PartitionTuning):
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARCHIVED_RESULTS = os.path.join(_ROOT, 'docs', 'gma_fmnist_study.json')  # The archived study's collected results.
 _ACCURACIES = {'test': 'test/accuracy', 'ood': 'ood_test/accuracy'}  # A record's prefix -> its metrics.csv column.
+
+FMNIST_TRAIN_EXAMPLES = 60_000
+
+
+def _subset_note(config: dict[str, Any]) -> str:
+  """A cell on the stated subset trains a fraction of the examples a client, so that fraction of the local steps the
+  paper's clients take at the same E: said under the cell's heading, beside the paper's numbers."""
+  fraction = config.get('train_subset_fraction', 1.0)
+  if fraction == 1.0:
+    return ''
+  per_client = fraction * FMNIST_TRAIN_EXAMPLES / config['num_clients']
+  steps = per_client * config['local_epochs'] / config['batch_size']
+  return (f"Trains the stated {fraction:g} stratified subset: ~{per_client:,.0f} examples a client, ~{steps:,.0f} "
+          f"local steps a round at E = {config['local_epochs']} and batch {config['batch_size']}, where the "
+          f"full training split (the paper's) would give ~{steps / fraction:,.0f}: at the same E, fewer local steps "
+          f"than the paper's clients take.")
 # What the report needs to know of each cell.
 REPORT_CELLS = {name: claims_report.Cell(
     cell.label, ('ood', 'test') if cell.ood else ('test',), cell.paper[0] if cell.paper else None,
-    {a: paper_numbers(name, a) for a in ALL_ALGORITHMS}, cell.config['local_epochs'], ARCHIVED.get(name))
-    for name, cell in SETTINGS.items()}
+    {a: paper_numbers(name, a) for a in ALL_ALGORITHMS}, cell.config['local_epochs'], ARCHIVED.get(name),
+    _subset_note(cell.config)) for name, cell in SETTINGS.items()}
 
 
-def collect(study: Study) -> list[dict[str, Any]]:
+class Collected(NamedTuple):
+  records: list[dict[str, Any]]  # One per (setting, method) of the whole cells.
+  unscored: list[str]  # Final runs that finished with no evaluation (stopped early): their cells are left out.
+
+
+def collect(study: Study) -> Collected:
   """One record per (setting, method) of the settings whose final runs all finished (a cell whole or not at all):
   per accuracy (the central test split's; the OOD test clients' for the coloured cells) and final seed, the best and
-  last-10 accuracy, the convergence rule's rise and verdict, and the curves (for the figures only)."""
-  records = []
+  last-10 accuracy, the convergence rule's rise and verdict, whether it ended at chance, whether the run stopped
+  early (non-finite updates: scored on the rounds it ran), and the curves (for the figures only). A cell with a
+  final run stopped before its first evaluation has nothing to score: left out, the run named in `unscored`."""
+  records, unscored = [], []
   for setting in study.settings:
-    cell = []
+    cell, empty = [], []
     for method in study.methods[setting]:
       _, chosen, found = study.tuned(setting, method)
       finals = [] if chosen is None else study.final_runs(setting, method, chosen)
@@ -334,35 +357,39 @@ def collect(study: Study) -> list[dict[str, Any]]:
         break
       record = {'setting': setting, 'method': method.key, 'algorithm': method.algorithm,
                 'aggregator': method.aggregator, 'variant': method.variant, **chosen._asdict(),
-                'tuning': found, 'rounds': study.config(finals[0]).rounds, 'seeds': [r.seed for r in finals]}
+                'tuning': found, 'rounds': study.config(finals[0]).rounds, 'seeds': [r.seed for r in finals],
+                'stopped': ['stopped' in study.summary(r) for r in finals]}
       if not gma_protocol.is_gma(method.aggregator):
         record['tau'] = None
       read = [study_runs.curves_with_rounds(study.config(r).output_dir, list(_ACCURACIES.values())) for r in finals]
-      for prefix, key in _ACCURACIES.items():
-        tested = [run[key] for run in read]
+      for prefix in REPORT_CELLS[setting].accuracies:
+        tested = [run[_ACCURACIES[prefix]] for run in read]
+        empty += [r.name for r, (_, values) in zip(finals, tested) if not values and r.name not in empty]
         if all(values for _, values in tested):
           record.update(_accuracy(prefix, tested))
       cell.append(record)
     else:  # No method stopped short: the cell is whole.
-      records += cell
-  return records
+      records += [] if empty else cell
+      unscored += empty
+  return Collected(records, unscored)
 
 
 def _accuracy(prefix: str, tested: list[tuple[list[int], list[float]]]) -> dict[str, Any]:
   """A method's final runs on one accuracy ((evaluated rounds, accuracies) per seed), as a record's fields."""
   values = [v for _, v in tested]
-  return {f'{prefix}_best': [float(np.max(v)) for v in values],
-          f'{prefix}_last10': [float(np.mean(v[-LAST_EVALS:])) for v in values],
+  last10 = [float(np.mean(v[-LAST_EVALS:])) for v in values]
+  return {f'{prefix}_best': [float(np.max(v)) for v in values], f'{prefix}_last10': last10,
           f'{prefix}_rise': [gma_protocol.late_rise(v) for v in values],
           f'{prefix}_converged': [gma_protocol.converged(v) for v in values],
-          f'{prefix}_curves': tested}
+          f'{prefix}_collapsed': [gma_protocol.at_chance(v) for v in last10], f'{prefix}_curves': tested}
 
 
-def write_results(study: Study, records: list[dict[str, Any]], archived_path: str = ARCHIVED_RESULTS) -> str:
+def write_results(study: Study, collected: Collected, archived_path: str = ARCHIVED_RESULTS) -> str:
   """results.md, results.json and a figure per finished cell under the study's output directory
   (`shared.claims_report`); the cost table reads every finished run of the study's settings."""
   cost = study_runs.cost_rows(study.settings, study.runnable('all')[0], study.summary)
-  return claims_report.write(study.output_dir, study.settings, records, REPORT_CELLS, cost, archived_path)
+  return claims_report.write(study.output_dir, study.settings, collected.records, REPORT_CELLS, cost, archived_path,
+                             collected.unscored)
 
 
 FLAGS = flags.FLAGS

@@ -22,7 +22,7 @@ from training.studies.shared import study_runs
 NAMES = {'test': 'test split', 'ood': 'OOD test clients'}  # A record's accuracies (its fields' prefixes).
 _COLORS = {'mean': 'tab:blue', 'gma': 'tab:red', 'gma_dropin': 'tab:green', 'gma@tau0.4': 'tab:orange'}
 _CLAIMS = {'table2': '"GMA outperforms AVG" (Table 2)', 'table9': '"GMA ahead of AVG" (Table 9, at this E)',
-           'table3': '"GMA raises out-of-distribution accuracy, +1.5 to +3.6 points" (Table 3)'}
+           'table3': '"in almost all cases gradient masking outperforms naive averaging" (Sec. 5.3, Table 3)'}
 
 
 class Cell(NamedTuple):
@@ -33,6 +33,14 @@ class Cell(NamedTuple):
   paper: dict[str, Optional[tuple[float, float]]]  # Algorithm -> the paper's (AVG, GMA), where it gives them.
   epochs: int  # Local epochs (Table 9's axis).
   archived: Optional[str] = None  # The archived study's cell that this cell re-runs (item 1).
+  note: str = ''  # How the cell differs from the paper's, printed under its heading (e.g. the subset's local steps).
+
+
+def paper_method(algorithm: str, cell: Cell) -> str:
+  """The method set beside the paper's number of `algorithm` in the claims' counts, once per algorithm: GMA at the
+  paper's tau 0.4 where the cell has that variant (Table 9; App. D.1: "we maintained tau = 0.4"), else GMA with tau
+  tuned (Algorithm 2 for the adaptive servers, not the drop-in)."""
+  return f'{algorithm}/gma@tau0.4' if cell.paper_table == 'table9' else f'{algorithm}/gma'
 
 
 def comparisons(records: list[dict[str, Any]], cells: Mapping[str, Cell]) -> list[dict[str, Any]]:
@@ -75,18 +83,24 @@ def side_by_side(rows: list[dict[str, Any]], setting: str, cell: Cell) -> str:
 
 def convergence_table(records: list[dict[str, Any]], setting: str, cell: Cell) -> str:
   """Item 4, a cell's final runs by the convergence rule (`gma_protocol.converged`, on each accuracy's evaluations):
-  per method, how many converged, and the rise (last 10 evaluations' mean minus the 10 before's, mean over seeds)."""
-  lines = ['| method | rounds | ' + ' | '.join(f'converged ({p}) | rise ({p}), points' for p in cell.accuracies)
-           + ' |', '|---|---|' + '---|---|' * len(cell.accuracies)]
+  per method, how many converged, and the rise (last 10 evaluations' mean minus the 10 before's, mean over seeds);
+  beside, the runs that ended badly: stopped early (non-finite updates; scored on the rounds they ran) and at chance
+  over their last 10 evaluations (`gma_protocol.at_chance`: collapsed), each of which weighs on an interval."""
+  lines = ['| method | rounds | stopped early | ' + ' | '.join(
+      f'converged ({p}) | rise ({p}), points | last-10 at chance ({p})' for p in cell.accuracies) + ' |',
+           '|---|---|---|' + '---|---|---|' * len(cell.accuracies)]
   for r in records:
     if r['setting'] == setting:
-      parts = []
+      parts = [_of(r['stopped'])]
       for p in cell.accuracies:
         rises = [x for x in r[f'{p}_rise'] if x is not None]
-        parts += [f"{sum(r[f'{p}_converged'])} of {len(r[f'{p}_converged'])}",
-                  f'{np.mean(rises):+.2f}' if rises else '-']
+        parts += [_of(r[f'{p}_converged']), f'{np.mean(rises):+.2f}' if rises else '-', _of(r[f'{p}_collapsed'])]
       lines.append(f"| {r['method']} | {r['rounds']} | " + ' | '.join(parts) + ' |')
   return '\n'.join(lines)
+
+
+def _of(flags: Sequence[bool]) -> str:
+  return f'{sum(flags)} of {len(flags)}'
 
 
 def against_archived(records: list[dict[str, Any]], rows: list[dict[str, Any]], cells: Mapping[str, Cell],
@@ -138,26 +152,49 @@ def claims(settings: Sequence[str], records: list[dict[str, Any]], rows: list[di
       parts = [f'{name}: ' + intervals.verdict_counts([c[f'{prefix}_{m}']['verdict'] for c in compared])
                for m, name in (('best', 'best'), ('last10', 'last-10'))]
       metric = 'last10' if cell.paper_table == 'table9' else 'best'
-      paper = [(c['paper'][1] - c['paper'][0], c[f'{prefix}_{metric}']) for c in compared if c['paper'] is not None]
-      parts.append(f"the paper's gap inside our {metric.replace('last10', 'last-10')} interval in "
+      paper = [(c['paper'][1] - c['paper'][0], c[f'{prefix}_{metric}']) for c in compared
+               if c['paper'] is not None and c['method'] == paper_method(c['method'].split('/')[0], cell)]
+      parts.append(f"the paper's gap inside our {metric.replace('last10', 'last-10')} interval (GMA "
+                   f"{'at tau 0.4' if cell.paper_table == 'table9' else 'with tau tuned'}) in "
                    f"{sum(m['low'] <= gap <= m['high'] for gap, m in paper)} of {len(paper)}" if paper
                    else 'the paper gives no number here')
-      out.append(f'- {_CLAIMS.get(cell.paper_table, _CLAIMS["table2"])}, {setting} ({prefix}): '
-                 + '; '.join(parts) + '.')
-    ran = {kind: [c for r in records if r['setting'] == setting and (r['aggregator'] == 'mean') == (kind == 'AVG')
-                  for c in r[f'{prefix}_converged']] for kind in ('AVG', 'GMA')}
+      out.append(f'- {_claim(cell)}, {setting} ({prefix}): ' + '; '.join(parts) + '.')
+    ran = {kind: [r for r in records if r['setting'] == setting and (r['aggregator'] == 'mean') == (kind == 'AVG')]
+           for kind in ('AVG', 'GMA')}
+    counts = {kind: [sum((r[key] for r in v), []) for key in (f'{prefix}_converged', 'stopped', f'{prefix}_collapsed')]
+              for kind, v in ran.items()}
     out.append(f'- Converged by the rule ({prefix} accuracy: the last 10 evaluations\' mean under '
                f'{gma_protocol.PLATEAU_POINTS:g} point above the 10 before\'s), {setting}: '
-               + ', '.join(f'{kind} {sum(v)} of {len(v)}' for kind, v in ran.items()) + ' final runs.')
-  return out + [epochs_line(rows, cells)] if records else []
+               + ', '.join(f'{kind} {_of(c[0])}' for kind, c in counts.items()) + ' final runs; stopped early: '
+               + ', '.join(f'{kind} {sum(c[1])}' for kind, c in counts.items()) + '; last-10 at chance: '
+               + ', '.join(f'{kind} {sum(c[2])}' for kind, c in counts.items()) + '.')
+  if any(cells[s].paper_table == 'table9' for s in settings):
+    out += epochs_line(rows, cells)
+  return out if records else []
 
 
-def epochs_line(rows: list[dict[str, Any]], cells: Mapping[str, Cell]) -> str:
-  """Table 9's "the gain grows with the local epochs": FedAvg GMA (tau tuned) - AVG, last-10, per finished E beside
-  the paper's gap, and the Welch interval of the largest finished E's gap minus the smallest's."""
+def _claim(cell: Cell) -> str:
+  """The claim a cell tests; Table 3's with the range of the paper's own GMA - AVG gaps in the cell's row (its
+  mixed-skew rows gain 1.5 to 3.6 points, the feature-skew rows 0.0 to 1.5)."""
+  claim = _CLAIMS.get(cell.paper_table, _CLAIMS['table2'])
+  gaps = [gma - avg for avg, gma in (p for p in cell.paper.values() if p is not None)]
+  if cell.paper_table == 'table3' and gaps:
+    claim += f"; the paper's GMA - AVG in this row {min(gaps):+.2f} to {max(gaps):+.2f} points"
+  return claim
+
+
+def epochs_line(rows: list[dict[str, Any]], cells: Mapping[str, Cell]) -> list[str]:
+  """Table 9's "the gain grows with the local epochs", a line per GMA arm (tau 0.4, the paper's, first; then tau
+  tuned): FedAvg GMA - AVG, last-10, per finished E beside the paper's gap, and the Welch interval of the largest
+  finished E's gap minus the smallest's."""
+  return [_epochs_arm(rows, cells, method, name) for method, name in
+          (('fedavg/gma@tau0.4', 'GMA at tau 0.4'), ('fedavg/gma', 'GMA with tau tuned'))]
+
+
+def _epochs_arm(rows: list[dict[str, Any]], cells: Mapping[str, Cell], method: str, name: str) -> str:
   gaps = {cells[c['setting']].epochs: (c['test_last10'], c['paper']) for c in rows
-          if cells[c['setting']].paper_table == 'table9' and c['method'] == 'fedavg/gma'}
-  claim = '- "More so with more local epochs" (Table 9; FedAvg, GMA with tau tuned - AVG, last-10, points)'
+          if cells[c['setting']].paper_table == 'table9' and c['method'] == method}
+  claim = f'- "More so with more local epochs" (Table 9; FedAvg, {name} - AVG, last-10, points)'
   if len(gaps) < 2:
     return f'{claim}: not tested: it needs two of the local-epoch cells complete ({len(gaps)} is).'
   each = [f"E={e} {g['mean']:+.2f} [{g['low']:+.2f}, {g['high']:+.2f}]"
@@ -184,12 +221,32 @@ def plot(records: list[dict[str, Any]], setting: str, cell: Cell, path: str) -> 
   report.curves_figure([[panel(p, a) for a in algorithms] for p in cell.accuracies], path)
 
 
+def tuning_check(records: list[dict[str, Any]], setting: str) -> list[str]:
+  """A cell that takes another's learning rates and checks them (Table 9's E = 20): per method, the point that
+  scores best on this cell's validation split among the source's choice and its client-lr neighbours."""
+  checked = [r for r in records if r['setting'] == setting and r['tuning'].get('check')]
+  if not checked:
+    return []
+  lines = [f"The learning rates come from `{checked[0]['tuning']['from']}`; checked here (tau 0.4, on this cell's "
+           'validation split, among that choice and its client-lr neighbours):', '',
+           '| method | client lr, server lr taken | this cell\'s winner: client lr, server lr | the same |',
+           '|---|---|---|---|']
+  for r in checked:
+    own = r['tuning']['check']['own_winner']
+    lines.append(f"| {r['method']} | {r['client_lr']:g}, {r['server_lr']:g} | {own['client_lr']:g}, "
+                 f"{own['server_lr']:g} | {'yes' if r['tuning']['check']['same_learning_rates'] else 'no'} |")
+  return lines + ['']
+
+
 def _cell_section(setting: str, records: list[dict[str, Any]], rows: list[dict[str, Any]], cell: Cell,
                   archived: list[dict[str, Any]]) -> list[str]:
   first = next(r for r in records if r['setting'] == setting)
-  text = [f"**{setting}: {cell.label}, {first['rounds']} rounds, final seeds {first['seeds']}**", '',
-          side_by_side(rows, setting, cell), '', 'Convergence of the final runs (the rule: '
-          '`gma_protocol.converged`):', '', convergence_table(records, setting, cell), '']
+  text = [f"**{setting}: {cell.label}, {first['rounds']} rounds, final seeds {first['seeds']}**", '']
+  text += [cell.note, ''] if cell.note else []
+  text += [side_by_side(rows, setting, cell), '']
+  text += tuning_check(records, setting)
+  text += ['Convergence of the final runs (the rule: `gma_protocol.converged`):', '',
+           convergence_table(records, setting, cell), '']
   if cell.archived:
     text += [f'Test accuracy against the archived `{cell.archived}` rows (docs/gma_fmnist_study.json; intervals '
              'paired by seed):', '', archived_table(archived, setting), '']
@@ -197,9 +254,10 @@ def _cell_section(setting: str, records: list[dict[str, Any]], rows: list[dict[s
 
 
 def write(output_dir: str, settings: Sequence[str], records: list[dict[str, Any]], cells: Mapping[str, Cell],
-          cost: list[dict[str, Any]], archived_path: str) -> str:
+          cost: list[dict[str, Any]], archived_path: str, unscored: Sequence[str] = ()) -> str:
   """results.md, results.json (every number of the report) and a figure per finished cell (curves_<setting>.png)
-  under `output_dir`; `cost`: `study_runs.cost_rows`; `archived_path`: the archived study's results.json."""
+  under `output_dir`; `cost`: `study_runs.cost_rows`; `archived_path`: the archived study's results.json;
+  `unscored`: final runs that finished without an evaluation (stopped early), whose cells are left out."""
   rows = comparisons(records, cells)
   archived = []
   if any(cells[r['setting']].archived for r in records):
@@ -210,6 +268,9 @@ def write(output_dir: str, settings: Sequence[str], records: list[dict[str, Any]
           '95% t intervals, in points. Coloured cells: primary accuracy on the OOD test clients.', '']
   if not finished:
     text += ['No cell is complete yet: a cell is reported once every final run of every method in it finished.', '']
+  if unscored:
+    text += ['Left out: a final run that stopped (non-finite updates) before its first evaluation has no accuracy to '
+             'score, so its cell is not reported: ' + ', '.join(f'`{name}`' for name in unscored) + '.', '']
   for setting in finished:
     text += _cell_section(setting, records, rows, cells[setting], archived)
   claim_lines = claims(settings, records, rows, cells)
@@ -222,7 +283,8 @@ def write(output_dir: str, settings: Sequence[str], records: list[dict[str, Any]
   markdown = '\n'.join(text) + '\n'
   report.write_report(output_dir, markdown, {
       'records': [{k: v for k, v in r.items() if not k.endswith('_curves')} for r in records],
-      'comparisons': rows, 'against_archived': archived, 'claims': claim_lines, 'cost': cost})
+      'comparisons': rows, 'against_archived': archived, 'claims': claim_lines, 'cost': cost,
+      'unscored': list(unscored)})
   for setting in finished:
     plot(records, setting, cells[setting], os.path.join(output_dir, f'curves_{setting}.png'))
   return markdown

@@ -1,7 +1,8 @@
 """95% t intervals of the GMA studies' differences (paired per seed, or Welch's between cells) and their verdicts.
 
-Student's t quantiles come from a table (no SciPy at run time); between its entries the next smaller degrees of
-freedom's, so an interval is never narrower than the exact one.
+Student's t quantiles come from a table (no SciPy at run time), each rounded to 3 decimals (within 0.0005 of the
+exact quantile, so an interval's width is within 0.02% of the exact one's); between its entries the next smaller
+degrees of freedom's, the wider, conservative interval.
 """
 
 from __future__ import annotations
