@@ -497,3 +497,29 @@ def test_runs_that_ended_badly_are_counted_and_the_e20_check_and_subset_are_said
   assert {r['setting'] for r in collected.records} == {'cfm10_mixed'}
   markdown = claims.write_results(study, collected)
   assert f'`{lost.name}`' in markdown.split('**')[0] and '**epochs20:' not in markdown
+
+
+def test_the_horizon_and_batch_cells_beside_the_runs_they_change(tmp_path):
+  study = claims.Study(['rerun_label100', 'horizon_label100', 'batch64_label100'], [], claims.TUNE_SEEDS,
+                       claims.FINAL_SEEDS, str(tmp_path), rounds=ROUNDS)
+  _finish(study, collections.defaultdict(list))
+  markdown = claims.write_results(study, claims.collect(study))
+  saved = json.loads((tmp_path / 'results.json').read_text())
+  with open(_ARCHIVED_JSON) as f:
+    archived = {(c['setting'], c['algorithm'], c['aggregator']): c for c in json.load(f)['comparisons']}
+  ours = {(c['setting'], c['method']): c for c in saved['comparisons']}
+  expected = [('horizon_label100', 'fedavg/gma', 'archived fmnist_label100'),
+              ('horizon_label100', 'fedyogi/gma', 'study rerun_label100'),
+              ('batch64_label100', 'fedavg/gma', 'archived fmnist_label100')]
+  assert [(c['setting'], c['method'], c['source']) for c in saved['beside']] == expected
+  for c in saved['beside']:
+    algorithm = c['method'].split('/')[0]
+    for metric in ('best', 'last10'):
+      there = (archived['fmnist_label100', algorithm, 'gma'][metric] if c['source'].startswith('archived')
+               else ours['rerun_label100', c['method']][f'test_{metric}'])
+      assert c['there'][metric] == there and c['here'][metric] == ours[c['setting'], c['method']][f'test_{metric}']
+  old = archived['fmnist_label100', 'fedavg', 'gma']['best']
+  here = ours['horizon_label100', 'fedavg/gma']['test_best']
+  assert (f"| fedavg/gma | archived fmnist_label100 | {old['mean']:+.2f} [{old['low']:+.2f}, {old['high']:+.2f}] -> "
+          f"{here['mean']:+.2f} [{here['low']:+.2f}, {here['high']:+.2f}] | {old['verdict']} -> GMA ahead |") in markdown
+  assert "whose runs had 100 rounds" in markdown and "whose runs had batch 16" in markdown

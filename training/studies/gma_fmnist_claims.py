@@ -315,6 +315,13 @@ ARCHIVED_RESULTS = os.path.join(_ROOT, 'docs', 'gma_fmnist_study.json')  # The a
 _ACCURACIES = {'test': 'test/accuracy', 'ood': 'ood_test/accuracy'}  # A record's prefix -> its metrics.csv column.
 
 FMNIST_TRAIN_EXAMPLES = 60_000
+# Items 4 and 5 set beside the 100-round, batch-16 runs of the same methods: FedAvg's are the archived study's
+# fmnist_label100 runs (the horizon and batch cells take its choices), FedYogi's the re-run's (it takes its choices).
+BESIDE = {
+    'horizon_label100': claims_report.Beside(
+        {'fedavg': ('archived', 'fmnist_label100'), 'fedyogi': ('study', 'rerun_label100')}, '100 rounds'),
+    'batch64_label100': claims_report.Beside({'fedavg': ('archived', 'fmnist_label100')}, 'batch 16'),
+}
 
 
 def _subset_note(config: dict[str, Any]) -> str:
@@ -333,7 +340,7 @@ def _subset_note(config: dict[str, Any]) -> str:
 REPORT_CELLS = {name: claims_report.Cell(
     cell.label, ('ood', 'test') if cell.ood else ('test',), cell.paper[0] if cell.paper else None,
     {a: paper_numbers(name, a) for a in ALL_ALGORITHMS}, cell.config['local_epochs'], ARCHIVED.get(name),
-    _subset_note(cell.config)) for name, cell in SETTINGS.items()}
+    _subset_note(cell.config), BESIDE.get(name)) for name, cell in SETTINGS.items()}
 
 
 class Collected(NamedTuple):

@@ -25,6 +25,13 @@ _CLAIMS = {'table2': '"GMA outperforms AVG" (Table 2)', 'table9': '"GMA ahead of
            'table3': '"in almost all cases gradient masking outperforms naive averaging" (Sec. 5.3, Table 3)'}
 
 
+class Beside(NamedTuple):
+  """Items 4 and 5: a cell that changes one thing of other cells' runs (the horizon, the batch size), whose GMA - AVG
+  it is set beside."""
+  sources: dict[str, tuple[str, str]]  # Algorithm -> ('archived', the archived study's cell) or ('study', a cell).
+  differs: str  # What the other cells' runs had, e.g. '100 rounds'.
+
+
 class Cell(NamedTuple):
   """What the report needs to know of a cell besides its records."""
   label: str
@@ -34,6 +41,7 @@ class Cell(NamedTuple):
   epochs: int  # Local epochs (Table 9's axis).
   archived: Optional[str] = None  # The archived study's cell that this cell re-runs (item 1).
   note: str = ''  # How the cell differs from the paper's, printed under its heading (e.g. the subset's local steps).
+  beside: Optional[Beside] = None
 
 
 def paper_method(algorithm: str, cell: Cell) -> str:
@@ -124,6 +132,43 @@ def against_archived(records: list[dict[str, Any]], rows: list[dict[str, Any]], 
       row['verdicts'] = {m: [old_rows[key][m]['verdict'], new[f'test_{m}']['verdict']] for m in ('best', 'last10')}
     out.append(row)
   return out
+
+
+def beside_rows(rows: list[dict[str, Any]], cells: Mapping[str, Cell], archived: dict[str, Any]) -> list[dict[str, Any]]:
+  """Items 4 and 5: each GMA row of a cell with `beside` and the same method's GMA - AVG in its source cell (the
+  archived study's `archived` results.json, or this study's `rows`, where that cell was collected): interval and
+  verdict there and here, per metric, on the test split."""
+  old = {(c['setting'], c['algorithm'], c['aggregator']): c for c in archived.get('comparisons', [])}
+  ours = {(c['setting'], c['method']): c for c in rows}
+  out = []
+  for c in rows:
+    beside = cells[c['setting']].beside
+    algorithm, aggregator = c['method'].split('/')
+    if beside is None or algorithm not in beside.sources:
+      continue
+    kind, source = beside.sources[algorithm]
+    if kind == 'archived':
+      there = old.get((source, algorithm, aggregator))
+      there = None if there is None else {m: there[m] for m in ('best', 'last10')}
+    else:
+      there = ours.get((source, c['method']))
+      there = None if there is None else {m: there[f'test_{m}'] for m in ('best', 'last10')}
+    if there is not None:
+      out.append({'setting': c['setting'], 'method': c['method'], 'source': f'{kind} {source}',
+                  'there': there, 'here': {m: c[f'test_{m}'] for m in ('best', 'last10')}})
+  return out
+
+
+def beside_table(compared: list[dict[str, Any]], setting: str) -> str:
+  lines = ['| method | beside | GMA - AVG best, 95% CI: there -> here | verdict | GMA - AVG last-10: there -> here '
+           '| verdict |', '|---|---|---|---|---|---|']
+  for c in compared:
+    if c['setting'] == setting:
+      parts = [' -> '.join(f"{x[m]['mean']:+.2f} [{x[m]['low']:+.2f}, {x[m]['high']:+.2f}]" for x in (c['there'],
+                                                                                                   c['here']))
+               + f" | {c['there'][m]['verdict']} -> {c['here'][m]['verdict']}" for m in ('best', 'last10')]
+      lines.append(f"| {c['method']} | {c['source']} | " + ' | '.join(parts) + ' |')
+  return '\n'.join(lines)
 
 
 def archived_table(rows: list[dict[str, Any]], setting: str) -> str:
@@ -239,7 +284,7 @@ def tuning_check(records: list[dict[str, Any]], setting: str) -> list[str]:
 
 
 def _cell_section(setting: str, records: list[dict[str, Any]], rows: list[dict[str, Any]], cell: Cell,
-                  archived: list[dict[str, Any]]) -> list[str]:
+                  archived: list[dict[str, Any]], compared: list[dict[str, Any]]) -> list[str]:
   first = next(r for r in records if r['setting'] == setting)
   text = [f"**{setting}: {cell.label}, {first['rounds']} rounds, final seeds {first['seeds']}**", '']
   text += [cell.note, ''] if cell.note else []
@@ -250,6 +295,9 @@ def _cell_section(setting: str, records: list[dict[str, Any]], rows: list[dict[s
   if cell.archived:
     text += [f'Test accuracy against the archived `{cell.archived}` rows (docs/gma_fmnist_study.json; intervals '
              'paired by seed):', '', archived_table(archived, setting), '']
+  if cell.beside:
+    text += [f'GMA - AVG here beside the same methods\' in the cells whose runs had {cell.beside.differs} (test split; '
+             'a source cell not collected here is left out):', '', beside_table(compared, setting), '']
   return text + [f'![{setting}](curves_{setting}.png)', '']
 
 
@@ -259,10 +307,11 @@ def write(output_dir: str, settings: Sequence[str], records: list[dict[str, Any]
   under `output_dir`; `cost`: `study_runs.cost_rows`; `archived_path`: the archived study's results.json;
   `unscored`: final runs that finished without an evaluation (stopped early), whose cells are left out."""
   rows = comparisons(records, cells)
-  archived = []
-  if any(cells[r['setting']].archived for r in records):
+  archived, compared = [], []
+  if any(cells[r['setting']].archived or cells[r['setting']].beside for r in records):
     with open(archived_path) as f:
-      archived = against_archived(records, rows, cells, json.load(f))
+      old = json.load(f)
+    archived, compared = against_archived(records, rows, cells, old), beside_rows(rows, cells, old)
   finished = [s for s in settings if any(r['setting'] == s for r in records)]
   text = ['GMA where the paper says it helps most (`training.studies.gma_fmnist_claims`): paired per-seed GMA - AVG, '
           '95% t intervals, in points. Coloured cells: primary accuracy on the OOD test clients.', '']
@@ -272,7 +321,7 @@ def write(output_dir: str, settings: Sequence[str], records: list[dict[str, Any]
     text += ['Left out: a final run that stopped (non-finite updates) before its first evaluation has no accuracy to '
              'score, so its cell is not reported: ' + ', '.join(f'`{name}`' for name in unscored) + '.', '']
   for setting in finished:
-    text += _cell_section(setting, records, rows, cells[setting], archived)
+    text += _cell_section(setting, records, rows, cells[setting], archived, compared)
   claim_lines = claims(settings, records, rows, cells)
   if claim_lines:
     text += ['**The paper\'s claims here**', ''] + claim_lines + ['']
@@ -283,7 +332,7 @@ def write(output_dir: str, settings: Sequence[str], records: list[dict[str, Any]
   markdown = '\n'.join(text) + '\n'
   report.write_report(output_dir, markdown, {
       'records': [{k: v for k, v in r.items() if not k.endswith('_curves')} for r in records],
-      'comparisons': rows, 'against_archived': archived, 'claims': claim_lines, 'cost': cost,
+      'comparisons': rows, 'against_archived': archived, 'beside': compared, 'claims': claim_lines, 'cost': cost,
       'unscored': list(unscored)})
   for setting in finished:
     plot(records, setting, cells[setting], os.path.join(output_dir, f'curves_{setting}.png'))
