@@ -520,6 +520,7 @@ def test_the_horizon_and_batch_cells_beside_the_runs_they_change(tmp_path):
       assert c['there'][metric] == there and c['here'][metric] == ours[c['setting'], c['method']][f'test_{metric}']
   old = archived['fmnist_label100', 'fedavg', 'gma']['best']
   here = ours['horizon_label100', 'fedavg/gma']['test_best']
-  assert (f"| fedavg/gma | archived fmnist_label100 | {old['mean']:+.2f} [{old['low']:+.2f}, {old['high']:+.2f}] -> "
-          f"{here['mean']:+.2f} [{here['low']:+.2f}, {here['high']:+.2f}] | {old['verdict']} -> GMA ahead |") in markdown
+  assert (f"| fedavg/gma | archived fmnist_label100 | {old['mean']:+.2f} [{old['low']:+.2f}, {old['high']:+.2f}] "
+          f"-> {here['mean']:+.2f} [{here['low']:+.2f}, {here['high']:+.2f}] | {old['verdict']} -> GMA ahead |"
+          ) in markdown
   assert "whose runs had 100 rounds" in markdown and "whose runs had batch 16" in markdown

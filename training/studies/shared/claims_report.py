@@ -80,7 +80,7 @@ def side_by_side(rows: list[dict[str, Any]], setting: str, cell: Cell) -> str:
     if c['setting'] != setting:
       continue
     paper = '-' if c['paper'] is None else f"{c['paper'][0]:.2f} -> {c['paper'][1]:.2f}"
-    cells = [f"{m['avg']:.2f} -> {m['gma']:.2f} | {m['mean']:+.2f} [{m['low']:+.2f}, {m['high']:+.2f}] | "
+    cells = [f"{m['avg']:.2f} -> {m['gma']:.2f} | {_ci(m)} | "
              f"{m['verdict']}" for m in (c[f'{prefix}_best'], c[f'{prefix}_last10'])]
     if beside:
       cells.append(f"{c['test_best']['avg']:.2f} -> {c['test_best']['gma']:.2f}; "
@@ -134,7 +134,8 @@ def against_archived(records: list[dict[str, Any]], rows: list[dict[str, Any]], 
   return out
 
 
-def beside_rows(rows: list[dict[str, Any]], cells: Mapping[str, Cell], archived: dict[str, Any]) -> list[dict[str, Any]]:
+def beside_rows(rows: list[dict[str, Any]], cells: Mapping[str, Cell],
+                archived: dict[str, Any]) -> list[dict[str, Any]]:
   """Items 4 and 5: each GMA row of a cell with `beside` and the same method's GMA - AVG in its source cell (the
   archived study's `archived` results.json, or this study's `rows`, where that cell was collected): interval and
   verdict there and here, per metric, on the test split."""
@@ -160,15 +161,19 @@ def beside_rows(rows: list[dict[str, Any]], cells: Mapping[str, Cell], archived:
 
 
 def beside_table(compared: list[dict[str, Any]], setting: str) -> str:
-  lines = ['| method | beside | GMA - AVG best, 95% CI: there -> here | verdict | GMA - AVG last-10: there -> here '
-           '| verdict |', '|---|---|---|---|---|---|']
-  for c in compared:
-    if c['setting'] == setting:
-      parts = [' -> '.join(f"{x[m]['mean']:+.2f} [{x[m]['low']:+.2f}, {x[m]['high']:+.2f}]" for x in (c['there'],
-                                                                                                   c['here']))
-               + f" | {c['there'][m]['verdict']} -> {c['here'][m]['verdict']}" for m in ('best', 'last10')]
-      lines.append(f"| {c['method']} | {c['source']} | " + ' | '.join(parts) + ' |')
+  header = '| method | beside | GMA - AVG best, 95% CI: there -> here | verdict | the same, last-10 | verdict |'
+  lines = [header, '|---|---|---|---|---|---|']
+  for c in [c for c in compared if c['setting'] == setting]:
+    there, here = c['there'], c['here']
+    parts = [f"{_ci(there[m])} -> {_ci(here[m])} | {there[m]['verdict']} -> {here[m]['verdict']}"
+             for m in ('best', 'last10')]
+    lines.append(f"| {c['method']} | {c['source']} | " + ' | '.join(parts) + ' |')
   return '\n'.join(lines)
+
+
+def _ci(m: Mapping[str, Any]) -> str:
+  """An interval's mean and its 95% bounds, in points."""
+  return f"{m['mean']:+.2f} [{m['low']:+.2f}, {m['high']:+.2f}]"
 
 
 def archived_table(rows: list[dict[str, Any]], setting: str) -> str:
@@ -177,7 +182,7 @@ def archived_table(rows: list[dict[str, Any]], setting: str) -> str:
            '|---|---|---|---|---|---|---|']
   for c in rows:
     if c['setting'] == setting:
-      parts = [f"{m['old']:.2f} -> {m['new']:.2f} | {m['mean']:+.2f} [{m['low']:+.2f}, {m['high']:+.2f}]"
+      parts = [f"{m['old']:.2f} -> {m['new']:.2f} | {_ci(m)}"
                + ('' if m['paired'] else ' (Welch)') for m in (c['best'], c['last10'])]
       parts += [' -> '.join(c['verdicts'][m]) if 'verdicts' in c else '-' for m in ('best', 'last10')]
       lines.append(f"| {c['method']} | " + ' | '.join(parts) + ' |')
@@ -242,7 +247,7 @@ def _epochs_arm(rows: list[dict[str, Any]], cells: Mapping[str, Cell], method: s
   claim = f'- "More so with more local epochs" (Table 9; FedAvg, {name} - AVG, last-10, points)'
   if len(gaps) < 2:
     return f'{claim}: not tested: it needs two of the local-epoch cells complete ({len(gaps)} is).'
-  each = [f"E={e} {g['mean']:+.2f} [{g['low']:+.2f}, {g['high']:+.2f}]"
+  each = [f"E={e} {_ci(g)}"
           + ('' if paper is None else f' (paper {paper[1] - paper[0]:+.2f})') for e, (g, paper) in sorted(gaps.items())]
   low, high = min(gaps), max(gaps)
   trend = intervals.welch_interval(gaps[high][0]['differences'], gaps[low][0]['differences'])
