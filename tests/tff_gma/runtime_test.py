@@ -47,8 +47,12 @@ _CHILD = textwrap.dedent('''
     if mode.startswith('swallow'):  # A caller that catches SystemExit, as pytest does a test's.
       from tff_gma.runtime import worker_process
       worker_process.SIGTERM_GRACE_S = 1.0 if mode == 'swallow' else 600.0
+      ready = False
       while True:
-        try:
+        try:  # Inside the try before it says so: a SIGTERM sent at 'READY' is always caught.
+          if not ready:
+            print('READY', flush=True)
+            ready = True
           time.sleep(0.05)
         except SystemExit as e:
           print('SWALLOWED', e.code, flush=True)
@@ -97,7 +101,12 @@ def test_a_caller_that_catches_the_sigterm_exit_still_ends(mode, tmp_path):
   # still end, as it would without the library: after the grace period (1 s here), or at once at a second SIGTERM.
   proc = _start(mode, tmp_path)
   try:
-    pid = _read_worker_pid(proc)
+    line = proc.stdout.readline()
+    assert line.startswith('WORKER'), proc.stderr.read()
+    _, pid, log = line.split()
+    pid = int(pid)
+    assert os.path.exists(log)  # The default log, in the process's private directory.
+    assert proc.stdout.readline() == 'READY\n', proc.stderr.read()
     proc.send_signal(signal.SIGTERM)
     assert proc.stdout.readline() == 'SWALLOWED 143\n', proc.stderr.read()
     started = time.monotonic()
@@ -112,6 +121,8 @@ def test_a_caller_that_catches_the_sigterm_exit_still_ends(mode, tmp_path):
   assert proc.returncode == (143 if mode == 'swallow' else -signal.SIGTERM), proc.returncode
   assert elapsed < 10.0 if mode == 'swallow' else elapsed < 5.0, elapsed
   assert processes.wait_gone(pid), f'worker {pid} outlived its Python process ({mode})'
+  if mode == 'swallow':  # Past the grace the exit hook never ran: the private directory goes all the same.
+    assert not os.path.exists(os.path.dirname(log)), 'the private directory outlived the grace exit'
 
 
 def test_worker_log_goes_to_file_not_caller(tmp_path):

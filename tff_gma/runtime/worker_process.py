@@ -377,6 +377,7 @@ def _sigterm_to_exit(signum, frame):
 
 def _exit_after(seconds: float, code: int) -> None:
   time.sleep(seconds)
+  files.remove_private_dir()  # The workers' sockets and default logs: the exit hook that would have removed them.
   os._exit(code)  # Past the grace: no more Python code runs; PR_SET_PDEATHSIG takes the workers down.
 
 
