@@ -414,16 +414,20 @@ def _accept_loop(listener: socket.socket, port: int, check: PeerCheck | None = N
 
 
 def die_with_parent_of(parent_pid: int):
-  """A `preexec_fn` (runs in the child between fork and exec): default SIGINT/SIGQUIT, and a SIGKILL when the
-  parent `parent_pid` dies (`PR_SET_PDEATHSIG`); exits at once if the parent is already gone. The one place every
-  process this library starts (the helper, the TFF worker, the audit's child) gets this from."""
+  """A `preexec_fn` (runs in the child between fork and exec): SIGINT and SIGQUIT back to their defaults and
+  unblocked with SIGTERM (`reset_signal_dispositions`), and a SIGKILL when the parent `parent_pid` dies
+  (`PR_SET_PDEATHSIG`); exits at once if the parent is already gone. The one place every process this library
+  starts (the helper, the TFF worker, the audit's child) gets this from."""
+  try:  # Looked up here, in the parent: the forked child of a threaded process should not dlopen.
+    prctl = _libc().prctl
+  except (OSError, AttributeError):  # Not Linux: the atexit hook still stops the child on a normal exit.
+    prctl = None
+
   def preexec():
     reset_signal_dispositions()  # A background job's ignored SIGINT would pass on; exec resets handlers, not SIG_IGN.
-    try:
-      libc = _libc()
-      libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # Not Linux: the atexit hook still stops the child on a normal exit.
+    if prctl is None:
       return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # The parent died before prctl: nobody would kill us.
       os._exit(1)  # pylint: disable=protected-access
   return preexec

@@ -252,6 +252,23 @@ def test_remove_stale_files(tmp_path):
   assert link.is_symlink() and (victim_dir / 'keep').exists()  # Symbolic links: never followed.
 
 
+def test_removing_the_private_dir_gives_up_on_a_held_lock_when_told_to(tmp_path, monkeypatch):
+  # The SIGTERM grace timer removes it this way: a main thread stuck holding the lock must not block the exit.
+  from tff_gma.runtime import files  # pylint: disable=g-import-not-at-top
+  from tff_gma.runtime.state import STATE  # pylint: disable=g-import-not-at-top
+  private = tmp_path / 'tff_gma_worker_x'
+  private.mkdir()
+  (private / 'worker_0.sock').write_text('')
+  monkeypatch.setattr(STATE, 'run_dir', str(private))  # This process's own directory stays as it was.
+  monkeypatch.setattr(STATE, 'run_dir_pid', os.getpid())
+  with STATE.files_lock:
+    started = time.monotonic()
+    files.remove_private_dir(lock_timeout=0.2)
+    assert time.monotonic() - started < 5.0 and private.exists() and STATE.run_dir == str(private)
+  files.remove_private_dir(lock_timeout=0.2)
+  assert not private.exists() and STATE.run_dir is None
+
+
 def test_restarted_worker_is_confined_again(simulation_context):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top

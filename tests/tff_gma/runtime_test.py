@@ -60,17 +60,24 @@ _CHILD = textwrap.dedent('''
 
 
 def _start(mode, tmp_path, log_path=None, quiet=True):
+  env = {k: v for k, v in os.environ.items() if k != 'TFF_GMA_WORKER_LOG'}  # The default log: in the private dir.
   return subprocess.Popen(
       [*processes.DEFAULT_SIGNALS, sys.executable, '-c', _CHILD.format(mode=mode, log_path=log_path, quiet=quiet)],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=tmp_path, text=True)
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=tmp_path, text=True, env=env)
 
 
-def _read_worker_pid(proc) -> int:
+def _read_worker(proc) -> tuple[int, str]:
+  """The child's worker pid and log path (its WORKER line)."""
   line = proc.stdout.readline()
   while line and not line.startswith('WORKER'):
     line = proc.stdout.readline()
-  assert line.startswith('WORKER'), proc.stderr.read()
-  return int(line.split()[1])
+  assert line.startswith('WORKER'), proc.stderr.read()  # Its stdout ended: so has the child, stderr can be read.
+  _, pid, log = line.split()
+  return int(pid), log
+
+
+def _read_worker_pid(proc) -> int:
+  return _read_worker(proc)[0]
 
 
 @pytest.mark.parametrize('mode, expected_rc', [('exit', 0), ('exception', 1)])
@@ -101,14 +108,13 @@ def test_a_caller_that_catches_the_sigterm_exit_still_ends(mode, tmp_path):
   # still end, as it would without the library: after the grace period (1 s here), or at once at a second SIGTERM.
   proc = _start(mode, tmp_path)
   try:
-    line = proc.stdout.readline()
-    assert line.startswith('WORKER'), proc.stderr.read()
-    _, pid, log = line.split()
-    pid = int(pid)
+    pid, log = _read_worker(proc)
     assert os.path.exists(log)  # The default log, in the process's private directory.
-    assert proc.stdout.readline() == 'READY\n', proc.stderr.read()
+    line = proc.stdout.readline()
+    assert line == 'READY\n', line  # (Not stderr: a child still looping would never close it.)
     proc.send_signal(signal.SIGTERM)
-    assert proc.stdout.readline() == 'SWALLOWED 143\n', proc.stderr.read()
+    line = proc.stdout.readline()
+    assert line == 'SWALLOWED 143\n', line
     started = time.monotonic()
     if mode == 'swallow_then_sigterm':
       proc.send_signal(signal.SIGTERM)

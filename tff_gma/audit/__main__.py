@@ -209,6 +209,7 @@ def _finish(data: bytes, args: argparse.Namespace) -> int:
   except Exception as e:  # pylint: disable=broad-except
     raise CommandError(f'cannot audit {args.target}: {isolation.describe(e)}') from e
   _check_report(report, markdown, args.target)
+  isolation.raise_if_stopped()  # Nothing written or printed after a stop signal.
   if args.output is not None:
     _write_output(args.output, text + '\n')
   print(text, flush=True)

@@ -45,6 +45,10 @@ _POLL_S = 0.1
 _PIPE_BYTES = 1 << 20  # Asked of each of the child's pipes (`F_SETPIPE_SZ`; Linux allows 1 MiB to any user).
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _running: set[int] = set()  # Children started and not reaped yet (their process group ids).
+# The stop signals `stop_on_signals` got (the first ends the run), kept because the handler's own raise can be lost:
+# run inside a garbage-collection callback (JAX registers one), it is printed as "Exception ignored" and the code
+# goes on. Its checkpoints (`raise_if_stopped`) raise it again.
+_stops: list[int] = []
 
 
 class CommandError(ValueError):
@@ -231,25 +235,40 @@ def stop_on_signals() -> Iterator[None]:
   """Within: SIGTERM, SIGINT and SIGHUP (those not ignored) kill the running child's process group and raise
   `Stopped` in the main thread (whose `finally` blocks then reap the child), rather than ending the process where
   it stands. Restores the previous handlers after."""
-  stopping = []
+  _stops.clear()
+  unraisable_hook = sys.unraisablehook
+
+  def quiet_lost_stop(unraisable) -> None:  # A lost raise of ours is kept in `_stops`: no traceback for it.
+    if not isinstance(unraisable.exc_value, Stopped):
+      unraisable_hook(unraisable)
 
   def handler(signum, frame):
     del frame
     for pid in list(_running):  # At once, whatever raising does next.
       _kill_group(pid)
-    if not stopping:  # The first signal ends the run; one more while it cleans up must not cut the cleanup short.
-      stopping.append(signum)
+    if not _stops:  # The first signal ends the run; one more while it cleans up must not cut the cleanup short.
+      _stops.append(signum)
       raise Stopped(signum)
 
   previous = {}
   for signum in _STOP_SIGNALS:
     if signal.getsignal(signum) is not signal.SIG_IGN:  # An ignored one stays ignored (`nohup`: SIGHUP).
       previous[signum] = signal.signal(signum, handler)
+  sys.unraisablehook = quiet_lost_stop
   try:
     yield
+    raise_if_stopped()  # A stop whose raise was lost after the last checkpoint: still no verdict.
   finally:
     for signum, old in previous.items():
       signal.signal(signum, old)
+    sys.unraisablehook = unraisable_hook
+    _stops.clear()
+
+
+def raise_if_stopped() -> None:
+  """Raises `Stopped` if `stop_on_signals` got a stop signal whose own raise was lost (see `_stops`)."""
+  if _stops:
+    raise Stopped(_stops[0])
 
 
 def _child_preexec(parent_pid: int) -> Callable[[], None]:
@@ -424,6 +443,7 @@ def collect(child: Child, target: str, output_fd: int = 2, meanwhile: Optional[C
     relay.close()
     for fd in (child.result_fd, child.output_fd):
       os.close(fd)
+  raise_if_stopped()  # The child died of the stop's SIGKILL: say the stop, not the death.
   if expired.is_set():
     raise CommandError(f'the audit of {target}: loading the target did not finish within '
                        f'--timeout={child.timeout_s:g} s; its process was killed; no verdict')

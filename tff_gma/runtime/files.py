@@ -93,12 +93,17 @@ def private_dir() -> str:
     return STATE.run_dir
 
 
-def remove_private_dir() -> None:
-  """Removes this process's private directory (not a forked parent's), if it made one."""
-  with STATE.files_lock:
+def remove_private_dir(lock_timeout: Optional[float] = None) -> None:
+  """Removes this process's private directory (not a forked parent's), if it made one. With `lock_timeout`, gives
+  up (leaving the directory to the next process's stale-file sweep) if another thread holds the lock that long."""
+  if not STATE.files_lock.acquire(timeout=-1 if lock_timeout is None else lock_timeout):
+    return
+  try:
     if STATE.run_dir is not None and STATE.run_dir_pid == os.getpid():
       shutil.rmtree(STATE.run_dir, ignore_errors=True)
     STATE.run_dir = None
+  finally:
+    STATE.files_lock.release()
 
 
 def socket_path() -> str:

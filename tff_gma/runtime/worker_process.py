@@ -377,8 +377,10 @@ def _sigterm_to_exit(signum, frame):
 
 def _exit_after(seconds: float, code: int) -> None:
   time.sleep(seconds)
-  files.remove_private_dir()  # The workers' sockets and default logs: the exit hook that would have removed them.
-  os._exit(code)  # Past the grace: no more Python code runs; PR_SET_PDEATHSIG takes the workers down.
+  try:  # The workers' sockets and default logs, which the exit hook would have removed; never blocks the exit.
+    files.remove_private_dir(lock_timeout=1.0)
+  finally:
+    os._exit(code)  # Past the grace: no more Python code runs; PR_SET_PDEATHSIG takes the workers down.
 
 
 def install_sigterm_handler() -> None:

@@ -57,8 +57,8 @@ class Setup:
 
 
 def load_data(config: config_lib.ExperimentConfig) -> loaders.FederatedDataset:
-  """The run's partitioned data as `config` says, before validation, corruption or personal hold-out: the one
-  place a config's data settings reach the loaders (studies that look at a run's data read it from here)."""
+  """The run's partitioned data as `config` says, before validation, corruption or personal hold-out: how the runner
+  loads a run's data, for studies that look at a run's data again (the membership attack)."""
   return loaders.load_federated_data(
       config.dataset, config.partition, config.num_clients, config.seed, data_dir=config.data_dir,
       fashion_mnist_source=config.fashion_mnist_source, train_subset_fraction=config.train_subset_fraction,
