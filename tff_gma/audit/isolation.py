@@ -277,8 +277,7 @@ def _child_preexec(parent_pid: int) -> Callable[[], None]:
   die_with_parent = confinement.die_with_parent_of(parent_pid)
 
   def preexec() -> None:
-    for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
-      signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # SIGINT and SIGQUIT: die_with_parent_of's.
     die_with_parent()
 
   return preexec
