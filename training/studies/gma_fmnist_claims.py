@@ -360,18 +360,20 @@ def collect(study: Study) -> Collected:
     for method in study.methods[setting]:
       _, chosen, found = study.tuned(setting, method)
       finals = [] if chosen is None else study.final_runs(setting, method, chosen)
-      if chosen is None or any(study.summary(r) is None for r in finals):
+      summaries = [study.summary(r) for r in finals]  # Each a read of the run's summary.json: once.
+      if chosen is None or any(summary is None for summary in summaries):
         break
       record = {'setting': setting, 'method': method.key, 'algorithm': method.algorithm,
                 'aggregator': method.aggregator, 'variant': method.variant, **chosen._asdict(),
                 'tuning': found, 'rounds': study.config(finals[0]).rounds, 'seeds': [r.seed for r in finals],
-                'stopped': ['stopped' in study.summary(r) for r in finals]}
+                'stopped': ['stopped' in summary for summary in summaries]}
       if not gma_protocol.is_gma(method.aggregator):
         record['tau'] = None
       read = [study_runs.curves_with_rounds(study.config(r).output_dir, list(_ACCURACIES.values())) for r in finals]
-      for prefix in REPORT_CELLS[setting].accuracies:
+      prefixes = REPORT_CELLS[setting].accuracies
+      empty += [r.name for r, run in zip(finals, read) if not all(run[_ACCURACIES[p]][1] for p in prefixes)]
+      for prefix in prefixes:
         tested = [run[_ACCURACIES[prefix]] for run in read]
-        empty += [r.name for r, (_, values) in zip(finals, tested) if not values and r.name not in empty]
         if all(values for _, values in tested):
           record.update(_accuracy(prefix, tested))
       cell.append(record)
