@@ -143,6 +143,19 @@ def test_shards_split_the_runs_by_name():
   assert all(shards)
 
 
+def test_a_runs_shard_does_not_follow_from_its_siblings():
+  # Two shards over a claims-sized grid: each about half, and a point's two tuning seeds split about as often as a
+  # fair coin says (a CRC's parity puts every pair on the same side or every pair apart).
+  points = [(s, a, m, clr, slr) for s in ('cfm100_mixed', 'rerun_label500') for a in ('fedavg', 'fedprox', 'fedadam')
+            for m in ('mean', 'gma') for clr in (0.01, 0.05, 0.1) for slr in (0.1, 1.0, 1.5)]
+  pairs = [[gma_protocol.Run(*p, 0.4, seed, True) for seed in (0, 1)] for p in points]
+  first = np.array([[study_runs.in_shard(r, 0, 2) for r in pair] for pair in pairs])
+  n = first.size
+  assert stats.binomtest(int(first.sum()), n).pvalue > 1e-3  # Shard 0 holds about half of the runs.
+  split = int((first[:, 0] != first[:, 1]).sum())
+  assert stats.binomtest(split, len(pairs)).pvalue > 1e-3  # Seeds split as often as independent halves would.
+
+
 def _study_imports(path: str) -> set[str]:
   """The `training.studies...` modules a file imports."""
   names = set()

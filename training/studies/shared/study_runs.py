@@ -11,8 +11,8 @@ import collections
 import dataclasses
 import json
 import os
+import hashlib
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Protocol
 
@@ -113,8 +113,13 @@ class StagedStudy(Protocol):
 
 
 def in_shard(run: NamedRun, shard: int, num_shards: int) -> bool:
-  """Whether shard `shard` of `num_shards` runs `run`: by a hash of its name, the same in every process."""
-  return zlib.crc32(run.name.encode()) % num_shards == shard
+  """Whether shard `shard` of `num_shards` runs `run`: by a hash of its name, the same in every process.
+
+  A cryptographic hash, not a CRC: a CRC is affine over GF(2), so `crc32 % 2` is a parity of the name's bits and
+  names that differ by the same bits (a point's tuning seeds, one grid axis) always share or always split shards;
+  a cell's last runs could then all fall to one shard while the other idles."""
+  digest = hashlib.sha256(run.name.encode()).digest()
+  return int.from_bytes(digest[:8], 'big') % num_shards == shard
 
 
 def run_all(study: StagedStudy, stages: str, shard: int, num_shards: int, poll_seconds: float = 30.0) -> None:
