@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import os
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Protocol
