@@ -387,18 +387,22 @@ def test_table9s_trend_and_the_claims_lines(finished):
     assert f'E=3 minus E=1: {trend:+.2f} [{trend - half:+.2f}, {trend + half:+.2f}] (95% Welch)' in line
     assert f'E=3 {a.mean():+.2f}' in line and '(paper +1.82)' in line
   assert lines[0] != lines[1].replace('GMA with tau tuned', 'GMA at tau 0.4')  # The arms' numbers differ.
-  assert ('Table 3); the paper\'s GMA - AVG in this row +2.40 to +3.53 points, cfm10_mixed (ood): best: '
-          'GMA ahead 4, AVG ahead 0, undecided 0 of 4') in markdown
+  table3 = next(x for x in markdown.splitlines()
+                if "Table 3); the paper's GMA - AVG in this row +2.40 to +3.53 points, cfm10_mixed (ood): " in x)
+  assert 'best: GMA ahead 8, AVG ahead 0, undecided 0 of 8' in table3  # Tau tuned and tau 0.4, 4 algorithms each.
   # The paper's gap is counted once per algorithm: Algorithm 2's GMA, not the drop-in (rerun_label100: 3 of 5).
   rerun = next(x for x in markdown.splitlines() if x.startswith('- "GMA outperforms AVG" (Table 2), rerun_label100'))
   assert 'interval (GMA with tau tuned) in ' in rerun and rerun.endswith(' of 3.')
-  inside = 0
+  # Beside the paper's gap: GMA at the paper's tau 0.4 (App. D.1), once per algorithm, where the cell has it.
+  inside = {'fedavg/gma@tau0.4': 0, 'fedavg/gma': 0}
   for c in json.loads((out / 'results.json').read_text())['comparisons']:
     if c['setting'] == 'cfm10_mixed':  # Table 3's mixed-skew 10-client row: ((AVG mean, std), (GMA mean, std)).
       (avg, _), (gma, _) = claims.PAPER_TABLE3['Yes', 10][c['method'].split('/')[0]]
-      inside += c['ood_best']['low'] <= gma - avg <= c['ood_best']['high']
-  assert 0 < inside < 4  # The fake gaps put some of the paper's inside, not all: the count is not trivially 0 or 4.
-  assert f"the paper's gap inside our best interval (GMA with tau tuned) in {inside} of 4." in markdown
+      arm = 'fedavg/gma@tau0.4' if c['method'].endswith('@tau0.4') else 'fedavg/gma'
+      inside[arm] += c['ood_best']['low'] <= gma - avg <= c['ood_best']['high']
+  assert 0 < inside['fedavg/gma@tau0.4'] < 4  # The fake gaps put some of the paper's inside, not all.
+  assert inside['fedavg/gma@tau0.4'] != inside['fedavg/gma']  # So the line's count says which arm it counted.
+  assert table3.endswith(f"interval (GMA at tau 0.4) in {inside['fedavg/gma@tau0.4']} of 4.")
   assert 'epochs1 (test): best: GMA ahead 2, AVG ahead 0, undecided 0 of 2; last-10: GMA ahead 2, AVG ahead 0, ' \
       'undecided 0 of 2; the paper gives no number here.' in markdown
 

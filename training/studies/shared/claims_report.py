@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -44,11 +44,12 @@ class Cell(NamedTuple):
   beside: Optional[Beside] = None
 
 
-def paper_method(algorithm: str, cell: Cell) -> str:
+def paper_method(algorithm: str, methods: Collection[str]) -> str:
   """The method set beside the paper's number of `algorithm` in the claims' counts, once per algorithm: GMA at the
-  paper's tau 0.4 where the cell has that variant (Table 9; App. D.1: "we maintained tau = 0.4"), else GMA with tau
-  tuned (Algorithm 2 for the adaptive servers, not the drop-in)."""
-  return f'{algorithm}/gma@tau0.4' if cell.paper_table == 'table9' else f'{algorithm}/gma'
+  paper's tau 0.4 where the cell's `methods` have that variant (Tables 3 and 9; App. D.1: "we have maintained tau =
+  0.4"), else GMA with tau tuned (Algorithm 2 for the adaptive servers, not the drop-in)."""
+  fixed = f'{algorithm}/gma@tau0.4'
+  return fixed if fixed in methods else f'{algorithm}/gma'
 
 
 def comparisons(records: list[dict[str, Any]], cells: Mapping[str, Cell]) -> list[dict[str, Any]]:
@@ -202,10 +203,12 @@ def claims(settings: Sequence[str], records: list[dict[str, Any]], rows: list[di
       parts = [f'{name}: ' + intervals.verdict_counts([c[f'{prefix}_{m}']['verdict'] for c in compared])
                for m, name in (('best', 'best'), ('last10', 'last-10'))]
       metric = 'last10' if cell.paper_table == 'table9' else 'best'
-      paper = [(c['paper'][1] - c['paper'][0], c[f'{prefix}_{metric}']) for c in compared
-               if c['paper'] is not None and c['method'] == paper_method(c['method'].split('/')[0], cell)]
+      methods = {c['method'] for c in compared}
+      beside = [c for c in compared if c['paper'] is not None
+                and c['method'] == paper_method(c['method'].split('/')[0], methods)]
+      paper = [(c['paper'][1] - c['paper'][0], c[f'{prefix}_{metric}']) for c in beside]
       parts.append(f"the paper's gap inside our {metric.replace('last10', 'last-10')} interval (GMA "
-                   f"{'at tau 0.4' if cell.paper_table == 'table9' else 'with tau tuned'}) in "
+                   f"{'at tau 0.4' if any('@tau0.4' in c['method'] for c in beside) else 'with tau tuned'}) in "
                    f"{sum(m['low'] <= gap <= m['high'] for gap, m in paper)} of {len(paper)}" if paper
                    else 'the paper gives no number here')
       out.append(f'- {_claim(cell)}, {setting} ({prefix}): ' + '; '.join(parts) + '.')
