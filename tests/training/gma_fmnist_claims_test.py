@@ -297,6 +297,27 @@ def test_collect_reports_whole_cells_only_and_pairs_seeds(finished):
   assert 'cfm100_feature' not in markdown.split('**Where')[0]
 
 
+def test_ood_cells_report_how_far_each_arm_falls_out_of_distribution(finished):
+  _, _, markdown, _, out = finished
+  rows = json.loads((out / 'results.json').read_text())['comparisons']
+  for method in ('fedavg/gma', 'fedavg/gma@tau0.4'):
+    drop = next(r for r in rows if (r['setting'], r['method']) == ('cfm10_mixed', method))['ood_drop']
+    tau = claims.STAGE1_TAU if method.endswith('@tau0.4') else 0.6  # _fake_score's tau winner.
+    arms = {}
+    for aggregator in ('gma', 'mean'):
+      runs = [claims.Run('cfm10_mixed', 'fedavg', aggregator, 0.0, 0.0, tau, None, seed, False)
+              for seed in claims.FINAL_SEEDS]
+      arms[aggregator] = np.array([100 * (_final_curve(r, 'test').max() - _final_curve(r, 'ood').max()) for r in runs])
+    diff = arms['gma'] - arms['mean']  # The fake GMA gains twice as much OOD: its drop is the smaller.
+    low, high = stats.t.interval(0.95, diff.size - 1, loc=diff.mean(), scale=stats.sem(diff))
+    assert (drop['avg'], drop['gma'], drop['mean']) == pytest.approx((arms['mean'].mean(), arms['gma'].mean(),
+                                                                      diff.mean()))
+    assert (drop['low'], drop['high']) == pytest.approx((low, high), abs=2e-3 * (high - low))
+    assert diff.mean() < 0 and 'verdict' not in drop
+    assert f"| {method} | {arms['mean'].mean():.2f} -> {arms['gma'].mean():.2f} | {diff.mean():+.2f} [" in markdown
+  assert not any('ood_drop' in r for r in rows if r['setting'] == 'rerun_label100')  # No OOD clients there.
+
+
 def test_every_cell_with_paper_numbers_shows_them_beside_each_gma_method(finished):
   _, records, markdown, _, _ = finished
   for setting, cell in claims.SETTINGS.items():
