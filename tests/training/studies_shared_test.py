@@ -156,6 +156,42 @@ def test_a_runs_shard_does_not_follow_from_its_siblings():
   assert stats.binomtest(split, len(pairs)).pvalue > 1e-3  # Seeds split as often as independent halves would.
 
 
+class _Staged:
+  """A study whose first setting's run becomes known only once another (a later setting's final) has finished."""
+
+  def __init__(self):
+    self.finished = {}
+
+  def _run(self, name, tuning):
+    return gma_protocol.Run(name, 'fedavg', 'mean', 0.01, 1.0, 0.4, 0, tuning)
+
+  def runnable(self, stages):
+    later = [self._run('later_a', False), self._run('later_b', False)]
+    earlier = [self._run('earlier', True)] if self._run('later_a', False).name in self.finished else []
+    return earlier + later, 0
+
+  def config(self, run):
+    return run.name
+
+  def summary(self, run):
+    return self.finished.get(run.name)
+
+
+def test_a_shard_takes_the_first_runnable_run_after_every_run(monkeypatch):
+  # Another shard's tuning run can make an earlier setting's runs known while this shard runs a final: the next run
+  # must be the plan's first, not the next of the list computed before (which ran every later final first).
+  study, order = _Staged(), []
+
+  class Result:
+    def __init__(self, name):
+      order.append(name.split('-')[0])
+      study.finished[name] = self.summary = {'best_accuracy': 0.5, 'best_validation_accuracy': 0.5}
+
+  monkeypatch.setattr(study_runs.experiment, 'run', lambda config, show_progress: Result(config))
+  study_runs.run_all(study, 'all', 0, 1, poll_seconds=0.01)
+  assert order == ['later_a', 'earlier', 'later_b']
+
+
 def _study_imports(path: str) -> set[str]:
   """The `training.studies...` modules a file imports."""
   names = set()

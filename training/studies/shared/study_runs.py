@@ -141,20 +141,19 @@ def run_all(study: StagedStudy, stages: str, shard: int, num_shards: int, poll_s
         return
       time.sleep(poll_seconds)  # Waiting for the other shards' runs of an earlier stage.
       continue
-    for run in todo:
-      try:
-        summary = experiment.run(study.config(run), show_progress=False).summary
-      except experiment.TrainingStopped as e:  # A diverged run: finished, scored on the rounds it ran.
-        print(f'{run.name}: {e}', flush=True)
-        summary = study.summary(run)
-      done += 1
-      score = summary.get('best_validation_accuracy') if run.tuning else summary.get('best_accuracy')
-      print(f'[{done}, {time.monotonic() - started:.0f}s] {run.name}: best '
-            f'{"validation" if run.tuning else "test"} {100 * (score or 0):.1f}%', flush=True)
-      if not run.tuning:
-        continue
-      # A finished tuning run may make later-stage runs runnable: recompute the list.
-      break
+    # One run, then the list again, a final's too: while it ran, another shard's tuning run may have made an earlier
+    # setting's runs known, and the list's order (the plan's) puts those first. Keeping the stale list let a shard
+    # run a later cell's long finals (hours at E = 20) while the tuning it had just unblocked waited.
+    run = todo[0]
+    try:
+      summary = experiment.run(study.config(run), show_progress=False).summary
+    except experiment.TrainingStopped as e:  # A diverged run: finished, scored on the rounds it ran.
+      print(f'{run.name}: {e}', flush=True)
+      summary = study.summary(run)
+    done += 1
+    score = summary.get('best_validation_accuracy') if run.tuning else summary.get('best_accuracy')
+    print(f'[{done}, {time.monotonic() - started:.0f}s] {run.name}: best '
+          f'{"validation" if run.tuning else "test"} {100 * (score or 0):.1f}%', flush=True)
 
 
 def cost_rows(settings: Sequence[str], runs: Sequence[Any], summary: Callable[[Any], Optional[dict[str, Any]]]
