@@ -186,6 +186,16 @@ def test_fedprox_tunes_mu_then_tau_and_cells_take_their_sources_choices():
   assert found['from'] == 'epochs1' and found['check']['same_learning_rates']
   finals = [r for r in study.runnable('final')[0] if r.setting == 'epochs20']
   assert sorted({r.seed for r in finals}) == list(claims.FINAL_SEEDS_LONG_EPOCHS)
+  # E = 10 checks them too (the check stands when the budget cuts E = 20): E = 1's choice and its client-lr
+  # neighbours on the ladder, tau 0.4; E = 5 takes them unchecked.
+  avg = claims.Method('fedavg', 'mean')
+  axis = FakeStudy(['epochs5', 'epochs10'])
+  axis.finish_all()
+  checked, chosen, found = axis.tuned('epochs10', avg)
+  assert [p.client_lr for p in checked] == [0.05, 0.01, 0.1] and {p.tau for p in checked} == {claims.STAGE1_TAU}
+  assert chosen == claims.Point(0.05, 1.5, 0.4, None) and found['check']['same_learning_rates']
+  unchecked, chosen, found = axis.tuned('epochs5', avg)
+  assert unchecked == [] and chosen == claims.Point(0.05, 1.5, 0.4, None) and 'check' not in found
   # Runs of E = 1's tuning are scheduled for epochs20 although epochs1 is not among the study's settings.
   assert any(r.setting == 'epochs1' and r.tuning for r in study.runnable('tune')[0])
 

@@ -139,10 +139,12 @@ def _settings() -> dict[str, Setting]:
                                    dict(extra, **_FULL10), OOD_METHODS, 100, True, ('table3', (mixed, 10)))
     out[f'cfm100_{skew}'] = Setting(f'coloured FMNIST, {skew} skew, 100 clients, 10 per round',
                                     dict(extra, num_clients=100), OOD_METHODS, 100, True, ('table3', (mixed, 100)))
-  for epochs in (1, 3, 5, 10, 20):  # Item 3: Table 9's axis; learning rates from E = 1, checked at E = 20.
+  # Item 3: Table 9's axis; learning rates from E = 1, checked at the long E (the issue's "checked at E = 20"; E = 10
+  # checks too, so that the check stands when the budget cuts E = 20, as it did: docs/gma_fmnist_claims.md).
+  for epochs in (1, 3, 5, 10, 20):
     out[f'epochs{epochs}'] = Setting(
         f'label skew k=2, 10 clients, all per round, E={epochs}', dict(_LABEL, **_FULL10, local_epochs=epochs),
-        EPOCH_METHODS, 100, False, ('table9', epochs), None if epochs == 1 else 'epochs1', epochs == 20,
+        EPOCH_METHODS, 100, False, ('table9', epochs), None if epochs == 1 else 'epochs1', epochs >= 10,
         FINAL_SEEDS_LONG_EPOCHS if epochs >= 10 else None)
   label100 = dict(_LABEL, num_clients=100)
   out['horizon_label100'] = Setting(  # Item 4: FedAvg at the archived choices, FedYogi at the re-run's.

@@ -296,7 +296,7 @@ def plot(records: list[dict[str, Any]], setting: str, cell: Cell, path: str) -> 
 
 
 def tuning_check(records: list[dict[str, Any]], setting: str) -> list[str]:
-  """A cell that takes another's learning rates and checks them (Table 9's E = 20): per method, the point that
+  """A cell that takes another's learning rates and checks them (Table 9's E = 10 and 20): per method, the point that
   scores best on this cell's validation split among the source's choice and its client-lr neighbours."""
   checked = [r for r in records if r['setting'] == setting and r['tuning'].get('check')]
   if not checked:
