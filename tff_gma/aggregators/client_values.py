@@ -23,6 +23,11 @@ def tensor_types(value_type) -> list:
   return tff.structure.flatten(value_type) if isinstance(value_type, tff.StructType) else [value_type]
 
 
+def is_float_dtype(dtype) -> bool:
+  """A NumPy float dtype, or bfloat16 (an `ml_dtypes` type that NumPy does not count as `np.floating`)."""
+  return np.issubdtype(dtype, np.floating) or np.dtype(dtype) == np.dtype(tf.bfloat16.as_numpy_dtype)
+
+
 def check_float_structure(value_type, name: str = 'value_type') -> None:
   """Raises TypeError unless `value_type` is a non-federated tensor or structure of float tensors."""
   if isinstance(value_type, tff.FederatedType) or not isinstance(value_type, (tff.TensorType, tff.StructType)):
@@ -31,7 +36,7 @@ def check_float_structure(value_type, name: str = 'value_type') -> None:
   if not leaves:
     raise TypeError(f'{name} must hold at least one tensor, got {value_type}')
   for leaf in leaves:
-    if not isinstance(leaf, tff.TensorType) or not np.issubdtype(leaf.dtype, np.floating):
+    if not isinstance(leaf, tff.TensorType) or not is_float_dtype(leaf.dtype):
       raise TypeError(f'every tensor of {name} must be of a float dtype, got {value_type}')
     if leaf.shape is None or any(d is None for d in leaf.shape):
       raise TypeError(f'every tensor of {name} must have a fully defined shape, got {value_type}')

@@ -20,6 +20,7 @@ from tff_gma import checks
 from tff_gma.aggregators import client_values
 from tff_gma.aggregators import composition
 from tff_gma.aggregators import mean
+from tff_gma.aggregators import result_checks
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import weiszfeld
 
@@ -57,6 +58,17 @@ def _check_init(init, one_step: bool) -> str:
   return init
 
 
+def _sum_flags(flags_at_server):
+  """The int32 sum at SERVER of a non-empty list of int32 scalars at SERVER."""
+  zipped = tff.federated_zip(tuple(flags_at_server))
+
+  @tff.tensorflow.computation(zipped.type_signature.member)
+  def add(flags):
+    return tf.add_n(tf.nest.flatten(flags))
+
+  return tff.federated_map(add, zipped)
+
+
 def _stack_scalars(scalars_at_server):
   """A float32 vector at SERVER from a list of float32 scalars at SERVER."""
   if not scalars_at_server:
@@ -73,11 +85,14 @@ def _stack_scalars(scalars_at_server):
 def prepare_client(value, weight, secure: bool, value_bound: Optional[float], weight_bound: float):
   """One client's point and weight, as every pass of the round uses them, and its counts.
 
-  Drops an invalid client (`client_values.drop_invalid_clients`), casts the weight to float32 and, when `secure`,
-  clips the value and the weight to the secure bounds. Returns `(value, weight, (participating, dropped,
-  value_clipped, weight_clipped))`, the flags int32 0/1; a client participates when kept with a positive weight.
+  Drops an invalid client (`client_values.drop_invalid_clients`), casts the weight to float32 and a float16 or
+  bfloat16 value to float32 (`compute_type`), and, when `secure`, clips the value and the weight to the secure
+  bounds. Returns `(value, weight, (participating, dropped, value_clipped, weight_clipped, nonzero))`, the flags
+  int32 0/1; a client participates when kept with a positive weight, and is nonzero when it also sends a non-zero
+  update.
   """
   value, weight, keep = client_values.drop_invalid_clients(value, weight)
+  value = tf.nest.map_structure(lambda x: tf.cast(x, _compute_dtype(x.dtype.as_numpy_dtype)), value)
   weight = tf.cast(weight, tf.float32)
   if secure:
     value, weight, value_clipped, weight_clipped = client_values.clip_to_bounds(
@@ -85,7 +100,34 @@ def prepare_client(value, weight, secure: bool, value_bound: Optional[float], we
   else:
     value_clipped = weight_clipped = tf.constant(0, tf.int32)
   participating = keep * tf.cast(weight > 0, tf.int32)
-  return value, weight, (participating, 1 - keep, value_clipped, weight_clipped)
+  nonzero = result_checks.sends_nonzero(value, participating)
+  return value, weight, (participating, 1 - keep, value_clipped, weight_clipped, nonzero)
+
+
+def _compute_dtype(dtype) -> np.dtype:
+  """float32 for a leaf narrower than float32: the Weiszfeld weights a_i nu / d_i reach float16's subnormals."""
+  return np.dtype(np.float32) if np.dtype(dtype).itemsize < 4 else np.dtype(dtype)
+
+
+def compute_type(value_type):
+  """`value_type` with every float16 and bfloat16 tensor as float32: the type the passes' means work in."""
+  return tff.to_type(tff.types.structure_from_tensor_type_tree(
+      lambda t: tff.TensorType(_compute_dtype(t.dtype), t.shape), value_type))
+
+
+def is_exact_mean(mean_factory: tff.aggregators.WeightedAggregationFactory) -> bool:
+  """Whether `mean_factory` is a weighted mean known to carry weights of any size (float sums, no quantizer).
+
+  `FederatedMeanFactory`, and TFF's `MeanFactory` with its default `SumFactory` sums. Any other factory (secure
+  sums, TFF's `secure_aggregator`, compression, wrappers whose inside is not known) may quantize the weights with
+  a fixed resolution, so RFA gives it weights a quantizer can carry (`GeometricMedianFactory`, the smoothing).
+  """
+  if isinstance(mean_factory, mean.FederatedMeanFactory):
+    return True
+  if type(mean_factory) is tff.aggregators.MeanFactory:  # pylint: disable=unidiomatic-typecheck
+    sums = (getattr(mean_factory, '_value_sum_factory', None), getattr(mean_factory, '_weight_sum_factory', None))
+    return all(type(s) is tff.aggregators.SumFactory for s in sums)  # pylint: disable=unidiomatic-typecheck
+  return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,23 +137,27 @@ class _Computations:
   client_norm: tff.Computation  # value -> ||value||, the distance to v_0 = 0.
   client_distance: tff.Computation  # (estimate, value) -> ||estimate - value||.
   client_reweight: tff.Computation  # (weight, distance, smoothing) -> the Weiszfeld weight.
-  server_smoothing: tff.Computation  # previous objective -> the secure smoothing c.
+  server_smoothing: tff.Computation  # previous objective -> the floored smoothing c = max(nu, S / K).
+  server_first_finite: tff.Computation  # estimate -> (estimate, or v_0 = 0 when non-finite; 0/1 flag).
+  server_keep_finite: tff.Computation  # (previous, estimate) -> (estimate, or previous when non-finite; flag).
+  server_finish: tff.Computation  # (estimate, nonzero clients) -> (result in the value's dtypes, checks).
 
 
 def _build_computations(value_type, weight_type, secure: bool, value_bound: Optional[float], weight_bound: float,
                         nu: float, ratio: float) -> _Computations:
   """`_Computations` for `value_type` and `weight_type`, around `prepare_client` and `weiszfeld`'s math."""
   scalar = tff.TensorType(np.float32)
+  point_type = compute_type(value_type)
 
   @tff.tensorflow.computation(value_type, weight_type)
   def client_prepare(value, weight):
     return prepare_client(value, weight, secure, value_bound, weight_bound)
 
-  @tff.tensorflow.computation(value_type)
+  @tff.tensorflow.computation(point_type)
   def client_norm(value):
     return weiszfeld.flat_norm(value)
 
-  @tff.tensorflow.computation(value_type, value_type)
+  @tff.tensorflow.computation(point_type, point_type)
   def client_distance(estimate, value):
     return weiszfeld.flat_distance(estimate, value)
 
@@ -123,7 +169,25 @@ def _build_computations(value_type, weight_type, secure: bool, value_bound: Opti
   def server_smoothing(previous_objective):
     return weiszfeld.secure_smoothing(nu, previous_objective, ratio)
 
-  return _Computations(client_prepare, client_norm, client_distance, client_reweight, server_smoothing)
+  @tff.tensorflow.computation(point_type)
+  def server_first_finite(estimate):
+    return result_checks.finite_or_zero(estimate)
+
+  @tff.tensorflow.computation(point_type, point_type)
+  def server_keep_finite(previous, estimate):
+    finite = client_values.all_finite(estimate)
+    kept = tf.nest.map_structure(lambda p, e: tf.where(finite, e, p), previous, estimate)
+    return kept, 1 - tf.cast(finite, tf.int32)
+
+  dtypes = [t.dtype for t in client_values.tensor_types(value_type)]
+
+  @tff.tensorflow.computation(point_type, tff.TensorType(np.int32))
+  def server_finish(estimate, nonzero_clients):
+    leaves = [tf.cast(x, dtype) for x, dtype in zip(tf.nest.flatten(estimate), dtypes)]
+    return result_checks.check_result(tf.nest.pack_sequence_as(estimate, leaves), nonzero_clients)
+
+  return _Computations(client_prepare, client_norm, client_distance, client_reweight, server_smoothing,
+                       server_first_finite, server_keep_finite, server_finish)
 
 
 class _RoundLedger:
@@ -132,11 +196,11 @@ class _RoundLedger:
   The i-th pass (objective) run uses the i-th process and the i-th entry of the state's `passes` (`objectives`).
   """
 
-  def __init__(self, state, pass_processes, objective_processes, points, weights, client_reweight):
-    self._state, self._points, self._client_reweight = state, points, client_reweight
+  def __init__(self, state, pass_processes, objective_processes, points, weights, computations):
+    self._state, self._points, self._computations = state, points, computations
     self._pass_processes, self._objective_processes = pass_processes, objective_processes
     self.weights = weights
-    self.pass_states, self.pass_measurements = [], []
+    self.pass_states, self.pass_measurements, self.nonfinite_flags = [], [], []
     self.objective_states, self.objective_measurements, self.objectives, self.smoothings = [], [], [], []
 
   def measure_objective(self, distance) -> None:
@@ -147,24 +211,37 @@ class _RoundLedger:
     self.objective_measurements.append(output.measurements)
     self.objectives.append(output.result)
 
-  def run_pass(self, pass_weights):
-    """The next estimate: the weighted mean of the points with `pass_weights`."""
+  def run_pass(self, pass_weights, previous=None):
+    """The next estimate: the weighted mean of the points with `pass_weights`.
+
+    A non-finite mean (an inner mean that lost the weights, or overflowed) is replaced by the `previous` estimate
+    (v_0 = 0 when None) and counted, so the passes after it start from a finite point.
+    """
     index = len(self.pass_states)
     output = self._pass_processes[index].next(self._state['passes'][index], self._points, pass_weights)
     self.pass_states.append(output.state)
     self.pass_measurements.append(output.measurements)
-    return output.result
+    if previous is None:
+      estimate, nonfinite = tff.federated_map(self._computations.server_first_finite, output.result)
+    else:
+      estimate, nonfinite = tff.federated_map(self._computations.server_keep_finite, (previous, output.result))
+    self.nonfinite_flags.append(nonfinite)
+    return estimate
 
-  def reweighted_pass(self, distance, smoothing):
-    """A Weiszfeld pass: the clients reweight by their `distance` to the last estimate, with `smoothing` c."""
+  def reweighted_pass(self, distance, smoothing, previous=None):
+    """A Weiszfeld pass: the clients reweight by their `distance` to the `previous` estimate, with smoothing c."""
     self.smoothings.append(smoothing)
     pass_weights = tff.federated_map(
-        self._client_reweight, (self.weights, distance, tff.federated_broadcast(smoothing)))
-    return self.run_pass(pass_weights)
+        self._computations.client_reweight, (self.weights, distance, tff.federated_broadcast(smoothing)))
+    return self.run_pass(pass_weights, previous)
 
 
 class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
   """RFA: the smoothed geometric median in `num_passes` rounds of secure averages.
+
+  The inner mean gets weights in [0, a_i]; unless it is known to be exact (`is_exact_mean`), or with `secure`,
+  the smoothing is floored at c = max(nu, S / K) so that no weight falls below about a_i / K of the clients at the
+  scale S (see `weiszfeld`). Float16 and bfloat16 values are averaged in float32 and the result cast back.
 
   Pass 1 reweights from the zero update (`init='zero'`, the default: b_i = a_i / max(nu, ||w_i||)) or is the
   weighted mean (`init='mean'`, the paper's Algorithm 2); pass k > 1 broadcasts v_{k-1}, each client computes its
@@ -179,12 +256,16 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       the result, only with `report_final_objective`.
     smoothing: the c used by each reweighting pass: float32[num_passes] from the zero start (every pass
       reweights; one-step: [1]), float32[num_passes - 1] from the mean (pass 1 is the plain weighted mean).
-    aggregation_calls: the number of sequential client->server aggregation rounds run this call: num_passes, plus
-      one with `report_final_objective`. (Each round holds the estimate's weighted mean and the objective's,
-      computed side by side; the final-objective round holds the objective's only.)
+    aggregation_calls: the number of sequential client->server aggregation rounds run this call (`num_rounds`):
+      num_passes, plus one with `report_final_objective`, plus one for a zero start's D(0) when the smoothing is
+      floored without a value bound. (Each round holds the estimate's weighted mean and the objective's, computed
+      side by side; the final-objective round holds the objective's only.)
     participating_clients: clients with a finite update and a positive weight.
     dropped_clients: clients dropped for a non-finite update or a non-finite or negative weight.
     value_clipped_clients, weight_clipped_clients: clients clipped to the secure bounds (0 unless secure).
+    nonfinite_passes: passes whose inner mean returned a NaN or Inf; each was replaced by the estimate before it.
+    nonfinite_result, zero_result: 0/1, the result was non-finite and replaced by zeros / is all zeros although a
+      participating client sent a non-zero update (`result_checks`).
     passes, objectives: the inner weighted-mean processes' measurements (`objectives[k]` measured D(v_k)).
   """
 
@@ -215,7 +296,8 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       max_weight_ratio: K in the secure smoothing c = max(nu, S / K) (see `weiszfeld`); > 1. Larger K keeps
         the exact smoothing down to closer points but costs quantization precision (error grows about as K).
       mean_factory: optional weighted-mean factory for the estimate passes, replacing the one chosen by
-        `secure` (it must return a weighted mean, zero for zero total weight, and accept weights in [0, a_i]).
+        `secure` (it must return a weighted mean and accept weights in [0, a_i]). A factory not known to be
+        exact (`is_exact_mean`) gets the floored smoothing, as in secure mode.
       report_final_objective: also measure D(v_R), the objective of the result. Costs one more sequential
         round per call (the clients compute their distance to the result and send it through one more
         weighted mean): num_passes + 1 rounds instead of num_passes.
@@ -248,6 +330,10 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
         "RFA's passes are means weighted by the Weiszfeld weights, so it would return a plain mean")
     self._mean_factory = mean_factory
     self._report_final_objective = checks.check_bool(report_final_objective, 'report_final_objective')
+    # Weights a quantizer can carry: the smoothing is floored at S / K for every mean not known to be exact.
+    self._floored = self._secure or not is_exact_mean(mean_factory)
+    # With no value bound to scale a zero start's first pass, its S is D(0), measured in a round of its own.
+    self._measures_start_scale = self._floored and not self._secure and self._init == 'zero'
 
   @property
   def num_passes(self) -> int:
@@ -271,7 +357,12 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
 
   @property
   def num_rounds(self) -> int:
-    """Sequential client->server rounds per call: num_passes, plus one with `report_final_objective`."""
+    """Sequential client->server rounds per call: num_passes, plus one with `report_final_objective`, plus one
+    when a zero start's first smoothing needs D(0) first (a mean not known to be exact, `secure=False`)."""
+    return self._num_objectives + int(self._measures_start_scale)
+
+  @property
+  def _num_objectives(self) -> int:
     return self._num_passes + int(self._report_final_objective)
 
   def _objective_factory(self, num_elements: int) -> tff.aggregators.WeightedAggregationFactory:
@@ -292,10 +383,10 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     client_values.check_weight_type(weight_type)
     scalar = tff.TensorType(np.float32)
     num_elements = client_values.num_elements(value_type)
-    # One objective per round: D(v_0), ..., D(v_{R-1}) alongside the passes, D(v_R) in the optional last round.
-    pass_processes = [self._mean_factory.create(value_type, scalar) for _ in range(self._num_passes)]
+    # One objective per pass: D(v_0), ..., D(v_{R-1}) alongside the passes, D(v_R) in the optional last round.
+    pass_processes = [self._mean_factory.create(compute_type(value_type), scalar) for _ in range(self._num_passes)]
     objective_factory = self._objective_factory(num_elements)
-    objective_processes = [objective_factory.create(scalar, scalar) for _ in range(self.num_rounds)]
+    objective_processes = [objective_factory.create(scalar, scalar) for _ in range(self._num_objectives)]
     first_smoothing = self._first_smoothing(num_elements)
     computations = _build_computations(value_type, weight_type, self._secure, self._value_bound,
                                        self._weight_bound, self._smoothing, self._max_weight_ratio)
@@ -312,9 +403,10 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     def next_fn(state, value, weight):
       prepared = tff.federated_map(computations.client_prepare, (value, weight))
       points, weights = prepared[0], prepared[1]
-      participating, dropped, value_clipped, weight_clipped = secure_mean.secure_count(prepared[2])
-      ledger = _RoundLedger(state, pass_processes, objective_processes, points, weights, computations.client_reweight)
+      participating, dropped, value_clipped, weight_clipped, nonzero = secure_mean.secure_count(prepared[2])
+      ledger = _RoundLedger(state, pass_processes, objective_processes, points, weights, computations)
       estimate = self._run_rounds(ledger, computations, points, first_smoothing)
+      result, result_flags = tff.federated_map(computations.server_finish, (estimate, nonzero))
       new_state = tff.federated_zip(collections.OrderedDict(
           passes=tuple(ledger.pass_states), objectives=tuple(ledger.objective_states)))
       measurements = collections.OrderedDict(
@@ -325,10 +417,13 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
           dropped_clients=dropped,
           value_clipped_clients=value_clipped,
           weight_clipped_clients=weight_clipped,
+          nonfinite_passes=_sum_flags(ledger.nonfinite_flags),
+          nonfinite_result=result_flags['nonfinite_result'],
+          zero_result=result_flags['zero_result'],
           passes=tff.federated_zip(tuple(ledger.pass_measurements)),
           objectives=tff.federated_zip(tuple(ledger.objective_measurements)),
       )
-      return tff.templates.MeasuredProcessOutput(new_state, estimate, tff.federated_zip(measurements))
+      return tff.templates.MeasuredProcessOutput(new_state, result, tff.federated_zip(measurements))
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
@@ -336,23 +431,28 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     """The rounds of one `next` call (the class docstring), in order; returns the estimate v_R at SERVER."""
     # Round 1: the distances to v_0 = 0 give D(v_0) (and the weights of a zero start, as in one-step RFA).
     # Nothing in it depends on an aggregate, and the zero start's smoothing is a constant, so it is one round.
+    # Only a zero start whose smoothing is floored at D(0) / K with D(0) not known beforehand waits a round for it.
     distance = tff.federated_map(computations.client_norm, points)
     ledger.measure_objective(distance)
     if self._init == 'zero':
-      estimate = ledger.reweighted_pass(distance, tff.federated_value(first_smoothing, tff.SERVER))
+      if self._measures_start_scale:
+        smoothing = tff.federated_map(computations.server_smoothing, ledger.objectives[-1])
+      else:
+        smoothing = tff.federated_value(first_smoothing, tff.SERVER)
+      estimate = ledger.reweighted_pass(distance, smoothing)
     else:
       estimate = ledger.run_pass(ledger.weights)
     # Round k = 2..R: broadcast v_{k-1}; its distances give both D(v_{k-1}) and the weights of pass k. The
-    # secure smoothing comes from D(v_{k-2}), measured in round k - 1, so the round waits for nothing else.
+    # floored smoothing comes from D(v_{k-2}), measured in round k - 1, so the round waits for nothing else.
     for _ in range(self._num_passes - 1):
       previous_objective = ledger.objectives[-1]
       distance = tff.federated_map(computations.client_distance, (tff.federated_broadcast(estimate), points))
       ledger.measure_objective(distance)
-      if self._secure:
+      if self._floored:
         smoothing = tff.federated_map(computations.server_smoothing, previous_objective)
       else:
         smoothing = tff.federated_value(np.float32(self._smoothing), tff.SERVER)
-      estimate = ledger.reweighted_pass(distance, smoothing)
+      estimate = ledger.reweighted_pass(distance, smoothing, previous=estimate)
     if self._report_final_objective:  # Round R + 1, only on request: D(v_R).
       ledger.measure_objective(
           tff.federated_map(computations.client_distance, (tff.federated_broadcast(estimate), points)))

@@ -497,6 +497,7 @@ def rfa_types(num_passes, num_rounds, num_smoothings, pass_type, objective_type)
       objective=tff.TensorType(np.float32, [num_rounds]), smoothing=tff.TensorType(np.float32, [num_smoothings]),
       aggregation_calls=np.int32, participating_clients=np.int32, dropped_clients=np.int32,
       value_clipped_clients=np.int32, weight_clipped_clients=np.int32,
+      nonfinite_passes=np.int32, nonfinite_result=np.int32, zero_result=np.int32,
       passes=(pass_type[1],) * num_passes, objectives=(objective_type[1],) * num_rounds)
   return state, measurements
 
@@ -620,3 +621,93 @@ def test_updates_whose_norm_overflows_are_dropped_and_counted():
   kept = [v for i, v in enumerate(values) if i != 1]
   kept_weights = [w for i, w in enumerate(weights) if i != 1]
   np.testing.assert_allclose(to_flat(result), rfa_reference(kept, kept_weights, 3).estimate, rtol=1e-5, atol=2e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Inner means that quantize, and narrow float dtypes: the median, not zeros, infinities or float16's subnormals.
+
+REPRODUCER_VALUES = [np.array([.1, -.2, .3], np.float32), np.array([.2, .1, 0.], np.float32),
+                     np.array([.5, .5, .5], np.float32)]
+REPRODUCER_WEIGHTS = [16., 20., 5.]
+
+
+def _numpy_median(values, weights, num_passes=3):
+  from tests.methods_reference import numpy_reference  # pylint: disable=g-import-not-at-top
+  points = np.stack([np.asarray(v, np.float64) for v in values])
+  return numpy_reference.geometric_median(points, np.asarray(weights, np.float64), num_passes, 'zero', NU)
+
+
+def _quantized_mean_tolerance(points, weights, steps_per_client: float) -> float:
+  """Per coordinate, 3 passes: N quantization steps of the inner mean's sums over the least pass weight sum.
+
+  A pass's inner mean adds at most one step per client to the weighted values' sum and to the weights' sum
+  (`steps_per_client` = step of the values + |mean| x step of the weights, in units of the weights given); the
+  floored smoothing keeps every weight above a_i c / d_i with c = D(0) / 1e3; the Weiszfeld map's slope near
+  these well-spread points is below 2, so 3 passes add at most 1 + 2 + 4 pass errors.
+  """
+  smoothing = np.sum(weights * np.linalg.norm(points, axis=1)) / np.sum(weights) / 1e3
+  # Every estimate lies in the points' hull (or is v_0 = 0), so no distance exceeds this.
+  farthest = max(np.max(np.linalg.norm(points[:, None] - points[None], axis=2)), np.max(np.linalg.norm(points, axis=1)))
+  least_total = np.sum(weights * smoothing / farthest)
+  return 7 * len(points) * steps_per_client / least_total
+
+
+def test_rfa_with_a_secure_inner_mean_is_the_median():
+  """`SecureWeightedMeanFactory` as the inner mean: the Weiszfeld weights a_i nu / d_i (about 1e-5 here) times the
+  values were below its quantization step, and the median came back as zeros."""
+  process = aggregators.GeometricMedianFactory(
+      mean_factory=aggregators.SecureWeightedMeanFactory(value_bound=8.0)).create(
+          tff.TensorType(np.float32, [3]), tff.TensorType(np.float32))
+  output = process.next(process.initialize(), REPRODUCER_VALUES, REPRODUCER_WEIGHTS)
+  expected = _numpy_median(REPRODUCER_VALUES, REPRODUCER_WEIGHTS)
+  points, weights = np.stack(REPRODUCER_VALUES).astype(np.float64), np.asarray(REPRODUCER_WEIGHTS)
+  # The mean's sums quantize u_i w_i in [-8, 8] and u_i = b_i / 1e4 in [0, 1] with 2^32 - 1 levels.
+  steps = (16.0 / (2**32 - 1) + 0.5 / (2**32 - 1)) * 1e4
+  np.testing.assert_allclose(output.result, expected, atol=_quantized_mean_tolerance(points, weights, steps))
+  assert output.measurements['zero_result'] == 0 and output.measurements['nonfinite_passes'] == 0
+  assert output.measurements['aggregation_calls'] == 4  # The zero start's D(0) has a round of its own.
+
+
+def test_rfa_with_tff_secure_aggregator_is_the_median():
+  """TFF's `secure_aggregator` as the inner mean: its weight sum quantizes [0, 2^20 - 1] to 32 bits, which lost
+  the Weiszfeld weights (0 / 0 = inf came back)."""
+  process = aggregators.GeometricMedianFactory(
+      mean_factory=tff.learning.secure_aggregator(zeroing=False, clipping=False)).create(
+          tff.TensorType(np.float32, [3]), tff.TensorType(np.float32))
+  output = process.next(process.initialize(), REPRODUCER_VALUES, REPRODUCER_WEIGHTS)
+  expected = _numpy_median(REPRODUCER_VALUES, REPRODUCER_WEIGHTS)
+  points, weights = np.stack(REPRODUCER_VALUES).astype(np.float64), np.asarray(REPRODUCER_WEIGHTS)
+  # Values sum over [-50, 50] (the initial clip estimate), weights over [0, 2^20 - 1], 32-bit levels.
+  steps = 100.0 / (2**32 - 1) + 0.5 * (2**20 - 1) / (2**32 - 1)
+  np.testing.assert_allclose(output.result, expected, atol=_quantized_mean_tolerance(points, weights, steps))
+  assert np.all(np.isfinite(output.result))
+
+
+def test_an_inner_mean_that_returns_inf_never_reaches_the_result():
+  """TFF's `MeanFactory` divides by a zero weight sum into inf/NaN: the pass keeps the estimate before it, and the
+  result is finite, its measurements saying so."""
+  process = aggregators.GeometricMedianFactory(mean_factory=tff.aggregators.MeanFactory()).create(
+      tff.TensorType(np.float32, [3]), tff.TensorType(np.float32))
+  output = process.next(process.initialize(), REPRODUCER_VALUES, [0., 0., 0.])
+  np.testing.assert_array_equal(output.result, np.zeros(3, np.float32))
+  assert output.measurements['nonfinite_passes'] == 3
+  assert output.measurements['nonfinite_result'] == 0  # Each pass was replaced; the result itself is finite.
+
+
+@pytest.mark.parametrize('dtype', [np.float16, tf.bfloat16.as_numpy_dtype], ids=['float16', 'bfloat16'])
+def test_narrow_floats_are_averaged_in_float32(dtype):
+  """One-step RFA on float16 was 2% off: its weights a_i nu / ||w_i|| (1e-6 here) are float16 subnormals."""
+  rng = np.random.default_rng(5)
+  values = [np.asarray(rng.normal(size=4), dtype) for _ in range(6)]
+  weights = [float(w) for w in rng.integers(1, 5, size=6)]
+  process = aggregators.GeometricMedianFactory(one_step=True).create(
+      tff.TensorType(dtype, [4]), tff.TensorType(np.float32))
+  output = process.next(process.initialize(), values, weights)
+  assert np.asarray(output.result).dtype == np.dtype(dtype)
+  from tests.methods_reference import numpy_reference  # pylint: disable=g-import-not-at-top
+  points = np.stack([np.asarray(v, np.float64) for v in values])
+  expected = numpy_reference.one_step_rfa(points, np.asarray(weights), NU)
+  # The float32 arithmetic is exact to ~1e-6; the cast back rounds once, half a unit in the last place.
+  half_ulp = 2.0**-11 if dtype == np.float16 else 2.0**-8  # 10 and 7 stored significand bits.
+  np.testing.assert_allclose(np.asarray(output.result, np.float64), expected,
+                             atol=1e-5, rtol=half_ulp * 1.01)
