@@ -28,6 +28,18 @@ def is_float_dtype(dtype) -> bool:
   return np.issubdtype(dtype, np.floating) or np.dtype(dtype) == np.dtype(tf.bfloat16.as_numpy_dtype)
 
 
+def compute_dtype(dtype) -> np.dtype:
+  """float32 for a float narrower than float32 (float16, bfloat16), else `dtype`: what weighted sums run in."""
+  dtype = np.dtype(tf.as_dtype(dtype).as_numpy_dtype)
+  return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
+
+
+def compute_type(value_type):
+  """`value_type` with every float16 and bfloat16 tensor as float32 (`compute_dtype`)."""
+  return tff.to_type(tff.types.structure_from_tensor_type_tree(
+      lambda t: tff.TensorType(compute_dtype(t.dtype), t.shape), value_type))
+
+
 def check_float_structure(value_type, name: str = 'value_type') -> None:
   """Raises TypeError unless `value_type` is a non-federated tensor or structure of float tensors."""
   if isinstance(value_type, tff.FederatedType) or not isinstance(value_type, (tff.TensorType, tff.StructType)):

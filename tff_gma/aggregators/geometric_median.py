@@ -86,13 +86,13 @@ def prepare_client(value, weight, secure: bool, value_bound: Optional[float], we
   """One client's point and weight, as every pass of the round uses them, and its counts.
 
   Drops an invalid client (`client_values.drop_invalid_clients`), casts the weight to float32 and a float16 or
-  bfloat16 value to float32 (`compute_type`), and, when `secure`, clips the value and the weight to the secure
-  bounds. Returns `(value, weight, (participating, dropped, value_clipped, weight_clipped, nonzero))`, the flags
-  int32 0/1; a client participates when kept with a positive weight, and is nonzero when it also sends a non-zero
-  update.
+  bfloat16 value to float32 (`client_values.compute_dtype`: RFA's weights a_i nu / d_i are float16 subnormals),
+  and, when `secure`, clips the value and the weight to the secure bounds. Returns `(value, weight,
+  (participating, dropped, value_clipped, weight_clipped, nonzero))`, the flags int32 0/1; a client participates
+  when kept with a positive weight, and is nonzero when it also sends a non-zero update.
   """
   value, weight, keep = client_values.drop_invalid_clients(value, weight)
-  value = tf.nest.map_structure(lambda x: tf.cast(x, _compute_dtype(x.dtype.as_numpy_dtype)), value)
+  value = tf.nest.map_structure(lambda x: tf.cast(x, client_values.compute_dtype(x.dtype)), value)
   weight = tf.cast(weight, tf.float32)
   if secure:
     value, weight, value_clipped, weight_clipped = client_values.clip_to_bounds(
@@ -102,17 +102,6 @@ def prepare_client(value, weight, secure: bool, value_bound: Optional[float], we
   participating = keep * tf.cast(weight > 0, tf.int32)
   nonzero = result_checks.sends_nonzero(value, participating)
   return value, weight, (participating, 1 - keep, value_clipped, weight_clipped, nonzero)
-
-
-def _compute_dtype(dtype) -> np.dtype:
-  """float32 for a leaf narrower than float32: the Weiszfeld weights a_i nu / d_i reach float16's subnormals."""
-  return np.dtype(np.float32) if np.dtype(dtype).itemsize < 4 else np.dtype(dtype)
-
-
-def compute_type(value_type):
-  """`value_type` with every float16 and bfloat16 tensor as float32: the type the passes' means work in."""
-  return tff.to_type(tff.types.structure_from_tensor_type_tree(
-      lambda t: tff.TensorType(_compute_dtype(t.dtype), t.shape), value_type))
 
 
 def is_exact_mean(mean_factory: tff.aggregators.WeightedAggregationFactory) -> bool:
@@ -147,7 +136,7 @@ def _build_computations(value_type, weight_type, secure: bool, value_bound: Opti
                         nu: float, ratio: float) -> _Computations:
   """`_Computations` for `value_type` and `weight_type`, around `prepare_client` and `weiszfeld`'s math."""
   scalar = tff.TensorType(np.float32)
-  point_type = compute_type(value_type)
+  point_type = client_values.compute_type(value_type)
 
   @tff.tensorflow.computation(value_type, weight_type)
   def client_prepare(value, weight):
@@ -384,7 +373,8 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     scalar = tff.TensorType(np.float32)
     num_elements = client_values.num_elements(value_type)
     # One objective per pass: D(v_0), ..., D(v_{R-1}) alongside the passes, D(v_R) in the optional last round.
-    pass_processes = [self._mean_factory.create(compute_type(value_type), scalar) for _ in range(self._num_passes)]
+    point_type = client_values.compute_type(value_type)
+    pass_processes = [self._mean_factory.create(point_type, scalar) for _ in range(self._num_passes)]
     objective_factory = self._objective_factory(num_elements)
     objective_processes = [objective_factory.create(scalar, scalar) for _ in range(self._num_objectives)]
     first_smoothing = self._first_smoothing(num_elements)

@@ -32,13 +32,15 @@ class FederatedMeanFactory(tff.aggregators.WeightedAggregationFactory):
 
     # The weight's mean is carried in the widest float dtype of the values (float64 values keep their precision)
     # or of the weight (`float_weight_dtype`: integer weights are averaged as float32, float64 ones as float64).
-    leaf_dtypes = {np.dtype(t.dtype) for t in client_values.tensor_types(value_type)}
+    leaf_dtypes = [np.dtype(t.dtype) for t in client_values.tensor_types(value_type)]
     float64 = np.dtype(np.float64)
     pair_weight_dtype = float64 if float64 in leaf_dtypes else client_values.float_weight_dtype(weight_type.dtype)
 
     @tff.tensorflow.computation(value_type, weight_type)
     def weighted_pair(value, weight):
       weight = client_values.float_weight(weight)
+      # float16 and bfloat16 are weighted and averaged in float32: a weight of 1e5 times a float16 overflows.
+      value = tf.nest.map_structure(lambda x: tf.cast(x, client_values.compute_dtype(x.dtype)), value)
       weighted = tf.nest.map_structure(lambda x: x * tf.cast(weight, x.dtype), value)
       return weighted, tf.cast(weight, pair_weight_dtype)
 
@@ -48,9 +50,11 @@ class FederatedMeanFactory(tff.aggregators.WeightedAggregationFactory):
       # No client at all: federated_mean over an empty cohort is 0 / 0 = NaN for both; the result is zero then,
       # as for a zero total weight.
       has_weight = tf.logical_and(tf.math.is_finite(mean_weight), mean_weight > 0)
-      return tf.nest.map_structure(
+      means = tf.nest.map_structure(
           lambda x: tf.where(has_weight, tf.math.divide_no_nan(x, tf.cast(mean_weight, x.dtype)), tf.zeros_like(x)),
           weighted_mean)
+      leaves = [tf.cast(x, dtype) for x, dtype in zip(tf.nest.flatten(means), leaf_dtypes)]
+      return tf.nest.pack_sequence_as(means, leaves)
 
     @tff.federated_computation()
     def init_fn():

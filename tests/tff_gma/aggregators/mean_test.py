@@ -4,6 +4,7 @@ import collections
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma.aggregators import mean
@@ -99,3 +100,17 @@ def test_process_types_helper_rejects_wrong_signatures():
       tff.FederatedType((), tff.SERVER), tff.FederatedType(utils.FLOAT_TYPE, tff.CLIENTS),
       tff.FederatedType((), tff.SERVER)))
   assert not process.next.type_signature.is_equivalent_to(clients_result)  # Placements count.
+
+
+@pytest.mark.parametrize('dtype', [np.float16, tf.bfloat16.as_numpy_dtype], ids=['float16', 'bfloat16'])
+@pytest.mark.parametrize('secure', [False, True], ids=['plain', 'secure'])
+def test_narrow_floats_are_weighted_in_float32(dtype, secure):
+  """Weights of 1e6 times a float16 overflow it (max 65504): the means weight and sum in float32, cast back."""
+  factory = secure_mean.SecureWeightedMeanFactory(10.0, 1e6) if secure else mean.FederatedMeanFactory()
+  proc = factory.create(tff.TensorType(dtype, [2]), tff.TensorType(np.float32))
+  values, weights = [np.array([1, 2], dtype), np.array([3, -4], dtype)], [1e6, 3e5]
+  result = proc.next(proc.initialize(), values, weights).result
+  assert np.asarray(result).dtype == np.dtype(dtype)
+  expected = (1e6 * np.array([1., 2.]) + 3e5 * np.array([3., -4.])) / 1.3e6
+  half_ulp = 2.0**-11 if dtype == np.float16 else 2.0**-8  # 10 and 7 stored significand bits.
+  np.testing.assert_allclose(np.asarray(result, np.float64), expected, rtol=half_ulp * 1.01, atol=1e-6)
