@@ -20,6 +20,7 @@ from tff_gma import checks
 from tff_gma.aggregators import client_values
 from tff_gma.aggregators import mean
 from tff_gma.aggregators import paired_values
+from tff_gma.aggregators import result_checks
 from tff_gma.aggregators import secure_mean
 
 UPDATE = 'update'
@@ -118,6 +119,8 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
   Measurements (all at SERVER):
     zeta_min, zeta_max, zeta_mean: statistics of the scale over all coordinates.
     dropped_clients: clients dropped for a non-finite value or a non-finite/negative weight.
+    nonfinite_result, zero_result: 0/1, the scaled mean was non-finite and replaced by a zero update / is all
+      zeros although a participating client sent a non-zero update (`result_checks`).
     update, sensitivity: the measurements of the two inner weighted means.
   """
 
@@ -181,29 +184,36 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
     @tff.tensorflow.computation(value_type, weight_type)
     def client_prepare(value, weight):
       value, weight, keep = client_values.drop_invalid_clients(value, weight)
-      return value[UPDATE], value[SENSITIVITY], weight, 1 - keep
+      nonzero = result_checks.sends_nonzero(value[UPDATE], keep * tf.cast(weight > 0, tf.int32))
+      return value[UPDATE], value[SENSITIVITY], weight, (1 - keep, nonzero)
 
-    @tff.tensorflow.computation(update_type, sensitivity_type)
-    def server_scale(mean_update, mean_sensitivity):
+    @tff.tensorflow.computation(update_type, sensitivity_type, tff.TensorType(np.int32))
+    def server_scale(mean_update, mean_sensitivity, nonzero_clients):
+      # A non-finite sensitivity mean would make every zeta NaN; such a round keeps the plain mean (zeta = 1).
+      mean_sensitivity, _ = result_checks.finite_or_zero(mean_sensitivity)
       scales = elastic_scales(mean_sensitivity, tau)
       zeta_min, zeta_max, zeta_mean = scale_statistics(scales)
-      return apply_elastic_scales(scales, mean_update), zeta_min, zeta_max, zeta_mean
+      result, flags = result_checks.check_result(apply_elastic_scales(scales, mean_update), nonzero_clients)
+      return result, zeta_min, zeta_max, zeta_mean, flags
 
     @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
                                tff.FederatedType(weight_type, tff.CLIENTS))
     def next_fn(state, value, weight):
-      update, sensitivity, clean_weight, dropped = tff.federated_map(client_prepare, (value, weight))
+      update, sensitivity, clean_weight, counts = tff.federated_map(client_prepare, (value, weight))
+      dropped, nonzero = secure_mean.secure_count(counts)
       update_output = update_process.next(state[UPDATE], update, clean_weight)
       sensitivity_output = sensitivity_process.next(state[SENSITIVITY], sensitivity, clean_weight)
-      result, zeta_min, zeta_max, zeta_mean = tff.federated_map(
-          server_scale, (update_output.result, sensitivity_output.result))
+      result, zeta_min, zeta_max, zeta_mean, result_flags = tff.federated_map(
+          server_scale, (update_output.result, sensitivity_output.result, nonzero))
       new_state = tff.federated_zip(collections.OrderedDict(
           update=update_output.state, sensitivity=sensitivity_output.state))
       measurements = tff.federated_zip(collections.OrderedDict(
           zeta_min=zeta_min,
           zeta_max=zeta_max,
           zeta_mean=zeta_mean,
-          dropped_clients=secure_mean.secure_count(dropped),
+          dropped_clients=dropped,
+          nonfinite_result=result_flags['nonfinite_result'],
+          zero_result=result_flags['zero_result'],
           update=update_output.measurements,
           sensitivity=sensitivity_output.measurements,
       ))

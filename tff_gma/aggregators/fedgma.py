@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -19,6 +20,8 @@ from tff_gma.aggregators import client_values
 from tff_gma.aggregators import gradient_masked
 from tff_gma.aggregators import mean
 from tff_gma.aggregators import paired_values
+from tff_gma.aggregators import result_checks
+from tff_gma.aggregators import secure_mean
 
 DEFAULT_MASK_THRESHOLD = 0.8  # The paper's p.
 DEFAULT_SERVER_STEP_SIZE = 0.1
@@ -63,7 +66,9 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
   State (at SERVER): `update`, the state of the model updates' mean (`mean_factory`'s process); `gradient`, that
   of the `GradientMaskedFactory`.
   Measurements (at SERVER): `update`, the measurements of the model updates' mean; `gradient`, those of the
-  `GradientMaskedFactory` (masked_fraction, mean_agreement, participating_clients, dropped_clients, mean).
+  `GradientMaskedFactory` (masked_fraction, mean_agreement, participating_clients, dropped_clients, mean);
+  `nonfinite_result`, `zero_result` (`result_checks`) of the step. A client with a non-finite update or gradient
+  (or a non-finite or negative weight) reaches the update's mean as a zero update of weight 0.
   """
 
   def __init__(
@@ -139,25 +144,30 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
       return tff.federated_zip(collections.OrderedDict(
           update=update_process.initialize(), gradient=gradient_process.initialize()))
 
-    @tff.tensorflow.computation(value_type)
-    def split(value):
-      return value[UPDATE], value[GRADIENT]
+    @tff.tensorflow.computation(value_type, weight_type)
+    def client_prepare(value, weight):
+      # The update's mean is the inner factory's: it gets a dropped client as a zero update of weight 0.
+      clean, clean_weight, keep = client_values.drop_invalid_clients(value, weight)
+      nonzero = result_checks.sends_nonzero(clean, keep * tf.cast(clean_weight > 0, tf.int32))
+      return clean[UPDATE], value[GRADIENT], tf.cast(clean_weight, weight.dtype), nonzero
 
-    @tff.tensorflow.computation(update_type, gradient_type)
-    def server_update(mean_update, masked_gradient):
-      return fedgma_server_update(mean_update, masked_gradient, step)
+    @tff.tensorflow.computation(update_type, gradient_type, tff.TensorType(np.int32))
+    def server_update(mean_update, masked_gradient, nonzero_clients):
+      return result_checks.check_result(fedgma_server_update(mean_update, masked_gradient, step), nonzero_clients)
 
     @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
                                tff.FederatedType(weight_type, tff.CLIENTS))
     def next_fn(state, value, weight):
-      update, gradient = tff.federated_map(split, value)
-      update_output = update_process.next(state.update, update, weight)
+      update, gradient, update_weight, nonzero = tff.federated_map(client_prepare, (value, weight))
+      update_output = update_process.next(state.update, update, update_weight)
       gradient_output = gradient_process.next(state.gradient, gradient, weight)
-      result = tff.federated_map(server_update, (update_output.result, gradient_output.result))
+      result, result_flags = tff.federated_map(
+          server_update, (update_output.result, gradient_output.result, secure_mean.secure_count(nonzero)))
       new_state = tff.federated_zip(collections.OrderedDict(
           update=update_output.state, gradient=gradient_output.state))
       measurements = tff.federated_zip(collections.OrderedDict(
-          update=update_output.measurements, gradient=gradient_output.measurements))
+          update=update_output.measurements, gradient=gradient_output.measurements,
+          nonfinite_result=result_flags['nonfinite_result'], zero_result=result_flags['zero_result']))
       return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
 
     return tff.templates.AggregationProcess(init_fn, next_fn)

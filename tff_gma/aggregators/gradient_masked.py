@@ -17,7 +17,9 @@ import tensorflow_federated as tff
 from tff_gma import checks
 from tff_gma.aggregators import client_values
 from tff_gma.aggregators import composition
+from tff_gma.aggregators import context_check
 from tff_gma.aggregators import mean
+from tff_gma.aggregators import result_checks
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import sign_agreement
 
@@ -65,6 +67,8 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
     mean_agreement: mean of A over all coordinates.
     participating_clients: N, the number of clients with a finite update and a positive weight (the voters).
     dropped_clients: clients dropped for a non-finite update or a non-finite/negative weight.
+    nonfinite_result, zero_result: 0/1, the inner mean was non-finite and the result replaced by a zero update /
+      the result is all zeros although a participating client sent a non-zero update (`result_checks`).
     mean: the inner weighted-mean factory's measurements (secure mode: `value_clipped_clients`,
       `weight_clipped_clients`).
   """
@@ -125,20 +129,8 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
     return self._secure
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    """The masked weighted mean m * Delta at SERVER (`create_mean_and_mask`, with the mask applied)."""
-    process = self.create_mean_and_mask(value_type, weight_type)
-
-    @tff.tensorflow.computation(mean_and_mask_type(value_type))
-    def apply_mask(mean_and_mask):
-      return sign_agreement.apply_mask(mean_and_mask[MASK], mean_and_mask[MEAN])
-
-    @tff.federated_computation(*process.next.type_signature.parameter)
-    def next_fn(state, value, weight):
-      output = process.next(state, value, weight)
-      return tff.templates.MeasuredProcessOutput(
-          output.state, tff.federated_map(apply_mask, output.result), output.measurements)
-
-    return tff.templates.AggregationProcess(process.initialize, next_fn)
+    """The masked weighted mean m * Delta at SERVER (`create_mean_and_mask`'s aggregation, with the mask applied)."""
+    return self._create(value_type, weight_type, apply_mask=True)
 
   def create_mean_and_mask(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     """The unmasked weighted mean and the mask, for a server that applies the mask itself (Algorithm 2).
@@ -148,6 +140,14 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
     `OrderedDict(mean=Delta, mask=m)` (`mean_and_mask_type(value_type)`): one value, because a
     `tff.templates.AggregationProcess` hands the next stage of a composed learning process only its result
     (see `tff_gma.learning.gma_fed_avg`).
+    """
+    return self._create(value_type, weight_type, apply_mask=False)
+
+  def _create(self, value_type, weight_type, apply_mask: bool) -> tff.templates.AggregationProcess:
+    """GMA's aggregation; the result m * Delta when `apply_mask`, else `OrderedDict(mean=Delta, mask=m)`.
+
+    Either way the result is finite (a non-finite mean becomes a zero update) and `nonfinite_result` and
+    `zero_result` describe the result the server gets (`result_checks`).
     """
     client_values.check_float_structure(value_type)
     client_values.check_weight_type(weight_type)
@@ -162,7 +162,7 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
       # weight 0 for a client whose training diverged, and that zero must not dilute the agreement.
       votes = keep * tf.cast(weight > 0, tf.int32)
       codes = sign_agreement.sign_codes(value, votes)
-      return value, weight, codes, (votes, 1 - keep)
+      return value, weight, codes, (votes, 1 - keep, result_checks.sends_nonzero(value, votes))
 
     @tff.tensorflow.computation(_same_shapes(value_type, np.int32), tff.TensorType(np.int32))
     def server_mask(code_sum, num_clients):
@@ -170,20 +170,32 @@ class GradientMaskedFactory(tff.aggregators.WeightedAggregationFactory):
       masked_fraction, mean_agreement = sign_agreement.mask_statistics(agreement, tau)
       return sign_agreement.gradient_mask(agreement, tau, mask), masked_fraction, mean_agreement
 
+    @tff.tensorflow.computation(value_type, _same_shapes(value_type, np.float32), tff.TensorType(np.int32))
+    def server_finish(mean_value, gradient_mask, nonzero_clients):
+      mean_value, nonfinite = result_checks.finite_or_zero(mean_value)
+      update = sign_agreement.apply_mask(gradient_mask, mean_value) if apply_mask else mean_value
+      zero = tf.cast(tf.logical_and(result_checks.is_all_zero(update), nonzero_clients > 0), tf.int32)
+      if apply_mask:
+        return update, nonfinite, zero
+      return collections.OrderedDict([(MEAN, mean_value), (MASK, gradient_mask)]), nonfinite, zero
+
     @tff.federated_computation(mean_process.state_type, tff.FederatedType(value_type, tff.CLIENTS),
                                tff.FederatedType(weight_type, tff.CLIENTS))
     def next_fn(state, value, weight):
       prepared = tff.federated_map(client_prepare, (value, weight))
       mean_output = mean_process.next(state, prepared[0], prepared[1])
+      context_check.warn_if_context_cannot_run('federated_secure_sum')  # Not through secure_count: checked itself.
       code_sum = tff.federated_secure_sum(prepared[2], sign_agreement.MAX_SIGN_CODE)
-      participating, dropped = secure_mean.secure_count(prepared[3])
+      participating, dropped, nonzero = secure_mean.secure_count(prepared[3])
       gradient_mask, masked_fraction, mean_agreement = tff.federated_map(server_mask, (code_sum, participating))
-      result = tff.federated_zip(collections.OrderedDict([(MEAN, mean_output.result), (MASK, gradient_mask)]))
+      result, nonfinite, zero = tff.federated_map(server_finish, (mean_output.result, gradient_mask, nonzero))
       measurements = collections.OrderedDict(
           masked_fraction=masked_fraction,
           mean_agreement=mean_agreement,
           participating_clients=participating,
           dropped_clients=dropped,
+          nonfinite_result=nonfinite,
+          zero_result=zero,
           mean=mean_output.measurements,
       )
       return tff.templates.MeasuredProcessOutput(mean_output.state, result, tff.federated_zip(measurements))

@@ -1,10 +1,8 @@
 """The last step of every factory here: no non-finite aggregate reaches the server model, and none passes silently.
 
-An inner mean can lose the clients' weights (a quantizer whose resolution is above them returns 0, or 0 / 0) or
-overflow; whatever it returns, the server gets a finite update. Two int32 0/1 measurements say what happened:
-`nonfinite_result` (the aggregate had a NaN or Inf and was replaced by a zero update) and `zero_result` (the update
-is all zeros although some participating client sent a non-zero one), so a run that cannot train is visible in its
-measurements rather than only in a loss that never moves.
+An inner mean can lose the weights to its quantizer (0, or 0 / 0) or overflow; the server still gets a finite
+update, and `nonfinite_result` (a NaN or Inf replaced by zeros) and `zero_result` (all zeros although a
+participating client sent a non-zero update) say so, where otherwise only a loss that never moves would.
 """
 
 from __future__ import annotations

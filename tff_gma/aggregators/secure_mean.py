@@ -16,6 +16,7 @@ import tensorflow_federated as tff
 
 from tff_gma import checks
 from tff_gma.aggregators import client_values
+from tff_gma.aggregators import context_check
 
 SECAGG_LEVELS = 2**32 - 1  # Quantization levels of TFF's float secure sum (`primitives.secure_quantized_sum`).
 QUANTIZATION_SLACK = 1 + 1e-5  # Covers the float64 arithmetic of that quantization (< 4e-6; docs/methods.md).
@@ -106,6 +107,9 @@ def error_bound(
 
 def secure_count(indicators):
   """Secure sum of int32 0/1 indicators (a scalar or a structure) at CLIENTS, with the tightest `max_input=1`."""
+  # Every factory of the library traces this while TFF builds its process: the one place to say, in one line, that
+  # TFF's default context cannot run it (TFF's own error comes only from `next`, as a long gRPC error).
+  context_check.warn_if_context_cannot_run('federated_secure_sum')
   return tff.federated_secure_sum(indicators, 1)
 
 
@@ -152,14 +156,18 @@ class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
     # Weights are clipped and normalized as floats (`client_values.float_weight`).
     weight_dtype = client_values.float_weight_dtype(weight_type.dtype)
 
+    # float16 and bfloat16 are quantized and summed as float32 (`client_values.compute_dtype`), and cast back.
+    leaf_dtypes = [np.dtype(t.dtype) for t in client_values.tensor_types(value_type)]
+
     def bounds(bound_value, weight_limit):
       per_leaf = tff.types.structure_from_tensor_type_tree(
-          lambda t: np.asarray(bound_value, np.dtype(t.dtype)), value_type)
+          lambda t: np.asarray(bound_value, client_values.compute_dtype(t.dtype)), value_type)
       return per_leaf, np.asarray(weight_limit, weight_dtype)
 
     @tff.tensorflow.computation(value_type, weight_type)
     def prepare(value, weight):
       weight = client_values.float_weight(weight)
+      value = tf.nest.map_structure(lambda x: tf.cast(x, client_values.compute_dtype(x.dtype)), value)
       value, weight, value_clipped, weight_clipped = client_values.clip_to_bounds(
           value, weight, value_bound, weight_bound)
       normalized = weight / tf.constant(weight_bound, weight.dtype)
@@ -169,7 +177,9 @@ class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
     @tff.tensorflow.computation(prepare.type_signature.result[0])
     def divide(sums):
       weighted_sum, weight_sum = sums
-      return tf.nest.map_structure(lambda x: tf.math.divide_no_nan(x, tf.cast(weight_sum, x.dtype)), weighted_sum)
+      means = tf.nest.map_structure(lambda x: tf.math.divide_no_nan(x, tf.cast(weight_sum, x.dtype)), weighted_sum)
+      leaves = [tf.cast(x, dtype) for x, dtype in zip(tf.nest.flatten(means), leaf_dtypes)]
+      return tf.nest.pack_sequence_as(means, leaves)
 
     @tff.federated_computation()
     def init_fn():

@@ -151,7 +151,8 @@ CLIP_COUNTS = collections.OrderedDict(value_clipped_clients=np.int32, weight_cli
 
 def elastic_measurements(mean_measurements):
   return collections.OrderedDict(zeta_min=np.float32, zeta_max=np.float32, zeta_mean=np.float32,
-                                 dropped_clients=np.int32, update=mean_measurements, sensitivity=mean_measurements)
+                                 dropped_clients=np.int32, nonfinite_result=np.int32, zero_result=np.int32,
+                                 update=mean_measurements, sensitivity=mean_measurements)
 
 
 def paired(part_type):

@@ -94,7 +94,11 @@ def test_invalid_arguments():
 # Contract (as TFF's mean_test.py): process types, the mean factory's state and measurements, weight dtypes.
 
 GMA_MEASUREMENTS = collections.OrderedDict(masked_fraction=np.float32, mean_agreement=np.float32,
-                                           participating_clients=np.int32, dropped_clients=np.int32, mean=())
+                                           participating_clients=np.int32, dropped_clients=np.int32,
+                                           nonfinite_result=np.int32, zero_result=np.int32, mean=())
+
+
+RESULT_FLAGS = collections.OrderedDict(nonfinite_result=np.int32, zero_result=np.int32)
 
 
 def paired(part_type):
@@ -110,7 +114,8 @@ def test_type_properties(part_type, weight_dtype):
   utils.assert_process_types(
       factory.create(paired(part_type), weight_type), state_type=collections.OrderedDict(update=(), gradient=()),
       value_type=paired(part_type), weight_type=weight_type,
-      measurements_type=collections.OrderedDict(update=(), gradient=GMA_MEASUREMENTS), result_type=part_type)
+      measurements_type=collections.OrderedDict(update=(), gradient=GMA_MEASUREMENTS, **RESULT_FLAGS),
+      result_type=part_type)
 
 
 def test_type_properties_secure():
@@ -121,7 +126,7 @@ def test_type_properties_secure():
   utils.assert_process_types(
       process, state_type=collections.OrderedDict(update=(), gradient=()), value_type=paired(utils.STRUCT_TYPE),
       weight_type=weight_type,
-      measurements_type=collections.OrderedDict(update=clip_counts, gradient=gradient_measurements),
+      measurements_type=collections.OrderedDict(update=clip_counts, gradient=gradient_measurements, **RESULT_FLAGS),
       result_type=utils.STRUCT_TYPE)
 
 
@@ -134,7 +139,7 @@ def test_mean_factory_state_and_measurements_pass_through():
   utils.assert_process_types(
       process, state_type=collections.OrderedDict(update=np.int32, gradient=()),
       value_type=paired(utils.STRUCT_TYPE), weight_type=weight_type,
-      measurements_type=collections.OrderedDict(update=np.int32, gradient=GMA_MEASUREMENTS),
+      measurements_type=collections.OrderedDict(update=np.int32, gradient=GMA_MEASUREMENTS, **RESULT_FLAGS),
       result_type=utils.STRUCT_TYPE)
   state = process.initialize()
   assert state['update'] == 0

@@ -325,7 +325,8 @@ def test_invalid_types_raise_type_error():
 # Contract (as TFF's mean_test.py): process types, an inner factory's state and measurements, weight dtypes.
 
 GMA_MEASUREMENTS = collections.OrderedDict(
-    masked_fraction=np.float32, mean_agreement=np.float32, participating_clients=np.int32, dropped_clients=np.int32)
+    masked_fraction=np.float32, mean_agreement=np.float32, participating_clients=np.int32, dropped_clients=np.int32,
+    nonfinite_result=np.int32, zero_result=np.int32)
 CLIP_COUNTS = collections.OrderedDict(value_clipped_clients=np.int32, weight_clipped_clients=np.int32)
 
 
