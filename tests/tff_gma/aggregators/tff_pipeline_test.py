@@ -18,6 +18,7 @@ from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tff_gma import aggregators
 from tff_gma import models
 from tff_gma.data import digits
+from tests import tiers
 from tests.tff_gma import fixtures
 
 NUM_CLIENTS = 4
@@ -189,3 +190,40 @@ def test_nan_client_does_not_corrupt_the_model(factory_name):
   assert after['accuracy'] > 0.5
   # TFF's client work turns the diverged client into a zero update of weight 0: it is left out of the vote.
   assert metrics[-1]['participating_clients'] == NUM_CLIENTS - 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Every inner mean a TFF user can pass: FedAvg must train with each (RFA hands its inner mean Weiszfeld weights far
+# below the clients' own, which a quantizing inner mean once rounded to zero, so the model never moved).
+
+INNER_MEANS = {
+    'federated_mean': aggregators.FederatedMeanFactory,
+    'secure_weighted_mean': lambda: aggregators.SecureWeightedMeanFactory(value_bound=8.0),
+    'tff_mean': tff.aggregators.MeanFactory,
+    'tff_secure': lambda: tff.learning.secure_aggregator(zeroing=False, clipping=False),
+    'tff_secure_default': tff.learning.secure_aggregator,
+    'tff_robust': tff.learning.robust_aggregator,
+    'tff_compression': tff.learning.compression_aggregator,
+    'tff_clipping': lambda: tff.aggregators.clipping_factory(1.0, tff.aggregators.MeanFactory()),
+    'tff_zeroing': lambda: tff.aggregators.zeroing_factory(10.0, tff.aggregators.MeanFactory()),
+}
+OUTER_FACTORIES = {'rfa': aggregators.GeometricMedianFactory, 'gma': aggregators.GradientMaskedFactory}
+INNER_CASES = tiers.cover_once(
+    [(outer, inner) for inner in INNER_MEANS for outer in OUTER_FACTORIES],
+    keys=[lambda case: case[1] == 'tff_secure'], ids=lambda case: f'{case[0]}-{case[1]}')
+
+
+@functools.lru_cache(maxsize=None)
+def _build_with_inner(outer, inner):
+  _, _, model_fn = _setup()
+  factory = OUTER_FACTORIES[outer](mean_factory=INNER_MEANS[inner]())
+  return fixtures.fed_avg_family(model_fn, 'fedavg', factory, server_lr=1.0)
+
+
+@pytest.mark.parametrize('outer,inner', INNER_CASES)
+def test_fedavg_trains_with_every_inner_mean(outer, inner):
+  before, after, weights, metrics = _train(_build_with_inner(outer, inner))
+  assert all(np.all(np.isfinite(w)) for w in weights.trainable)
+  assert after['loss'] < before['loss'] - 0.1, (before, after)
+  assert after['accuracy'] > 0.5, (before, after)
+  assert metrics[-1]['nonfinite_result'] == 0 and metrics[-1]['zero_result'] == 0, metrics[-1]
