@@ -1,9 +1,9 @@
 """Privacy audit of TFF aggregations: where, how, and how often client data reaches the server.
 
 `audit_computation(comp, policy=AuditPolicy())` walks a computation's building blocks and returns an `AuditReport`;
-`python -m tff_gma.audit module:attr` prints it and exits 0 (PASS), 1 (violations) or 2 (no verdict). A PASS says
-which intrinsics carry client data to the server, not that an allowed aggregate reveals little about one client
-(`AUDIT_SCOPE`). docs/audit.md has the rest, and the harness's empirical checks beyond it.
+`python -m tff_gma.audit module:attr` prints it and exits 0 (PASS), 1 (violations), 3 (cannot be decided) or 2 (no
+verdict). A PASS says which intrinsics carry client data to the server, not that an allowed aggregate reveals little
+about one client (`AUDIT_SCOPE`). docs/audit.md has the rest, and the harness's empirical checks beyond it.
 """
 
 __all__ = [
@@ -25,6 +25,8 @@ __all__ = [
     'MODEL_AGGREGATOR',
     'PLAIN_SUM_INTRINSICS',
     'SECURE_SUM_INTRINSICS',
+    'Undecided',
+    'VERDICTS',
     'Violation',
     'audit_computation',
 ]

@@ -1,9 +1,9 @@
 """Command line: audit a TFF computation, process or factory and print the report.
 
-`python -m tff_gma.audit MODULE:ATTR [--value_type float32[10]] [...]` exits 0 (PASS) or 1 (violations), verdicts
-this process reaches itself and prints with the report, or 2 (no verdict: any error, in one `error: ...` line). It
-never imports the target: a child process (`loader`) does and sends back the computations as data (`isolation`
-says why). Arguments, exit statuses, how the verdict is protected: docs/audit.md#from-the-shell.
+`python -m tff_gma.audit MODULE:ATTR [--value_type float32[10]] [...]` exits 0 (PASS), 1 (violations) or 3 (cannot
+be decided), verdicts this process reaches itself and prints with the report, or 2 (no verdict: any error, in one
+`error: ...` line). It never imports the target: a child process (`loader`) sends back the computations as data
+(`isolation` says why). Arguments, exit statuses, how the verdict is protected: docs/audit.md#from-the-shell.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ EXIT_OK = 0  # Verdict: PASS.
 EXIT_VIOLATIONS = 1  # Verdict: FAIL.
 EXIT_ERROR = 2  # No verdict: anything else went wrong.
 EXIT_USAGE = EXIT_ERROR  # The former name.
+EXIT_UNDECIDED = 3  # Verdict: UNDECIDED (no violation found, but places the audit cannot see through).
+_EXIT_OF_VERDICT = {'PASS': EXIT_OK, 'FAIL': EXIT_VIOLATIONS, 'UNDECIDED': EXIT_UNDECIDED}
 DEFAULT_TIMEOUT_S = 300.0
 _LOADER = ('-m', 'tff_gma.audit.loader')
 
@@ -60,9 +62,12 @@ def _parser() -> argparse.ArgumentParser:
       'how many sequential passes. A PASS does not mean that an aggregate reveals little about one client: see the '
       'Scope paragraph of the report. The target is imported in a child process, which sends back its '
       'computations; this process analyses them and gives the verdict.',
-      epilog='exit status: 0 PASS, 1 FAIL (violations), 2 error (no verdict: bad arguments, a target that cannot '
-      'be loaded or audited, a target process that ends without sending its computations or runs past --timeout, '
-      'an unwritable --output).')
+      epilog='exit status: 0 PASS, 1 FAIL (violations; also when places cannot be decided besides), 3 UNDECIDED '
+      '(cannot be decided: no violation found, but the audit met places it cannot see through, e.g. a call of a '
+      'functional parameter from CLIENTS to SERVER, an intrinsic it does not know; never a PASS), 2 error (no '
+      'verdict: bad arguments, a target that cannot be loaded or audited, a target process that ends without '
+      'sending its computations or runs past --timeout, an unwritable --output). Every public computation of a '
+      'process is audited (initialize, next, next_with_client_state, ...).')
   parser.add_argument('target', help='MODULE:ATTR of a computation, process, factory, or a builder of one')
   parser.add_argument('--value_type', help='value type for a factory, e.g. float32[10]')
   parser.add_argument('--weight_type', help='weight type for a weighted factory (default float32)')
@@ -176,7 +181,8 @@ def _check_report(report, markdown: str, target: str) -> None:
   """Refuses a report in which text from the computation (names in types and paths, intrinsic URIs) could pass
   for the report's own: a line break or terminal escape in it, or a second `Verdict`."""
   from_target = [report.subject] + [c.type_signature for c in report.computations] + [
-      text for f in report.flows for text in (f.intrinsic, f.value_type, f.where)]
+      text for f in report.flows for text in (f.intrinsic, f.value_type, f.where)] + [
+          text for u in report.undecided for text in (u.where, u.reason)]
   bad = next((text for text in from_target if not text.isprintable()), None)
   if bad is None:  # Belt and braces: the whole report, line by line.
     bad = next((line for line in markdown.split('\n') if not line.isprintable()), None)
@@ -213,7 +219,7 @@ def _finish(data: bytes, args: argparse.Namespace) -> int:
   if args.output is not None:
     _write_output(args.output, text + '\n')
   print(text, flush=True)
-  return EXIT_OK if report.ok else EXIT_VIOLATIONS
+  return _EXIT_OF_VERDICT[report.verdict]
 
 
 def _check_type_specs(args: argparse.Namespace) -> None:

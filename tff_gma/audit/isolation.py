@@ -32,13 +32,16 @@ from tff_gma import confinement
 MAGIC = b'tff-gma-audit-result/1\n'
 _LENGTH = struct.Struct('>Q')
 MAX_MESSAGE_BYTES = 1 << 30  # A learning process of a large model is tens of MB; more is no computation.
-# What the child sends for each kind of target: its computations' names, in order, and the main one.
+# What the child sends for each kind of target: the names its computations start with, in order; whether others
+# follow (a process's other public computations, by name: `static.process_computations`); the main one.
 KINDS = {
-    'computation': (('computation',), 'computation'),
-    'process': (('initialize', 'next'), 'next'),
-    'factory': (('initialize', 'next'), 'next'),
+    'computation': (('computation',), False, 'computation'),
+    'process': (('initialize', 'next'), True, 'next'),
+    'factory': (('initialize', 'next'), True, 'next'),
 }
+MAX_COMPUTATIONS = 64  # Far more public computations than any process has.
 _CLASS_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
+_PUBLIC_NAME = re.compile(r'^[A-Za-z][A-Za-z0-9_]*$')
 EXIT_INTERRUPTED = 130  # The child's status after a KeyboardInterrupt (128 + SIGINT, as a shell reports it).
 OUTPUT_PREFIX = '[target] '
 _POLL_S = 0.1
@@ -113,6 +116,20 @@ class MalformedMessage(ValueError):
   """What the child sent is not a well-formed message (the text says what is wrong)."""
 
 
+def computation_names_problem(kind: str, names: Sequence[Any]) -> Optional[str]:
+  """Why `names` are not the computations a target of `kind` sends, in words; None when they are."""
+  first, others_follow, _ = KINDS[kind]
+  others = list(names[len(first):])
+  expected = f'a {kind} sends the computations {list(first)}'
+  if others_follow:
+    expected += ' then its other public computations by name'
+  if (tuple(names[:len(first)]) != first or (others and not others_follow) or len(names) > MAX_COMPUTATIONS
+      or any(not isinstance(n, str) or not _PUBLIC_NAME.match(n) for n in others)
+      or others != sorted(set(others)) or set(others) & set(first)):
+    return f'{expected}, each once, as [name, base64]'
+  return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Loaded:
   """A well-formed result, decoded by the parent: what the target is, and its building blocks.
@@ -120,7 +137,7 @@ class Loaded:
   Attributes:
     description: the target's kind in words, as the report's subject shows it (`computation`, the process's class,
       `Factory.create(value_type[, weight_type])`), written by the parent from checked fields.
-    computations: (name, building block) for each computation, in the order `KINDS` gives.
+    computations: (name, building block) for each computation, in the order `KINDS` says.
     main: the computation whose passes the report counts.
   """
 
@@ -180,11 +197,13 @@ def decode_message(data: bytes) -> 'Loaded':
   class_name = _field(result, 'class', str, 'the result')
   if not _CLASS_NAME.match(class_name):
     raise MalformedMessage(f'the class name {printable(class_name)!r} is not an identifier')
-  names, main = KINDS[kind]
+  _, _, main = KINDS[kind]
   pairs = _field(result, 'computations', list, 'the result')
-  if (len(pairs) != len(names) or any(not isinstance(p, list) or len(p) != 2 for p in pairs)
-      or tuple(p[0] for p in pairs) != names or any(not isinstance(p[1], str) for p in pairs)):
-    raise MalformedMessage(f'a {kind} sends the computations {list(names)}, each as [name, base64]')
+  problem = computation_names_problem(kind, [p[0] if isinstance(p, list) and p else None for p in pairs])
+  if problem is None and any(not isinstance(p, list) or len(p) != 2 or not isinstance(p[1], str) for p in pairs):
+    problem = computation_names_problem(kind, [])
+  if problem is not None:
+    raise MalformedMessage(problem)
   value_type = _field(result, 'value_type', (str, type(None)), 'the result')
   weight_type = _field(result, 'weight_type', (str, type(None)), 'the result')
   if (value_type is not None) != (kind == 'factory') or (weight_type is not None and kind != 'factory'):

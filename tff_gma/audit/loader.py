@@ -147,9 +147,9 @@ def _result(subject: Any, value_type: Any, weight_type: Any) -> dict[str, Any]:
   else:
     kind = 'computation'
   # pylint: enable=protected-access
-  names, _ = isolation.KINDS[kind]
-  if tuple(n for n, _ in computations) != names:
-    raise ValueError(f'expected the computations {list(names)}, got {[n for n, _ in computations]}')
+  problem = isolation.computation_names_problem(kind, [n for n, _ in computations])
+  if problem is not None:
+    raise ValueError(f'{problem}; got {[n for n, _ in computations]}')
   serialized = [(n, _serialized_computation(c, n)) for n, c in computations]
   return isolation.result_body(kind, type(subject).__name__, serialized, **types)
 

@@ -1,8 +1,8 @@
 """What an audit finds and how it is shown: the flow, violation and report types, and their markdown and JSON.
 
 `tff_gma.audit.static` builds these from the walk of a computation's building blocks; this module only holds and
-renders them (no TensorFlow Federated internals), so a report reads the same whoever produced it. Every report
-carries `AUDIT_SCOPE`, the fixed paragraph on what a PASS establishes and what it does not.
+renders them (no TensorFlow Federated internals), so a report reads the same whoever produced it. A report's verdict
+is PASS, FAIL or UNDECIDED (`VERDICTS`); each carries `AUDIT_SCOPE`, on what a PASS establishes and what it does not.
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ METRICS_AGGREGATOR = 'metrics aggregator'
 MODEL_AGGREGATOR = 'model aggregator'
 FINALIZER = 'finalizer'
 COMPONENTS = (DISTRIBUTOR, CLIENT_WORK, METRICS_AGGREGATOR, MODEL_AGGREGATOR, FINALIZER)
+
+# The verdicts. UNDECIDED: no violation was found, but the walk met places it cannot see through, so it cannot claim
+# that client data reaches the server only through allowed intrinsics; it is not `ok` (the audit fails closed). A
+# report with both violations and such places is FAIL: a violation is a finding whatever the undecided places do.
+PASS = 'PASS'
+FAIL = 'FAIL'
+UNDECIDED = 'UNDECIDED'
+VERDICTS = (PASS, FAIL, UNDECIDED)
 
 # What a verdict establishes and what it does not; every report carries it (markdown: the Scope paragraph; JSON:
 # `scope`).
@@ -99,14 +107,33 @@ class Violation:
 
 
 @dataclasses.dataclass(frozen=True)
+class Undecided:
+  """A place the audit cannot see through, so whether client data reaches the server there cannot be decided.
+
+  Attributes:
+    computation: the audited computation it belongs to (as `Flow.computation`).
+    where: path of block locals leading to it (as `Flow.where`).
+    reason: what the walk met there, in words (e.g. a call of a functional parameter from CLIENTS to SERVER).
+  """
+
+  computation: str
+  where: str
+  reason: str
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
 class ComputationAudit:
-  """Audit of one computation (e.g. a process's `next`)."""
+  """Audit of one computation (e.g. a process's `next`); `undecided`: the places it cannot see through."""
 
   name: str
   type_signature: str
   flows: tuple[Flow, ...]
   aggregation_passes: int
   notes: tuple[str, ...]
+  undecided: tuple[Undecided, ...] = ()
 
   def to_dict(self) -> dict[str, Any]:
     return {
@@ -114,6 +141,7 @@ class ComputationAudit:
         'type_signature': self.type_signature,
         'aggregation_passes': self.aggregation_passes,
         'flows': [f.to_dict() for f in self.flows],
+        'undecided': [u.to_dict() for u in self.undecided],
         'notes': list(self.notes),
     }
 
@@ -125,7 +153,8 @@ class AuditReport:
   Attributes:
     subject: what was audited, in words.
     policy: the policy applied.
-    computations: one audit per computation (for processes: `initialize` and `next`).
+    computations: one audit per computation (for processes: every public computation, `initialize` and `next`
+      first).
     main: name of the computation whose pass count is `aggregation_passes` (`'next'` for processes).
   """
 
@@ -153,8 +182,21 @@ class AuditReport:
     ]
 
   @property
+  def undecided(self) -> list[Undecided]:
+    """Every place of every audited computation that the audit cannot see through."""
+    return [u for c in self.computations for u in c.undecided]
+
+  @property
+  def verdict(self) -> str:
+    """`'FAIL'` with any violation, else `'UNDECIDED'` with any undecided place, else `'PASS'`."""
+    if self.violations:
+      return FAIL
+    return UNDECIDED if self.undecided else PASS
+
+  @property
   def ok(self) -> bool:
-    return not self.violations
+    """Only a PASS is ok: a report that cannot be decided fails closed."""
+    return self.verdict == PASS
 
   @property
   def aggregation_passes(self) -> int:
@@ -194,6 +236,7 @@ class AuditReport:
   def to_dict(self) -> dict[str, Any]:
     return {
         'subject': self.subject,
+        'verdict': self.verdict,
         'ok': self.ok,
         'policy': {
             'allowed_intrinsics': sorted(self.policy.allowed),
@@ -204,29 +247,40 @@ class AuditReport:
         'scope': AUDIT_SCOPE,
         'computations': [c.to_dict() for c in self.computations],
         'violations': [v.to_dict() for v in self.violations],
+        'undecided': [u.to_dict() for u in self.undecided],
         'notes': self.notes,
     }
 
   def to_json(self, indent: Optional[int] = 2) -> str:
     return json.dumps(self.to_dict(), indent=indent, default=json_default)
 
+  def _verdict_text(self) -> str:
+    """E.g. `PASS`, `FAIL (3 violations: 2 in the model aggregator, 1 in ...)`, `UNDECIDED (cannot be decided: ...)`."""
+    violations, undecided = self.violations, self.undecided
+    places = f'{len(undecided)} place{"s" * (len(undecided) != 1)} the audit cannot see through'
+    if self.verdict == UNDECIDED:
+      return f'UNDECIDED (cannot be decided: {places})'
+    if self.verdict == PASS:
+      return PASS
+    where = ''
+    if any(v.component for v in violations):
+      per_component = collections.Counter(v.component for v in violations)
+      where = ': ' + ', '.join(f'{n} in the {c}' if c else f'{n} outside the components'
+                               for c, n in per_component.items())
+    also = f'; besides, {places}' if undecided else ''
+    return f'FAIL ({len(violations)} violation{"s" * (len(violations) != 1)}{where}{also})'
+
   def to_markdown(self) -> str:
-    """The report as markdown: verdict, passes, scope, one table of flows per computation, violations, notes."""
+    """The report as markdown: verdict, passes, scope, one table of flows per computation, violations, the places
+    that cannot be decided, notes."""
     violations = self.violations
-    verdict = 'PASS'
-    if violations:
-      where = ''
-      if any(v.component for v in violations):  # E.g. `FAIL (3 violations: 2 in the model aggregator, 1 in ...)`.
-        per_component = collections.Counter(v.component for v in violations)
-        where = ': ' + ', '.join(f'{n} in the {c}' if c else f'{n} outside the components'
-                                 for c, n in per_component.items())
-      verdict = f'FAIL ({len(violations)} violation{"s" * (len(violations) != 1)}{where})'
+    seen_only = ' (counting only the flows the audit could see)' if self.undecided else ''
     lines = [
         f'## Aggregation audit: {self.subject}',
         '',
-        f'**Verdict: {verdict}.** Policy: {self.policy.describe()}.',
+        f'**Verdict: {self._verdict_text()}.** Policy: {self.policy.describe()}.',
         '',
-        f'Client-to-server aggregation passes per call of `{self.main}`: **{self.aggregation_passes}**.',
+        f'Client-to-server aggregation passes per call of `{self.main}`: **{self.aggregation_passes}**{seen_only}.',
         '',
         f'**Scope.** {AUDIT_SCOPE}',
         '',
@@ -239,7 +293,9 @@ class AuditReport:
       lines.append(f'Type: `{comp.type_signature}`')
       lines.append('')
       if not comp.flows:
-        lines.append('No client data reaches the server.')
+        lines.append('No flow of client data to the server was found, but it cannot be decided at '
+                     f'{len(comp.undecided)} place{"s" * (len(comp.undecided) != 1)} (below).' if comp.undecided
+                     else 'No client data reaches the server.')
         lines.append('')
         continue
       with_components = any(f.component for f in comp.flows)
@@ -263,6 +319,11 @@ class AuditReport:
         lines.append(f'- `{v.intrinsic}` in {component}`{v.computation}` at `{v.where}` (runs {v.count}x per call): '
                      f'{v.reason}')
       lines.append('')
+    if self.undecided:
+      lines.append('### Cannot be decided')
+      lines.append('')
+      lines.extend(f'- in `{u.computation}` at `{u.where}`: {u.reason}.' for u in self.undecided)
+      lines.append('')
     if self.notes:
       lines.append('### Notes')
       lines.append('')
@@ -277,8 +338,6 @@ def _violation_reason(flow: Flow, policy: AuditPolicy) -> str:
             'select')
   if flow.intrinsic in PLAIN_SUM_INTRINSICS:
     return 'a plain (non-secure) sum: the aggregator sees the clients\' values in the clear'
-  if flow.intrinsic.startswith('<opaque'):
-    return 'an opaque call takes client data and returns server data'
   secure = 'secure ' if flow.secure else ''
   return f'{secure}intrinsic not in the policy\'s allowed set ({", ".join(sorted(policy.allowed))})'
 

@@ -1,9 +1,9 @@
 """Static privacy audit of TFF computations: where client data reaches the server, and how.
 
-`audit_computation` walks a computation's building blocks and lists every flow of client data to the server (an
-intrinsic taking a CLIENTS-placed value to a SERVER-placed one), checked against an `AuditPolicy`. This module holds
-the entry points and re-exposes the public names of `policy`, `walker`, `components` and `report`. What it reads,
-and what a PASS does not establish: docs/audit.md#how-the-walk-reads-a-computation.
+`audit_computation` walks a computation's building blocks (a process's: every public computation) and lists every
+flow of client data to the server, checked against an `AuditPolicy`, and every place it cannot see through. This
+module holds the entry points and re-exposes the public names of `policy`, `walker`, `components` and `report`.
+What it reads, and what a PASS does not establish: docs/audit.md#how-the-walk-reads-a-computation.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.compiler import building_blocks
 
+from tff_gma import tff_internals
 from tff_gma.audit.components import COMPOSER_FIELDS
 from tff_gma.audit.components import METRICS_MEASUREMENTS
 from tff_gma.audit.components import STATE_MODEL_FIELD
@@ -38,12 +39,17 @@ from tff_gma.audit.report import FINALIZER
 from tff_gma.audit.report import Flow
 from tff_gma.audit.report import METRICS_AGGREGATOR
 from tff_gma.audit.report import MODEL_AGGREGATOR
+from tff_gma.audit.report import Undecided
+from tff_gma.audit.report import VERDICTS
 from tff_gma.audit.report import Violation
+from tff_gma.audit.walker import FUNCTIONS
 from tff_gma.audit.walker import LEVEL_0
 from tff_gma.audit.walker import Closure
 from tff_gma.audit.walker import Env
 from tff_gma.audit.walker import Evaluator
 from tff_gma.audit.walker import contains_placement
+from tff_gma.audit.walker import placed_function_types
+from tff_gma.audit.walker import typed_value
 from tff_gma.audit.walker import unreached_sites
 
 # The names this module has always offered (the audit's public API, also re-exported by `tff_gma.audit`).
@@ -65,16 +71,42 @@ __all__ = [
     'PLAIN_SUM_INTRINSICS',
     'SECURE_SUM_INTRINSICS',
     'STATE_MODEL_FIELD',
+    'VERDICTS',
     'AuditPolicy',
     'AuditReport',
     'ComputationAudit',
     'Flow',
+    'Undecided',
     'Violation',
     'audit_computation',
 ]
 
 # The Python recursion limit the walk needs (`audit_computation` raises the interpreter's to it, as does the CLI).
 _MIN_RECURSION_LIMIT = 20000
+# A process's computations that come first in a report, in this order; its other public ones follow by name.
+PROCESS_COMPUTATIONS = ('initialize', 'next')
+
+
+def _call_computation(evaluator: Evaluator, block: building_blocks.ComputationBuildingBlock, value: Any) -> None:
+  """Calls the computation on its (level-0) parameter, as its caller does: a computation is a function."""
+  type_signature = block.type_signature
+  if isinstance(value, Closure):
+    evaluator.call(value, None if value.function.parameter_type is None else LEVEL_0, None)
+  elif isinstance(value, FUNCTIONS) and isinstance(type_signature, tff.FunctionType):
+    # A bare intrinsic or opaque function: a call of its own, so that a flow through it has a call site.
+    parameter_type = type_signature.parameter
+    if parameter_type is None:
+      evaluator.call(value, None, building_blocks.Call(block))
+    else:
+      call = building_blocks.Call(block, building_blocks.Reference('arg', parameter_type))
+      evaluator.call(value, typed_value(parameter_type, LEVEL_0, 'arg'), call)
+
+
+def _undecided_result(evaluator: Evaluator, result_type: tff.Type) -> None:
+  """A function in the result runs wherever the caller calls it, out of the audit's sight."""
+  for function_type in placed_function_types(result_type):
+    evaluator.undecide(f'the result holds a function of type `{function_type}`; what the caller does with it, the '
+                       'audit cannot know')
 
 
 def _audit_building_block(name: str, block: building_blocks.ComputationBuildingBlock,
@@ -84,10 +116,10 @@ def _audit_building_block(name: str, block: building_blocks.ComputationBuildingB
                and isinstance(block.result, building_blocks.Block) else None)
   evaluator = Evaluator(name, top_block)
   value = evaluator.evaluate(block, Env())
-  if isinstance(value, Closure):
-    # A computation is a lambda: call it on its (level-0) parameter.
-    parameter = None if value.function.parameter_type is None else LEVEL_0
-    evaluator.call(value, parameter, None)
+  _call_computation(evaluator, block, value)
+  type_signature = block.type_signature
+  result_type = type_signature.result if isinstance(type_signature, tff.FunctionType) else type_signature
+  _undecided_result(evaluator, result_type)
   sites = evaluator.sites
   unreached = unreached_sites(block, evaluator.reached_calls, name, top_block)
   mapping, metric_sites = composer_components(top_block, evaluator)
@@ -105,8 +137,6 @@ def _audit_building_block(name: str, block: building_blocks.ComputationBuildingB
           component=site_component(s, mapping, metric_sites),
       ) for s in sorted(sites, key=lambda s: s.aggregation_pass) + unreached)
   notes = []
-  type_signature = block.type_signature
-  result_type = type_signature.result if isinstance(type_signature, tff.FunctionType) else type_signature
   if contains_placement(result_type, tff.CLIENTS):
     notes.append('the result holds CLIENTS-placed values; they stay at the clients (not a flow to the server) '
                  'unless the caller aggregates them.')
@@ -119,6 +149,7 @@ def _audit_building_block(name: str, block: building_blocks.ComputationBuildingB
       flows=flows,
       aggregation_passes=max((s.aggregation_pass for s in sites), default=0),
       notes=tuple(notes),
+      undecided=tuple(Undecided(name, u.where, u.reason) for u in evaluator.undecided),
   )
 
 
@@ -134,6 +165,33 @@ def _to_building_block(comp: Any, name: str) -> building_blocks.ComputationBuild
 
 def _default_weight_type(weight_type: Any) -> tff.Type:
   return tff.to_type(np.float32 if weight_type is None else weight_type)
+
+
+def process_computations(process: tff.templates.IterativeProcess) -> list[tuple[str, tff.Computation]]:
+  """Every public `tff.Computation` attribute of a process: `initialize`, `next`, then the others by name (a
+  learning process's `get_model_weights`, ..., a process with client state's `next_with_client_state`).
+
+  All of them, because each is a computation the process offers to run: one that only `next` covered would let a
+  flow in another pass unseen.
+  """
+  found = {}
+  for name in dir(process):
+    if name.startswith('_'):
+      continue
+    try:
+      value = getattr(process, name)
+    except Exception:  # pylint: disable=broad-except
+      continue  # A property that fails is not a computation the process offers.
+    if tff_internals.is_polymorphic_computation(value):
+      raise TypeError(f'the process\'s `{name}` is a polymorphic computation (no parameter type yet), which the '
+                      'audit cannot read')
+    if isinstance(value, tff.Computation):
+      found[name] = value
+  missing = [n for n in PROCESS_COMPUTATIONS if n not in found]
+  if missing:
+    raise TypeError(f'the process {type(process).__name__} has no computation {missing[0]!r}')
+  others = sorted(n for n in found if n not in PROCESS_COMPUTATIONS)
+  return [(n, found[n]) for n in (*PROCESS_COMPUTATIONS, *others)]
 
 
 def _subject_computations(subject: Any, value_type: Any,
@@ -158,7 +216,7 @@ def _subject_computations(subject: Any, value_type: Any,
     raise ValueError('value_type/weight_type are only used with aggregation factories; got a '
                      f'{type(subject).__name__}')
   if isinstance(subject, tff.templates.IterativeProcess):
-    return (type(subject).__name__, [('initialize', subject.initialize), ('next', subject.next)], 'next')
+    return type(subject).__name__, process_computations(subject), 'next'
   if isinstance(subject, (tff.Computation, building_blocks.ComputationBuildingBlock)):
     return ('computation', [('computation', subject)], 'computation')
   raise TypeError('audit_computation takes a tff.Computation, a tff.templates.AggregationProcess or other '
@@ -175,21 +233,22 @@ def audit_computation(comp: Any,
 
   Args:
     comp: a concrete `tff.Computation`; a `tff.templates.AggregationProcess`, `tff.learning.templates.
-      LearningProcess` or other `IterativeProcess` (its `initialize` and `next` are audited, `next` is the main
-      one); or a `tff.aggregators.UnweightedAggregationFactory` / `WeightedAggregationFactory` together with
-      `value_type` (the factory is `create`d; for weighted factories `weight_type` defaults to `float32`).
+      LearningProcess` or other `IterativeProcess` (every public computation of it is audited: `initialize`,
+      `next`, and e.g. `next_with_client_state`, `get_model_weights`; `next` is the main one); or a
+      `tff.aggregators.UnweightedAggregationFactory` / `WeightedAggregationFactory` together with `value_type`
+      (the factory is `create`d; for weighted factories `weight_type` defaults to `float32`).
     policy: which intrinsics may carry client data to the server.
     value_type: value type for a factory (anything `tff.to_type` accepts).
     weight_type: weight type for a weighted factory.
     name: how to call the subject in the report (default: its kind).
 
   Returns:
-    An `AuditReport`.
+    An `AuditReport`; its `verdict` is `'UNDECIDED'` (not `ok`) when the walk met places it cannot see through.
 
   Raises:
     ValueError: if `value_type` is missing for a factory or given for something else, or `policy` is not an
       `AuditPolicy`.
-    TypeError: if `comp` is none of the above.
+    TypeError: if `comp` is none of the above, or a process with a polymorphic public computation.
   """
   if not isinstance(policy, AuditPolicy):
     raise ValueError(f'policy must be an AuditPolicy, got {type(policy).__name__}')

@@ -1,9 +1,9 @@
 """The audit's building-block walker: an abstract evaluation that finds every flow of client data to the server.
 
 Every value is replaced by its aggregation level (the longest chain of client-to-server aggregations it depends
-on), so a flow's pass and each call site's static count follow. With `components` and `static`'s entry points it
-reads TFF's compiled form by design, so it imports TFF's compiler internals directly, the one exception to
-`tff_gma.tff_internals`. How the walk works: docs/audit.md#how-the-walk-reads-a-computation.
+on), so a flow's pass and each call site's static count follow; what it cannot see through is an undecided place.
+With `components` and `static`'s entry points it reads TFF's compiled form by design, so it imports TFF's compiler
+internals directly (the one exception to `tff_gma.tff_internals`). docs/audit.md#how-the-walk-reads-a-computation.
 """
 
 from __future__ import annotations
@@ -78,13 +78,25 @@ class _IntrinsicFunction:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _OpaqueFunction:
-  """A function the audit cannot see into: a TensorFlow computation, a `Data` block, an unbound reference."""
+  """A function the audit cannot see into: a TensorFlow computation, a `Data` block, an unbound reference, or a
+  function the computation takes as (part of) its parameter. `what` names it in an undecided place's reason."""
 
-  block: building_blocks.ComputationBuildingBlock
+  type_signature: tff.Type
+  what: str
+  block: Optional[building_blocks.ComputationBuildingBlock] = None
 
 
 _Value = Union[_Data, StructValue, Closure, _IntrinsicFunction, _OpaqueFunction]
+FUNCTIONS = (Closure, _IntrinsicFunction, _OpaqueFunction)  # The abstract values that are functions.
 LEVEL_0 = _Data(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class UndecidedPlace:
+  """A place whose effect the walk cannot see: `where` (as a flow's) and, in words, why."""
+
+  where: str
+  reason: str
 
 
 class Env:
@@ -142,6 +154,67 @@ def contains_placement(type_spec: tff.Type, placement) -> bool:
   if isinstance(type_spec, tff.StructType):
     return any(contains_placement(t, placement) for _, t in structure.iter_elements(type_spec))
   return False
+
+
+def mentions_placement(type_spec: tff.Type) -> bool:
+  """Whether a type holds a federated type anywhere, inside function types too."""
+  if isinstance(type_spec, tff.FederatedType):
+    return True
+  if isinstance(type_spec, tff.StructType):
+    return any(mentions_placement(t) for _, t in structure.iter_elements(type_spec))
+  if isinstance(type_spec, tff.FunctionType):
+    return ((type_spec.parameter is not None and mentions_placement(type_spec.parameter))
+            or mentions_placement(type_spec.result))
+  if isinstance(type_spec, tff.SequenceType):
+    return mentions_placement(type_spec.element)
+  return False
+
+
+def placed_function_types(type_spec: tff.Type) -> list[tff.FunctionType]:
+  """The function types in a value's type that mention a placement: functions whose type does not rule out a flow
+  (a function from CLIENTS to CLIENTS can sum at the server and broadcast back)."""
+  if isinstance(type_spec, tff.FunctionType):
+    return [type_spec] if mentions_placement(type_spec) else []
+  if isinstance(type_spec, tff.StructType):
+    return [f for _, t in structure.iter_elements(type_spec) for f in placed_function_types(t)]
+  return []
+
+
+def _holds_function(type_spec: tff.Type) -> bool:
+  if isinstance(type_spec, tff.FunctionType):
+    return True
+  return isinstance(type_spec, tff.StructType) and any(
+      _holds_function(t) for _, t in structure.iter_elements(type_spec))
+
+
+def typed_value(type_spec: tff.Type, data: _Data, label: str) -> _Value:
+  """A value of `type_spec` for a parameter: its functions opaque (named from `label`), the rest `data`."""
+  if isinstance(type_spec, tff.FunctionType):
+    return _OpaqueFunction(type_spec, f'the functional parameter `{label}`')
+  if isinstance(type_spec, tff.StructType) and _holds_function(type_spec):
+    return StructValue(tuple(
+        (name, typed_value(element, data, f'{label}.{name}' if name else f'{label}[{i}]'))
+        for i, (name, element) in enumerate(structure.iter_elements(type_spec))))
+  return data
+
+
+def _function_type(value: _Value) -> Optional[tff.Type]:
+  if isinstance(value, Closure):
+    return value.function.type_signature
+  if isinstance(value, _IntrinsicFunction):
+    return value.intrinsic.type_signature
+  if isinstance(value, _OpaqueFunction):
+    return value.type_signature
+  return None
+
+
+def _functions_in(value: Optional[_Value]) -> list[_Value]:
+  """The function values in a (possibly structured) value."""
+  if isinstance(value, FUNCTIONS):
+    return [value]
+  if isinstance(value, StructValue):
+    return [f for _, v in value.elements for f in _functions_in(v)]
+  return []
 
 
 def _is_client_to_server(function_type: tff.Type) -> bool:
@@ -256,17 +329,30 @@ class Evaluator:
     self._top_block = top_block
     self._top_local: Optional[str] = None
     self.top_scope: Optional[Env] = None
+    self._undecided: dict[tuple[str, str], UndecidedPlace] = {}
 
   @property
   def sites(self) -> list[Site]:
     return list(self._sites.values())
+
+  @property
+  def undecided(self) -> list[UndecidedPlace]:
+    """The places the walk could not see through, in the order it met them."""
+    return list(self._undecided.values())
+
+  def undecide(self, reason: str) -> None:
+    """Records that what happens here cannot be decided (once per place and reason)."""
+    where = ' > '.join(self._path)
+    self._undecided.setdefault((where, reason), UndecidedPlace(where, reason))
 
   def evaluate(self, block: building_blocks.ComputationBuildingBlock, env: Env) -> _Value:
     if isinstance(block, building_blocks.Reference):
       value = env.lookup(block.name)
       if value is not None:
         return value
-      return _OpaqueFunction(block) if isinstance(block.type_signature, tff.FunctionType) else LEVEL_0
+      if isinstance(block.type_signature, tff.FunctionType):
+        return _OpaqueFunction(block.type_signature, f'the unbound name `{block.name}`', block)
+      return LEVEL_0
     if isinstance(block, building_blocks.Selection):
       source = self.evaluate(block.source, env)
       if isinstance(source, StructValue):
@@ -300,11 +386,13 @@ class Evaluator:
     if isinstance(block, building_blocks.Intrinsic):
       return _IntrinsicFunction(block)
     if isinstance(block, building_blocks.CompiledComputation):
-      return _OpaqueFunction(block)
+      return _OpaqueFunction(block.type_signature, 'a TensorFlow computation', block)
     if isinstance(block, building_blocks.Literal):
       return _Data(0, _literal_const(block))
     if isinstance(block, building_blocks.Data):
-      return _OpaqueFunction(block) if isinstance(block.type_signature, tff.FunctionType) else LEVEL_0
+      if isinstance(block.type_signature, tff.FunctionType):
+        return _OpaqueFunction(block.type_signature, 'a `Data` block', block)
+      return LEVEL_0
     if isinstance(block, building_blocks.Placement):
       return LEVEL_0
     raise TypeError(f'unsupported building block {type(block).__name__}: {block.compact_representation()}')
@@ -312,31 +400,54 @@ class Evaluator:
   def call(self, function: _Value, argument: Optional[_Value], call: Optional[building_blocks.Call]) -> _Value:
     """Applies an abstract function; `call` is the `Call` node when there is one (it identifies the site)."""
     if isinstance(function, Closure):
-      scope = Env(function.env)
-      if function.function.parameter_name is not None:
-        scope.bind(function.function.parameter_name, argument if argument is not None else LEVEL_0)
-      return self.evaluate(function.function.result, scope)
+      return self._call_closure(function, argument)
     if isinstance(function, _IntrinsicFunction):
+      if call is None and mentions_placement(function.intrinsic.type_signature):
+        # Not at a `Call` of its own (e.g. handed to another function): the walk has no call site to count.
+        self.undecide(f'the intrinsic `{function.intrinsic.uri}` is called as a value passed along, where the walk '
+                      'cannot place its call')
       return self._call_intrinsic(function.intrinsic, argument, call)
     if isinstance(function, _OpaqueFunction):
-      if argument is None and isinstance(function.block, building_blocks.CompiledComputation):
-        return _Data(0, _compiled_const(function.block))
-      if call is not None and _is_client_to_server(function.block.type_signature):
-        site = self._record(call, f'<opaque {type(function.block).__name__}>',
-                            _client_part_type(function.block.type_signature.parameter), secure=False,
-                            parameters={}, inputs=[argument])
-        return _join([argument], extra=1, site=site)
-      return _join([argument] if argument is not None else [])
-    # Calling a data value cannot type-check; keep going conservatively.
+      return self._call_opaque(function, argument)
+    # A data value in call position: the walk has lost track of what is called.
+    self.undecide('calls a value the walk cannot resolve to a function')
     return _join([function] + ([argument] if argument is not None else []))
+
+  def _call_closure(self, function: Closure, argument: Optional[_Value]) -> _Value:
+    scope = Env(function.env)
+    name = function.function.parameter_name
+    if name is not None:
+      argument = argument if argument is not None else LEVEL_0
+      if isinstance(argument, _Data):  # Data standing for a whole parameter: give its functions a name.
+        argument = typed_value(function.function.parameter_type, argument, name)
+      scope.bind(name, argument)
+    return self.evaluate(function.function.result, scope)
+
+  def _call_opaque(self, function: _OpaqueFunction, argument: Optional[_Value]) -> _Value:
+    """A call into what the walk cannot see: undecided unless its type rules out a flow."""
+    if argument is None and isinstance(function.block, building_blocks.CompiledComputation):
+      return _Data(0, _compiled_const(function.block))
+    if mentions_placement(function.type_signature):
+      self.undecide(f'calls {function.what} of type `{function.type_signature}`, which the audit cannot see into; '
+                    'its type does not rule out a flow of client data to the server')
+    for passed in _functions_in(argument):
+      passed_type = _function_type(passed)
+      if mentions_placement(passed_type):
+        self.undecide(f'passes a function of type `{passed_type}` to {function.what}, which the audit cannot see '
+                      'into; what it does with the function, the audit cannot know')
+    return _join([argument] if argument is not None else [])
 
   def _call_intrinsic(self, intrinsic: building_blocks.Intrinsic, argument: Optional[_Value],
                       call: Optional[building_blocks.Call]) -> _Value:
     uri = intrinsic.uri
     arguments = list(argument.elements) if isinstance(argument, StructValue) else [(None, argument)]
     values = [v for _, v in arguments if v is not None]
-    data = [v for v in values if not isinstance(v, (Closure, _IntrinsicFunction, _OpaqueFunction))]
-    functions = [v for v in values if isinstance(v, (Closure, _IntrinsicFunction, _OpaqueFunction))]
+    data = [v for v in values if not isinstance(v, FUNCTIONS)]
+    functions = [v for v in values if isinstance(v, FUNCTIONS)]
+    for function in functions:  # TFF's own intrinsics take functions over unplaced values only.
+      if mentions_placement(_function_type(function)):
+        self.undecide(f'passes a function of type `{_function_type(function)}` to `{uri}`, which the walk cannot '
+                      'follow')
 
     if uri in ('federated_broadcast', 'federated_value_at_clients', 'federated_value_at_server'):
       return argument  # Moves or places a value: same dependencies.
@@ -360,6 +471,9 @@ class Evaluator:
       site = self._record(call, uri, _client_part_type(intrinsic_type.parameter), secure=_is_secure(intrinsic),
                           parameters=parameters, inputs=inputs)
       return _join(inputs, extra=1, site=site)
+    if intrinsic_defs.uri_to_intrinsic_def(uri) is None and mentions_placement(intrinsic_type):
+      # Not a flow by its type, but the walk does not know what it does with the federated values it touches.
+      self.undecide(f'calls the intrinsic `{uri}` of type `{intrinsic_type}`, which the audit does not know')
     return _join(inputs)
 
   def _record(self, call: building_blocks.Call, uri: str, value_type: tff.Type, secure: bool,

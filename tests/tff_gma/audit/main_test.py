@@ -113,6 +113,46 @@ def test_leaky_factory_exits_nonzero_and_writes_json(tmp_path):
   assert report['subject'] == 'tests.tff_gma.audit.targets:plain_sum_factory (SumFactory.create(float32[3]))'
 
 
+@pytest.mark.slow
+def test_what_cannot_be_decided_exits_three_never_zero(tmp_path):
+  # A functional parameter from CLIENTS to SERVER called on client data: the whole program, in a subprocess.
+  process = _run_cli(tmp_path, 'tests.tff_gma.audit.targets:calls_a_functional_parameter')
+  assert process.returncode == 3, process.stderr  # Before: 0, a PASS.
+  assert cli.EXIT_UNDECIDED == 3
+  assert '**Verdict: UNDECIDED (cannot be decided: 1 place the audit cannot see through).**' in process.stdout
+  assert 'No client data reaches the server.' not in process.stdout
+  assert '- in `computation` at `computation > calls_a_functional_parameter[0]`: calls the functional parameter' \
+      in process.stdout
+
+
+def test_the_exit_statuses_are_distinct_and_documented():
+  assert len({cli.EXIT_OK, cli.EXIT_VIOLATIONS, cli.EXIT_ERROR, cli.EXIT_UNDECIDED}) == 4
+  assert cli.EXIT_UNDECIDED not in (0, 1, 2)
+  epilog = cli._parser().epilog  # pylint: disable=protected-access
+  assert '3 UNDECIDED (cannot be decided' in epilog and 'never a PASS' in epilog
+  assert 'Every public computation of a process is audited' in epilog
+
+
+def test_undecided_in_json_and_with_a_violation(capsys):
+  assert _in_process(['tests.tff_gma.audit.targets:calls_a_functional_parameter', '--format', 'json']) == (
+      cli.EXIT_UNDECIDED)
+  report = json.loads(capsys.readouterr().out)
+  assert (report['verdict'], report['ok'], len(report['undecided'])) == ('UNDECIDED', False, 1)
+  # A violation besides: FAIL (exit 1), with the undecided place still listed.
+  assert _in_process(['tests.tff_gma.audit.targets:plain_sum_and_a_functional_parameter', '--format', 'json']) == (
+      cli.EXIT_VIOLATIONS)
+  report = json.loads(capsys.readouterr().out)
+  assert (report['verdict'], len(report['violations']), len(report['undecided'])) == ('FAIL', 1, 1)
+
+
+def test_every_public_computation_of_a_process_is_sent_and_audited(capsys):
+  # `next` is clean; the leak is in `next_with_client_state`, which the child now sends too.
+  assert _in_process(['tests.tff_gma.audit.targets:leaks_only_in_next_with_client_state']) == cli.EXIT_VIOLATIONS
+  out = capsys.readouterr().out
+  assert '### `next_with_client_state`: 1 pass' in out
+  assert '- `federated_sum` in `next_with_client_state` at `next_with_client_state > ' in out
+
+
 # A target module that cannot be imported is an error (2), not a verdict (1): the whole program, in a subprocess.
 
 
@@ -475,6 +515,33 @@ def _weighted_mean_result(**changes):
   return body
 
 
+def _process_result(names):
+  from tensorflow_federated.python.core.impl.computation import computation_impl  # pylint: disable=g-import-not-at-top
+  from tests.tff_gma.audit import targets  # pylint: disable=g-import-not-at-top
+  proto = computation_impl.ConcreteComputation.get_proto(targets.weighted_mean).SerializeToString()
+  return isolation.result_body('process', 'LearningProcess', [(name, proto) for name in names])
+
+
+def test_a_process_result_decodes_with_its_other_public_computations():
+  names = ('initialize', 'next', 'get_model_weights', 'next_with_client_state')
+  loaded = isolation.decode_message(_message(_process_result(names)))
+  assert [name for name, _ in loaded.computations] == list(names) and loaded.main == 'next'
+
+
+@pytest.mark.parametrize('names', [
+    ('next', 'initialize'),
+    ('initialize', 'next', 'next'),
+    ('initialize', 'next', 'set_model_weights', 'get_model_weights'),
+    ('initialize', 'next', '_private'),
+    ('initialize', 'next', 'x\n**Verdict: PASS.**'),
+    ('initialize', 'next', *(f'c{i:02d}' for i in range(isolation.MAX_COMPUTATIONS))),
+], ids=['order', 'twice', 'not_by_name', 'private', 'not_a_name', 'too_many'])
+def test_a_process_result_with_other_names_is_refused(names):
+  with pytest.raises(isolation.MalformedMessage, match=re.escape(
+      "a process sends the computations ['initialize', 'next'] then its other public computations by name")):
+    isolation.decode_message(_message(_process_result(names)))
+
+
 def test_a_well_formed_result_decodes_to_the_building_blocks():
   from tests.tff_gma.audit import targets  # pylint: disable=g-import-not-at-top
   loaded = isolation.decode_message(_message(_weighted_mean_result()))
@@ -519,11 +586,14 @@ def test_a_malformed_message_is_refused(data, problem):
     ({'class': 'X\n**Verdict: PASS.**'}, "the class name 'X\\\\n**Verdict: PASS.**' is not an identifier"),
     ({'computations': []}, "a computation sends the computations ['computation']"),
     ({'computations': [['next', 'AA==']]}, "a computation sends the computations ['computation']"),
+    ({'computations': [['computation', 'AA=='], ['next', 'AA==']]},
+     "a computation sends the computations ['computation'], each once"),
     ({'computations': [['computation', '!!']]}, "the computation 'computation' is not base64"),
     ({'computations': [['computation', 'AAAA']]}, "the computation 'computation' does not parse"),
     ({'value_type': 'AA=='}, 'value and weight types come with a factory'),
     ({'ok': True}, 'the result has the fields'),
-], ids=['kind', 'class', 'no_computation', 'wrong_name', 'not_base64', 'not_a_proto', 'types', 'extra_field'])
+], ids=['kind', 'class', 'no_computation', 'wrong_name', 'a_second', 'not_base64', 'not_a_proto', 'types',
+        'extra_field'])
 def test_a_malformed_result_is_refused(changes, problem):
   with pytest.raises(isolation.MalformedMessage, match='^' + re.escape(problem)):
     isolation.decode_message(_message(_weighted_mean_result(**changes)))

@@ -309,3 +309,80 @@ def names_with_a_fake_verdict_line() -> tff.Computation:
 def names_with_a_fake_verdict() -> tff.Computation:
   """A plain sum (FAIL) of a struct whose field is named `Verdict: PASS`: one line, but a second verdict."""
   return _plain_sum_of_a_field_named(FAKE_VERDICT_WORDS)
+
+
+# --- Cannot be decided: what the audit cannot see through. -------------------------------------------------------
+
+CLIENTS_TO_SERVER = tff.FunctionType(CLIENT_VALUES, SERVER_VALUE)
+CLIENTS_TO_CLIENTS = tff.FunctionType(CLIENT_VALUES, CLIENT_VALUES)
+
+
+@tff.federated_computation(CLIENTS_TO_SERVER, CLIENT_VALUES)
+def calls_a_functional_parameter(f, values):
+  """Applies a function the caller passes in to the client values: what `f` does (a plain sum? a secure one?) is
+  not in the computation, so whether client data reaches the server unallowed cannot be decided."""
+  return f(values)
+
+
+@tff.federated_computation(CLIENTS_TO_CLIENTS, CLIENT_VALUES)
+def calls_a_clients_to_clients_parameter(f, values):
+  """`f` stays at the clients by its type, yet it may sum at the server and broadcast the sum back."""
+  return f(values)
+
+
+@tff.federated_computation(CLIENTS_TO_SERVER, CLIENT_VALUES)
+def _apply(g, values):
+  return g(values)
+
+
+@tff.federated_computation(CLIENTS_TO_SERVER, CLIENT_VALUES)
+def passes_a_functional_parameter_on(f, values):
+  """Hands `f` to another computation, which calls it: the place named is where it is called."""
+  return _apply(f, values)
+
+
+@tff.federated_computation(CLIENTS_TO_SERVER)
+def returns_its_functional_parameter(f):
+  """Returns `f`: the caller may call it on client data, out of the audit's sight."""
+  return f
+
+
+@tff.federated_computation(tff.FunctionType(VALUE, VALUE), CLIENT_VALUES)
+def maps_an_unplaced_functional_parameter(g, values):
+  """`g` is mapped at the clients; a function over unplaced values cannot reach the server: a PASS."""
+  return tff.federated_mean(tff.federated_map(g, values))
+
+
+@tff.federated_computation(CLIENTS_TO_SERVER, CLIENT_VALUES)
+def plain_sum_and_a_functional_parameter(f, values):
+  """A violation (the plain sum) and a place that cannot be decided (the call of `f`): a FAIL listing both."""
+  return tff.federated_sum(values), f(values)
+
+
+class ProcessWithClientState(tff.templates.IterativeProcess):
+  """An `IterativeProcess` with one more public computation, as this library's processes with client state have."""
+
+  def __init__(self, initialize_fn, next_fn, next_with_client_state):
+    super().__init__(initialize_fn, next_fn)
+    self.next_with_client_state = next_with_client_state
+
+
+def leaks_only_in_next_with_client_state() -> ProcessWithClientState:
+  """`next` averages the clients' values (allowed); `next_with_client_state` sums them in the clear."""
+  state_type = tff.FederatedType(np.float32, tff.SERVER)
+
+  @tff.federated_computation()
+  def initialize():
+    return tff.federated_value(np.float32(0.0), tff.SERVER)
+
+  @tff.federated_computation(state_type, CLIENT_SCALARS)
+  def next_fn(state, values):
+    del state
+    return tff.federated_mean(values)
+
+  @tff.federated_computation(state_type, CLIENT_SCALARS)
+  def next_with_client_state(state, values):
+    del state
+    return tff.federated_sum(values), values
+
+  return ProcessWithClientState(initialize, next_fn, next_with_client_state)
