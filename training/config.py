@@ -188,6 +188,13 @@ class ExperimentConfig:
       'the last (and when training stops). A run killed in between (even by SIGKILL) loses at most this many '
       'rounds: it resumes from its newest checkpoint, trains them again and ends bit-identical to an uninterrupted '
       'run. Changes what an interruption costs, never what a run computes.', 10)
+  max_frozen_rounds: int = _help(
+      'Stop the run (one error line, exit 1; its rows written, summary.json saying why) once its model has not '
+      'changed, bit for bit, for this many rounds in a row: an aggregator that returns no update trains nothing '
+      'while the metrics look calm. 0: never stop. Default 5: one round may leave the model where it was (every '
+      'client dropped, a GMA binary mask zeroing every coordinate), five in a row do not happen in a run that '
+      'trains (as the stop after 5 non-finite updates). Changes when a stuck run stops, never what a round computes.',
+      5)
   audit: bool = _help('Write audit.md: the privacy audit of the round computation.', False)
   corruption: str = _help('Simulated corruption of a fixed seeded set of clients: poisoned data (data_negate: '
                           'x -> 1 - x; data_flip_labels: y -> C - 1 - y) or updates (gaussian noise; omniscient: '

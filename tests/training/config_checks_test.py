@@ -25,6 +25,8 @@ def test_a_valid_config_passes_every_group():
     (config_checks._check_names, {'worker_intra_op_threads': -1}, 'worker_intra_op_threads must be'),
     (config_checks._check_numbers, {'batch_size': 0}, 'batch_size'),
     (config_checks._check_numbers, {'eval_last_rounds': True}, 'eval_last_rounds must be an integer >= 0'),
+    (config_checks._check_numbers, {'max_frozen_rounds': -1}, 'max_frozen_rounds must be an integer >= 0'),
+    (config_checks._check_numbers, {'max_frozen_rounds': 2.5}, 'max_frozen_rounds must be an integer >= 0'),
     (config_checks._check_numbers, {'seed': config_checks.MAX_SEED + 1},
      r'seed must be an integer in \[0, 4294967295\]'),
     (config_checks._check_numbers, {'alpha': float('nan')}, 'alpha must be finite'),

@@ -4,14 +4,17 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tests.training import interrupt
 from training import config as config_lib
+from training.engine import methods
 from training.engine import registry
 from training.runner import checkpoints
 from training.runner import dir_lock
@@ -464,6 +467,81 @@ def test_a_run_whose_server_update_stays_non_finite_stops_saying_why(tmp_path):
   assert summary['rounds_completed'] == 4  # The 5th round's row is not released.
   healthy = experiment.run(dataclasses.replace(_TOY, output_dir=str(tmp_path / 'ok')), show_progress=False)
   assert healthy.summary['non_finite_update_rounds'] == 0 and 'stopped' not in healthy.summary
+
+
+class _ZeroResult(tff.aggregators.WeightedAggregationFactory):
+  """`inner`'s aggregation with its result replaced by zeros: an aggregator that returns no update, as an RFA whose
+  inner mean returned zeros did (its measurements still look healthy)."""
+
+  def __init__(self, inner: tff.aggregators.WeightedAggregationFactory):
+    self._inner = inner
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    inner = self._inner.create(value_type, weight_type)
+    state_type, client_values_type, client_weights_type = inner.next.type_signature.parameter
+
+    @tff.tensorflow.computation(value_type)
+    def zeros(value):
+      return tf.nest.map_structure(tf.zeros_like, value)
+
+    @tff.federated_computation(state_type, client_values_type, client_weights_type)
+    def next_fn(state, value, weight):
+      output = inner.next(state, value, weight)
+      return tff.templates.MeasuredProcessOutput(output.state, tff.federated_map(zeros, output.result),
+                                                 output.measurements)
+
+    return tff.templates.AggregationProcess(inner.initialize, next_fn)
+
+
+def _aggregators_return_no_update(monkeypatch):
+  build = registry.build
+  monkeypatch.setattr(registry, 'build', lambda name, params=None: _ZeroResult(build(name, params)))
+  # Built afresh, and kept from the other tests' runs: the built processes are cached by their settings.
+  monkeypatch.setattr(methods, '_PROCESS_CACHE', {})
+
+
+_FROZEN_STOP = (r"^stopped after round 3 of 9: the model has not changed for 3 rounds \(rounds 1-3\) with aggregator "
+                r"'rfa': likely the aggregator returns no update")
+
+
+@pytest.mark.slow
+def test_a_run_whose_aggregator_returns_no_update_stops_naming_it_and_resumes_to_the_same_stop(tmp_path, monkeypatch):
+  _aggregators_return_no_update(monkeypatch)
+  config = dataclasses.replace(_TOY, aggregator='rfa', rounds=9, max_frozen_rounds=3, output_dir=str(tmp_path / 'a'))
+  with pytest.raises(experiment.TrainingStopped, match=_FROZEN_STOP):
+    experiment.run(config, show_progress=False)
+  summary = json.loads((tmp_path / 'a' / 'summary.json').read_text())
+  assert re.match(_FROZEN_STOP, summary['stopped']) and summary['rounds_completed'] == 2
+  rows = experiment._read_rows(str(tmp_path / 'a' / 'metrics.csv'))
+  assert [(r['round'], r['model_unchanged_rounds']) for r in rows] == [(1, 1.0), (2, 2.0)]  # Round 3's not written.
+
+  # Interrupted inside the streak, the run resumes counting from its checkpoint's row: the same stop, the same rows.
+  config_b = dataclasses.replace(config, output_dir=str(tmp_path / 'b'))
+  interrupt.run_until(config_b, 2)
+  with pytest.raises(experiment.TrainingStopped, match=_FROZEN_STOP):
+    experiment.run(config_b, show_progress=False)
+  assert experiment._read_rows(str(tmp_path / 'b' / 'metrics.csv')) == rows
+  assert sorted(checkpoints.saved_rounds(config_b.output_dir)) == sorted(checkpoints.saved_rounds(config.output_dir))
+
+  # The same command stops it again; --max_frozen_rounds=0 lets it go on.
+  with pytest.raises(experiment.TrainingStopped, match=_FROZEN_STOP):
+    experiment.run(config, show_progress=False)
+  finished = experiment.run(dataclasses.replace(config, max_frozen_rounds=0), show_progress=False)
+  assert finished.summary['rounds_completed'] == 9 and 'stopped' not in finished.summary
+
+
+@pytest.mark.slow
+def test_the_frozen_model_watch_changes_nothing_in_a_run_that_trains(tmp_path):
+  config = dataclasses.replace(_TOY, rounds=4, checkpoint_every=2)
+  watched = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'a')), show_progress=False)
+  unwatched = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'b'), max_frozen_rounds=0),
+                             show_progress=False)
+  for a, b in zip(_weights(watched), _weights(unwatched)):
+    np.testing.assert_array_equal(a, b)
+  rows = experiment._read_rows(str(tmp_path / 'a' / 'metrics.csv'))
+  assert rows == experiment._read_rows(str(tmp_path / 'b' / 'metrics.csv'))
+  assert [r['round'] for r in rows] == [1, 2, 3, 4] and not any('model_unchanged_rounds' in r for r in rows)
+  assert 'stopped' not in watched.summary
 
 
 def test_the_names_other_code_imports_from_experiment_are_the_steps_own():

@@ -4,8 +4,11 @@ import dataclasses
 import io
 import logging
 import types
+from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
+import tensorflow_federated as tff
 
 from training import config as config_lib
 from training.runner import background
@@ -49,11 +52,21 @@ class _Method:
     self.log.append(('client_state', round_num))
 
 
+class _Weights(NamedTuple):
+  """The stand-in's model weights: ('weights', state), whose one trainable array is the state."""
+  tag: str
+  state: Any
+
+  @property
+  def trainable(self):
+    return [np.asarray(self.state)]
+
+
 def _training(config=_CONFIG, log=None, **changes):
   log = [] if log is None else log
   setup = types.SimpleNamespace(
       method=_Method(log), corrupted=('b',), accuracy_key='test/accuracy',
-      process=types.SimpleNamespace(get_model_weights=lambda state: ('weights', state)),
+      process=types.SimpleNamespace(get_model_weights=lambda state: _Weights('weights', state)),
       data=types.SimpleNamespace(train=types.SimpleNamespace(client_ids=['a', 'b', 'c'])))
   training = round_steps.Training(config, setup, _Writers(log), background.AfterRoundWork(False))
   return dataclasses.replace(training, **changes)
@@ -210,3 +223,84 @@ def test_accuracy_key_is_the_validation_splits_in_a_validation_run():
   setup = run_setup.Setup(None, None, None, None, None)
   assert setup.accuracy_key == 'test/accuracy'
   assert dataclasses.replace(setup, validation=((), ())).accuracy_key == 'validation/accuracy'
+
+
+def _watched(config=_CONFIG, **changes):
+  training = _training(config=config, **changes)
+  round_steps.watch_model(training, 0, 0)  # From the initial state 0.
+  return training
+
+
+def test_rounds_whose_model_did_not_move_are_counted_in_their_rows_and_a_moved_one_resets_the_count():
+  training = _watched(config=dataclasses.replace(_CONFIG, rounds=20))
+  states = [0, 0, 1, 1, 1, 2]  # Rounds 1 and 2: the initial state's model; 4 and 5: round 3's; 3 and 6 moved.
+  rows = []
+  for number, state in enumerate(states, start=1):
+    done = _round(number, state=state)
+    round_steps.stop_if_frozen(training, done)
+    rows.append(done.row.get('model_unchanged_rounds'))
+  assert rows == [1.0, 2.0, None, 1.0, 2.0, None]
+
+
+def test_max_frozen_rounds_unchanged_rounds_in_a_row_stop_the_run_naming_the_aggregator():
+  config = dataclasses.replace(_CONFIG, rounds=20, aggregator='rfa', max_frozen_rounds=3)
+  training = _watched(config=config)
+  round_steps.stop_if_frozen(training, _round(1, state=5))  # Moved.
+  for number in (2, 3):
+    round_steps.stop_if_frozen(training, _round(number, state=5))
+  with pytest.raises(round_steps.TrainingStopped, match=r"^stopped after round 4 of 20: the model has not changed for "
+                     r"3 rounds \(rounds 2-4\) with aggregator 'rfa': likely the aggregator returns no update"):
+    round_steps.stop_if_frozen(training, _round(4, state=5))
+
+
+def test_the_stop_says_when_every_client_was_dropped():
+  training = _watched(config=dataclasses.replace(_CONFIG, max_frozen_rounds=1, aggregator='gma'))
+  with pytest.raises(round_steps.TrainingStopped, match="aggregator 'gma': every client was dropped as non-finite"):
+    round_steps.stop_if_frozen(training, _round(1, {'all_clients_dropped': 1.0}, state=0))
+
+
+def test_max_frozen_rounds_0_never_reads_the_weights():
+  fetched = []
+  training = _training(config=dataclasses.replace(_CONFIG, max_frozen_rounds=0))
+  training.setup.process.get_model_weights = lambda state: fetched.append(state)
+  round_steps.watch_model(training, 0, 0)
+  for number in range(1, 10):
+    done = _round(number, state=0)
+    round_steps.stop_if_frozen(training, done)
+    assert done.row == {}
+  assert fetched == [] and training.frozen is None
+
+
+def test_a_resumed_run_counts_on_from_its_checkpoints_row(tmp_path):
+  config = dataclasses.replace(_CONFIG, rounds=20, max_frozen_rounds=4, output_dir=str(tmp_path))
+  (tmp_path / 'metrics.csv').write_text('round,model_unchanged_rounds\n1,\n2,1.0\n3,2.0\n')
+  training = _training(config=config)
+  round_steps.watch_model(training, 7, 3)  # Resumed from round 3's checkpoint, its model 7.
+  round_steps.stop_if_frozen(training, _round(4, state=7))
+  with pytest.raises(round_steps.TrainingStopped, match=r'after round 5 of 20: .* for 4 rounds \(rounds 2-5\)'):
+    round_steps.stop_if_frozen(training, _round(5, state=7))
+
+
+def test_the_watch_reads_a_learning_states_own_weights_without_a_tff_call():
+  fetched = []
+  training = _training()
+  training.setup.process.get_model_weights = lambda state: fetched.append(state) or _Weights('weights', state)
+  weights = tff.learning.models.ModelWeights(trainable=[np.ones(2, np.float32)], non_trainable=[])
+  state = types.SimpleNamespace(global_model_weights=weights)
+  assert round_steps.trainable_weights(training, state) == weights.trainable and fetched == []
+  assert round_steps.trainable_weights(training, 3) == [np.asarray(3)] and fetched == [3]  # No such field.
+
+
+def test_a_run_whose_model_stays_put_stops_within_max_frozen_rounds_and_writes_the_rows_before(monkeypatch):
+  _evaluate_as_half(monkeypatch)
+  log = []
+  config = dataclasses.replace(_CONFIG, rounds=9, checkpoint_every=2, max_frozen_rounds=3)
+  training = _training(config=config, log=log)
+  training.setup.method.run_round = lambda state, participants, datasets, round_num: (state, {})
+  trained = round_steps.train(training, state=0, start_round=0)
+  assert isinstance(trained.stopped, round_steps.TrainingStopped)
+  assert str(trained.stopped).startswith("stopped after round 3 of 9: the model has not changed for 3 rounds "
+                                         "(rounds 1-3) with aggregator 'mean'")
+  assert trained.rounds_run == 3
+  # Rounds 1-2 with their checkpoint; round 3, the round that stopped the run, neither evaluated nor written.
+  assert log == [('rows', [1, 2]), ('client_state', 2), ('save', 2, 0), ('rows', [])]

@@ -204,6 +204,27 @@ def test_user_errors_are_one_line(tmp_path, flags, message):
   assert not (tmp_path / 'out').exists()
 
 
+@pytest.mark.slow
+def test_a_run_whose_model_cannot_move_stops_in_one_line_naming_the_aggregator(tmp_path):
+  # Every client's update overflows at this learning rate and GMA drops them all: its update is a finite zero, round
+  # after round, so the model never moves (no non-finite update for the other stop to see).
+  process = _run(tmp_path, '--rounds=8', '--model=logistic', '--num_clients=4', '--clients_per_round=3',
+                 '--aggregator=gma', '--client_lr=1e38', '--max_frozen_rounds=3', '--checkpoint_every=2')
+  assert process.returncode == 1, process.stderr[-3000:]
+  assert 'Traceback' not in process.stderr + process.stdout, process.stderr[-3000:]
+  # The round loop's own warnings (every client dropped) come first; the stop is the one line of the error.
+  errors = [line for line in process.stderr.splitlines() if line.startswith('error:')]
+  assert errors == [process.stderr.strip().splitlines()[-1]], process.stderr[-3000:]
+  assert errors[0].startswith("error: stopped after round 3 of 8: the model has not changed for 3 rounds (rounds 1-3) "
+                              "with aggregator 'gma': every client was dropped as non-finite"), errors
+  out = tmp_path / 'out'
+  summary = json.loads((out / 'summary.json').read_text())
+  assert summary['stopped'] == errors[0][len('error: '):] and summary['rounds_completed'] == 2
+  with open(out / 'metrics.csv') as f:
+    assert [row.split(',')[0] for row in f.read().splitlines()[1:]] == ['1', '2']
+  assert not (out / dir_lock.LOCK_FILE).exists()
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # --seeds: one run per seed into <output_dir>/seed_<s>, resumable, and training.compare groups them.
 

@@ -86,9 +86,10 @@ def _check_numbers(config: config_lib.ExperimentConfig) -> None:
     loaders.check_train_subset(config.dataset, config.partition, config.train_subset_fraction)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  last = config.eval_last_rounds
-  if isinstance(last, bool) or not isinstance(last, (int, np.integer)) or last < 0:
-    raise ConfigError(f'eval_last_rounds must be an integer >= 0, got {last!r}')
+  for name in ('eval_last_rounds', 'max_frozen_rounds'):  # 0: none (no extra evaluations; never stop).
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+      raise ConfigError(f'{name} must be an integer >= 0, got {value!r}')
   if not isinstance(config.seed, (int, np.integer)) or not 0 <= config.seed <= MAX_SEED:
     raise ConfigError(f'seed must be an integer in [0, {MAX_SEED}] (NumPy\'s and Keras\' seeds are 32-bit), got '
                       f'{config.seed!r}')

@@ -24,6 +24,7 @@ from training.engine import registry
 from training.engine import rfa_weights
 from training.engine import worker_datasets
 from training.runner import background
+from training.runner import frozen_model
 from training.runner import progress
 from training.runner import round_loop
 from training.runner import run_files
@@ -45,6 +46,7 @@ class Training:
   on_round: Optional[Callable[[int, Any], None]] = None  # The caller's hook, after each round's work.
   unreleased: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)  # Since the last save.
   non_finite_in_a_row: int = 0  # Rounds in a row whose server update was rejected as non-finite.
+  frozen: Optional[frozen_model.FrozenModel] = None  # The weights' watch (`watch_model`; None: max_frozen_rounds=0).
   train_seconds: float = 0.0  # The method's rounds' own time (client training and aggregation).
 
 
@@ -95,6 +97,44 @@ def stop_if_non_finite(training: Training, done: round_loop.Round) -> None:
         f'moves. Likely cause: a setting too large for this model (--client_lr={config.client_lr:g}, '
         f'--server_lr={config.server_lr:g}, --proximal_strength={config.proximal_strength:g}, '
         f'--adaptive_epsilon={config.adaptive_epsilon:g}) or every client dropped as non-finite')
+
+
+def trainable_weights(training: Training, state: Any) -> list:
+  """The trainable weights of `state`'s model: read off a TFF learning state's `global_model_weights` (what its
+  `get_model_weights` returns) where it has one, since a TFF call costs 10-20 ms, a tenth of a small round; else
+  through `get_model_weights`."""
+  weights = getattr(state, 'global_model_weights', None)
+  if not isinstance(weights, tff.learning.models.ModelWeights):
+    weights = training.setup.process.get_model_weights(state)
+  return list(weights.trainable)
+
+
+def watch_model(training: Training, state: Any, start_round: int) -> None:
+  """Before the first round: the watch of the weights (`stop_if_frozen`) from those of `state`, the state of round
+  `start_round`, counting on the unchanged rounds its metrics.csv row records (a resumed run stops where it would
+  have stopped uninterrupted)."""
+  config = training.config
+  if config.max_frozen_rounds == 0:
+    return
+  unchanged = frozen_model.resumed_unchanged(os.path.join(config.output_dir, run_files.METRICS_FILE), start_round)
+  training.frozen = frozen_model.FrozenModel(trainable_weights(training, state), unchanged)
+
+
+def stop_if_frozen(training: Training, done: round_loop.Round) -> None:
+  """A round whose trainable weights are bit for bit the round before's, or whose aggregator flags no update
+  (`frozen_model.aggregator_returned_no_update`), gets `frozen_model.COLUMN` in its row (the rounds in a row so
+  far); `TrainingStopped` once they reach `max_frozen_rounds`: the run trains nothing. After `mark_dropped_clients`,
+  whose entry says why; before the evaluation and the rows, as the non-finite stop."""
+  if training.frozen is None:
+    return
+  unchanged = training.frozen.update(trainable_weights(training, done.state),
+                                     frozen_model.aggregator_returned_no_update(done.row))
+  if unchanged == 0:
+    return
+  done.row[frozen_model.COLUMN] = float(unchanged)
+  if unchanged >= training.config.max_frozen_rounds:
+    raise TrainingStopped(frozen_model.stop_message(training.config, done.number, unchanged,
+                                                    done.row.get('all_clients_dropped') == 1))
 
 
 def mark_dropped_clients(training: Training, done: round_loop.Round) -> None:
@@ -154,8 +194,8 @@ def report_round(training: Training, done: round_loop.Round) -> None:
 
 
 # The steps after each round, in order: each may add to the row before the next sees it.
-AFTER_ROUND = (count_training, stop_if_non_finite, mark_dropped_clients, count_corrupted, evaluate_round,
-               release_and_save, report_round)
+AFTER_ROUND = (count_training, stop_if_non_finite, mark_dropped_clients, count_corrupted, stop_if_frozen,
+               evaluate_round, release_and_save, report_round)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +219,7 @@ def train(training: Training, state: Any, start_round: int) -> Trained:
   config, setup = training.config, training.setup
   inputs = round_loop.ClientInputs(setup.data.train, config.clients_per_round, config.local_epochs, config.batch_size,
                                    config.seed)
+  watch_model(training, state, start_round)
   placement = run_setup.place_datasets(setup.method, inputs)
   loop = round_loop.RoundLoop(setup.method, state, inputs, round_num=start_round,
                               before_round=functools.partial(audit_weights, training),
