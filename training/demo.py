@@ -186,7 +186,8 @@ def _summarize(name: str, rows: list[dict[str, Any]], method: Any, omniscient: O
       'best_accuracy': float(np.max(accuracy)),
       'final_loss': rows[-1]['test/loss'],
       # FAIL names the intrinsics that reach the server otherwise (e.g. TFF's MeanFactory's plain federated_sum).
-      'audit': 'PASS' if report.ok else f"FAIL ({', '.join(sorted({v.intrinsic for v in report.violations}))})",
+      'audit': (f"FAIL ({', '.join(sorted({v.intrinsic for v in report.violations}))})"
+                if report.verdict == 'FAIL' else report.verdict),
       'audit_violations': [str(v) for v in report.violations],
       'omniscient_accuracy': omniscient,
       'hyperparameters': {'client_lr': chosen.algorithm_config.client_lr,

@@ -226,3 +226,25 @@ def test_importing_the_library_changes_no_tff_context_and_no_warning_filter(tmp_
   assert result['after'] == result['before']  # The same context objects, the same warning filters.
   assert result['before']['default_type'] == 'SyncExecutionContext'  # TFF's own import-time context.
   assert result['warned'] is False and result['warnings'] == []
+
+
+@pytest.mark.slow  # Builds a learning process (a few seconds).
+def test_the_runner_builds_without_the_warning_it_answers_itself(monkeypatch, tmp_path):
+  """The runner installs its context after building and refuses a wrong one in one line (`check_context_runs`):
+  called from Python under TFF's native default context, its build must not warn."""
+  from training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from training.runner import experiment  # pylint: disable=g-import-not-at-top
+  config = config_lib.ExperimentConfig(rounds=1, aggregator='gma', output_dir=str(tmp_path), num_clients=4,
+                                       clients_per_round=2)
+  native = tff.backends.native.create_sync_local_cpp_execution_context()
+  monkeypatch.setattr(context_check, '_warned', False)
+  stack = tff.framework.get_context_stack()
+  saved = tff_internals.default_context()
+  stack.set_default_context(native)
+  try:
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter('always')
+      experiment.build_setup_quietly(config)
+  finally:
+    stack.set_default_context(saved)
+  assert not [w for w in caught if issubclass(w.category, context_check.SecureSumContextWarning)]

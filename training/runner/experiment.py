@@ -8,6 +8,7 @@ docs/experiments.md#one-run-step-by-step"""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -15,6 +16,7 @@ from absl import logging
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_gma.aggregators import context_check
 from training import config as config_lib
 from training import safe_files
 from training.runner import checkpoints
@@ -100,11 +102,19 @@ def run(config: config_lib.ExperimentConfig, *, show_progress: bool = True,
       raise os_error from e
 
 
+def build_setup_quietly(config: config_lib.ExperimentConfig) -> run_setup.Setup:
+  """`run_setup.build_checked_setup`, without the library's build-time `SecureSumContextWarning`: the runner installs
+  its context next and `check_context_runs` refuses in one line a context that cannot run the process."""
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', context_check.SecureSumContextWarning)
+    return run_setup.build_checked_setup(config)
+
+
 def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
                 on_round: Optional[Callable[[int, Any], None]]) -> RunResult:
   """The run's steps, under its directory's lock: only once the setup is built and its context ready is anything
   but the lock written."""
-  setup = run_setup.build_checked_setup(config)
+  setup = build_setup_quietly(config)
   run_setup.install_context(config, setup.process)
   run_files.write_settings(config, setup.process)
   state_manager = run_files.open_state_manager(config.output_dir)
