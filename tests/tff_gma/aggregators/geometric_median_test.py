@@ -677,8 +677,9 @@ def test_rfa_with_tff_secure_aggregator_is_the_median():
   output = process.next(process.initialize(), REPRODUCER_VALUES, REPRODUCER_WEIGHTS)
   expected = _numpy_median(REPRODUCER_VALUES, REPRODUCER_WEIGHTS)
   points, weights = np.stack(REPRODUCER_VALUES).astype(np.float64), np.asarray(REPRODUCER_WEIGHTS)
-  # Values sum over [-50, 50] (the initial clip estimate), weights over [0, 2^20 - 1], 32-bit levels.
-  steps = 100.0 / (2**32 - 1) + 0.5 * (2**20 - 1) / (2**32 - 1)
+  # Values sum over [-100, 100] (the first call's bound: the initial estimate 50 times the multiplier 2), weights
+  # over [0, 2^20 - 1], 32-bit levels.
+  steps = 200.0 / (2**32 - 1) + 0.5 * (2**20 - 1) / (2**32 - 1)
   np.testing.assert_allclose(output.result, expected, atol=_quantized_mean_tolerance(points, weights, steps))
   assert np.all(np.isfinite(output.result))
 
