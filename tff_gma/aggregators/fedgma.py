@@ -17,6 +17,7 @@ import tensorflow_federated as tff
 
 from tff_gma import checks
 from tff_gma.aggregators import client_values
+from tff_gma.aggregators import composition
 from tff_gma.aggregators import gradient_masked
 from tff_gma.aggregators import mean
 from tff_gma.aggregators import paired_values
@@ -118,6 +119,8 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
       mean_factory = mean.weighted_mean_factory(secure, value_bound, weight_bound)
     elif not isinstance(mean_factory, tff.aggregators.WeightedAggregationFactory):
       raise ValueError(f'mean_factory must be a tff.aggregators.WeightedAggregationFactory, got {mean_factory!r}')
+    composition.check_weighted_mean(
+        mean_factory, 'FedGMAFactory', "FedGMA's update is the clients' weighted mean, a dropped client weight 0")
     self._mean_factory = mean_factory
     self._gradient_aggregator = gradient_masked.GradientMaskedFactory(
         tau=agreement_threshold(self._mask_threshold), mask='binary', secure=secure, value_bound=gradient_bound,

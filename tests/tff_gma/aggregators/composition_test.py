@@ -102,7 +102,7 @@ def test_as_a_mean_factorys_sum_it_refuses_at_create(mean_factory_class):
 
 @pytest.mark.parametrize('factory_class', [aggregators.GradientMaskedFactory, aggregators.GeometricMedianFactory,
                                            aggregators.UnweightedGradientMaskedFactory,
-                                           aggregators.UnweightedGeometricMedianFactory])
+                                           aggregators.UnweightedGeometricMedianFactory, aggregators.FedGMAFactory])
 def test_a_mean_factory_that_ignores_the_weights_is_refused(factory_class):
   # The route to put TFF's (unweighted) DP mean inside GMA or RFA: it would drop RFA's Weiszfeld weights.
   dp_mean = tff.aggregators.as_weighted_aggregator(tff.aggregators.DifferentiallyPrivateFactory(_dp_query()))
