@@ -11,6 +11,7 @@ import errno
 import io
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Iterable
@@ -102,6 +103,8 @@ def os_error_of(error: BaseException) -> Optional[OSError]:
   message = getattr(error, 'message', None)
   if not isinstance(message, str):
     return None
+  # An eager op's error (SaveV2 under a full disk or out of descriptors) ends in ' [Op:SaveV2]' after the text.
+  message = re.sub(r'\s*\[Op:\w+\]\s*$', '', message)
   context, separator, reason = message.strip().rpartition('; ')
   code = _ERRNO_OF_STRERROR.get(reason)
   if not separator or code is None:

@@ -37,6 +37,31 @@ def test_tasks_run_in_order_and_wait_joins_them(in_background):
   work.close()
 
 
+def test_wait_for_last_waits_for_that_parts_latest_task_and_those_before_it_only():
+  work = background.AfterRoundWork(True)
+  release = threading.Event()
+  done = []
+  work.submit('evaluate', lambda: done.append('evaluate 1'))
+  work.submit('release_and_checkpoint', lambda: done.append('save 2'))
+  work.submit('evaluate', lambda: (release.wait(10), done.append('evaluate 3')))  # Still running after the wait.
+  work.wait_for_last('release_and_checkpoint')
+  assert done == ['evaluate 1', 'save 2']
+  work.wait_for_last('release_and_checkpoint')  # Nothing newer to wait for: returns at once.
+  release.set()
+  work.wait()
+  assert done == ['evaluate 1', 'save 2', 'evaluate 3']
+  work.close()
+
+
+def test_wait_for_last_raises_an_earlier_failure():
+  work = background.AfterRoundWork(True)
+  work.submit('evaluate', lambda: 1 / 0)
+  work.submit('release_and_checkpoint', lambda: None)
+  with pytest.raises(ZeroDivisionError):
+    work.wait_for_last('release_and_checkpoint')
+  work.close()
+
+
 def test_an_error_is_raised_in_the_loop_and_nothing_runs_after_it():
   work = background.AfterRoundWork(True)
   ran = []

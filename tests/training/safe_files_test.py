@@ -78,6 +78,11 @@ def test_a_tensorflow_file_error_is_given_back_its_errno_and_path(tmp_path):
   full = tf.errors.ResourceExhaustedError(None, None, '/data/run/metrics.csv_temp1666; No space left on device')
   assert (safe_files.os_error_of(full).errno, safe_files.os_error_of(full).filename) == (
       errno.ENOSPC, '/data/run/metrics.csv_temp1666')
+  # An eager op's error names the op after the text (SaveV2 out of descriptors under `ulimit -n`).
+  descriptors = tf.errors.ResourceExhaustedError(
+      None, None, '/run/ckpt/variables_temp; Too many open files [Op:SaveV2]')
+  assert (safe_files.os_error_of(descriptors).errno, safe_files.os_error_of(descriptors).filename) == (
+      errno.EMFILE, '/run/ckpt/variables_temp')
   # Not a file-system error: left alone.
   assert safe_files.os_error_of(tf.errors.InvalidArgumentError(None, None, 'shapes differ; [2] vs [3]')) is None
   assert safe_files.os_error_of(ValueError('x; No space left on device')) is None

@@ -138,7 +138,9 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
     update_type, gradient_type = paired_values.split_paired_value_type(
         value_type, UPDATE, GRADIENT, same_dtypes=True)
     client_values.check_weight_type(weight_type)
-    update_process = self._mean_factory.create(update_type, weight_type)
+    # The clients cast their weights to float (`client_values.drop_invalid_clients`), as GMA's and RFA's do: TFF's
+    # secure_aggregator takes float weights only.
+    update_process = self._mean_factory.create(update_type, client_values.float_weight_type(weight_type))
     gradient_process = self._gradient_aggregator.create(gradient_type, weight_type)
     step = self._server_step_size
 
@@ -152,7 +154,7 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
       # The update's mean is the inner factory's: it gets a dropped client as a zero update of weight 0.
       clean, clean_weight, keep = client_values.drop_invalid_clients(value, weight)
       nonzero = result_checks.sends_nonzero(clean, keep * tf.cast(clean_weight > 0, tf.int32))
-      return clean[UPDATE], value[GRADIENT], tf.cast(clean_weight, weight.dtype), nonzero
+      return clean[UPDATE], value[GRADIENT], clean_weight, nonzero
 
     @tff.tensorflow.computation(update_type, gradient_type, tff.TensorType(np.int32))
     def server_update(mean_update, masked_gradient, nonzero_clients):

@@ -23,7 +23,8 @@ class FederatedMeanFactory(tff.aggregators.WeightedAggregationFactory):
   """Weighted mean through a single `tff.federated_mean`; zero when the total weight is zero.
 
   Clients send the pair `(a_i * w_i, a_i)` to one unweighted `federated_mean`; the server returns
-  `mean(a w) / mean(a)` (`divide_no_nan`). Empty state, empty measurements.
+  `mean(a w) / mean(a)` (`divide_no_nan`). A client with a non-finite value or a non-finite or negative weight
+  sends a zero value of weight 0 (`client_values.drop_invalid_clients`). Empty state, empty measurements.
   """
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
@@ -38,7 +39,7 @@ class FederatedMeanFactory(tff.aggregators.WeightedAggregationFactory):
 
     @tff.tensorflow.computation(value_type, weight_type)
     def weighted_pair(value, weight):
-      weight = client_values.float_weight(weight)
+      value, weight, _ = client_values.drop_invalid_clients(value, weight)
       # float16 and bfloat16 are weighted and averaged in float32: a weight of 1e5 times a float16 overflows.
       value = tf.nest.map_structure(lambda x: tf.cast(x, client_values.compute_dtype(x.dtype)), value)
       weighted = tf.nest.map_structure(lambda x: x * tf.cast(weight, x.dtype), value)

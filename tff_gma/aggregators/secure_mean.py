@@ -124,7 +124,8 @@ class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
   `[0, weight_bound]`, normalize the weight first, u_i = a_i / weight_bound (so that u_i w_i stays inside the
   value bound; the factor cancels in the division), and send the pair `(u_i w_i, u_i)` to one
   `tff.aggregators.secure_quantized_sum`, with bounds `[-value_bound, value_bound]` for the weighted values and
-  `[0, 1]` for the normalized weight; the server returns `sum u w / sum u` (zero when `sum u == 0`).
+  `[0, 1]` for the normalized weight; the server returns `sum u w / sum u` (zero when `sum u == 0`). A client with
+  a non-finite value or a non-finite or negative weight sends zeros (`client_values.drop_invalid_clients`).
 
   This is the primitive TFF's `SecureSumFactory` uses for floats, with the same quantization; the result equals
   `tff.aggregators.MeanFactory(SecureSumFactory(value_bound), SecureSumFactory(1.0, 0.0), no_nan_division=True)`
@@ -166,7 +167,7 @@ class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
 
     @tff.tensorflow.computation(value_type, weight_type)
     def prepare(value, weight):
-      weight = client_values.float_weight(weight)
+      value, weight, _ = client_values.drop_invalid_clients(value, weight)
       value = tf.nest.map_structure(lambda x: tf.cast(x, client_values.compute_dtype(x.dtype)), value)
       value, weight, value_clipped, weight_clipped = client_values.clip_to_bounds(
           value, weight, value_bound, weight_bound)

@@ -1,7 +1,7 @@
 """Plain-TF math of RFA's smoothed Weiszfeld algorithm (RFA paper, Algorithms 2 and 3), and its secure-mode bounds.
 
 Clients weight b_i = a_i / max(nu, ||v - w_i||) over the whole flattened update, sent scaled by the smoothing c as
-a_i c / max(c, d_i) <= a_i to fit the secure bounds; secure mode raises c to max(nu, S / K) to survive quantization.
+a_i c / max(c, d_i) <= a_i to fit the secure bounds; secure mode (and an inexact inner mean) floors c at max(nu, S / K).
 The derivations and the error propagation the NumPy bounds compute:
 docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm. The federated plumbing is in `geometric_median`.
 """

@@ -16,6 +16,7 @@ import secrets
 import signal
 import stat
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Optional
@@ -55,6 +56,17 @@ def _seconds(text: str) -> float:
   return value
 
 
+def _gib(text: str) -> int:
+  """`--memory_limit`: GiB -> bytes."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not math.isfinite(value) or value <= 0:
+    raise argparse.ArgumentTypeError(f'expected a positive number of GiB, got {text!r}')
+  return int(value * (1 << 30))
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = _Parser(
       prog='python -m tff_gma.audit',
@@ -66,8 +78,9 @@ def _parser() -> argparse.ArgumentParser:
       '(cannot be decided: no violation found, but the audit met places it cannot see through, e.g. a call of a '
       'functional parameter from CLIENTS to SERVER, an intrinsic it does not know; never a PASS), 2 error (no '
       'verdict: bad arguments, a target that cannot be loaded or audited, a target process that ends without '
-      'sending its computations or runs past --timeout, an unwritable --output). Every public computation of a '
-      'process is audited (initialize, next, next_with_client_state, ...).')
+      'sending its computations or runs out of memory, an audit that runs past --timeout, an unwritable '
+      '--output). Every public computation of a process is audited (initialize, next, next_with_client_state, '
+      '...).')
   parser.add_argument('target', help='MODULE:ATTR of a computation, process, factory, or a builder of one')
   parser.add_argument('--value_type', help='value type for a factory, e.g. float32[10]')
   parser.add_argument('--weight_type', help='weight type for a weighted factory (default float32)')
@@ -79,8 +92,11 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument('--output', help='also write the report to this file (not through a symbolic link; '
                       'written to a new file beside it, then renamed over it)')
   parser.add_argument('--timeout', type=_seconds, default=DEFAULT_TIMEOUT_S, metavar='SECONDS',
-                      help='kill the target\'s process if importing and building the target takes longer '
-                      f'(default {DEFAULT_TIMEOUT_S:g})')
+                      help='give up (exit 2) if loading the target in its process and analysing its computations '
+                      f'take longer together (default {DEFAULT_TIMEOUT_S:g})')
+  parser.add_argument('--memory_limit', type=_gib, default=None, metavar='GIB',
+                      help='the address space the target\'s process may use, in GiB (default: this machine\'s '
+                      'memory); past it, exit 2 saying the audit ran out of memory')
   parser.add_argument('--traceback', action='store_true', help='on an error, also print the Python traceback')
   return parser
 
@@ -194,8 +210,14 @@ def _check_report(report, markdown: str, target: str) -> None:
                        'verdict')
 
 
-def _finish(data: bytes, args: argparse.Namespace) -> int:
-  """Decodes the child's message, analyses it, writes and prints the report; the verdict's exit status."""
+def _analysis_timeout(args: argparse.Namespace) -> CommandError:
+  return CommandError(f'the audit of {args.target}: the analysis of the target\'s computations did not finish within '
+                      f'--timeout={args.timeout:g} s (loading and analysis together); no verdict')
+
+
+def _finish(data: bytes, args: argparse.Namespace, deadline: float) -> int:
+  """Decodes the child's message, analyses it by `deadline` (`time.monotonic()`), writes and prints the report;
+  the verdict's exit status."""
   static = _import_static()
   try:
     loaded = isolation.decode_message(data)
@@ -206,12 +228,14 @@ def _finish(data: bytes, args: argparse.Namespace) -> int:
       allowed_intrinsics=static.DEFAULT_ALLOWED_INTRINSICS | frozenset(args.allow),
       allow_plain_sum=args.policy == 'allow-plain-sum')
   try:
-    audits = tuple(static._audit_building_block(name, block, policy)  # pylint: disable=protected-access
+    audits = tuple(static._audit_building_block(name, block, policy, deadline)  # pylint: disable=protected-access
                    for name, block in loaded.computations)
     report = static.AuditReport(subject=f'{args.target} ({loaded.description})', policy=policy,
                                 computations=audits, main=loaded.main)
     markdown = report.to_markdown()
     text = markdown if args.format == 'markdown' else report.to_json()
+  except static.AnalysisTimeout as e:
+    raise _analysis_timeout(args) from e
   except Exception as e:  # pylint: disable=broad-except
     raise CommandError(f'cannot audit {args.target}: {isolation.describe(e)}') from e
   _check_report(report, markdown, args.target)
@@ -264,10 +288,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       _check_type_specs(args)
       request = json.dumps({'target': args.target, 'value_type': args.value_type, 'weight_type': args.weight_type,
                             'traceback': args.traceback})
-      child = isolation.start_child([*_LOADER, request], args.timeout)
+      memory_limit = args.memory_limit or isolation.physical_memory_bytes()
+      child = isolation.start_child([*_LOADER, request], args.timeout, memory_limit=memory_limit)
       # The analysis is imported while the child loads the target: both take seconds.
       data = isolation.collect(child, args.target, meanwhile=lambda: _import_static(release_context=True))
-      return _finish(data, args)
+      return _finish(data, args, child.deadline)
   except (Exception, isolation.Stopped) as e:  # pylint: disable=broad-except
     return _error_exit(e, args)
 
@@ -278,11 +303,12 @@ def run_in_process(argv: Optional[Sequence[str]] = None) -> int:
   For tests and trusted callers only: code the target runs here can forge anything this process prints.
   """
   args = _parser().parse_args(argv)
+  deadline = time.monotonic() + args.timeout
   try:
     _check_output(args.output)
     _check_type_specs(args)
     data = loader.load_message(args.target, args.value_type, args.weight_type, args.traceback)
-    return _finish(data, args)
+    return _finish(data, args, deadline)
   except (Exception, SystemExit) as e:  # pylint: disable=broad-except
     return _error_exit(e, args)
 

@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import re
+import resource
 import select
 import signal
 import struct
@@ -47,6 +48,9 @@ OUTPUT_PREFIX = '[target] '
 _POLL_S = 0.1
 _PIPE_BYTES = 1 << 20  # Asked of each of the child's pipes (`F_SETPIPE_SZ`; Linux allows 1 MiB to any user).
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# A child killed by SIGKILL (not by the audit) that had used this share of its memory limit most likely met the
+# system's out-of-memory killer: the kernel ends a process that way when the machine runs out before the limit.
+_OOM_SHARE = 0.5
 _running: set[int] = set()  # Children started and not reaped yet (their process group ids).
 # The stop signals `stop_on_signals` got (the first ends the run), kept because the handler's own raise can be lost:
 # run inside a garbage-collection callback (JAX registers one), it is printed as "Exception ignored" and the code
@@ -290,14 +294,29 @@ def raise_if_stopped() -> None:
     raise Stopped(_stops[0])
 
 
-def _child_preexec(parent_pid: int) -> Callable[[], None]:
+def physical_memory_bytes() -> int:
+  """This machine's memory: the child's default limit."""
+  return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
+
+def gib(size: float) -> str:
+  return f'{size / (1 << 30):.3g} GiB'
+
+
+def _child_preexec(parent_pid: int, memory_limit: Optional[int]) -> Callable[[], None]:
   """Between fork and exec in the child: default dispositions for the signals a background job ignores (and
-  would pass on), then `PR_SET_PDEATHSIG=SIGKILL` (exits at once if the parent is already gone)."""
+  would pass on), then `PR_SET_PDEATHSIG=SIGKILL` (exits at once if the parent is already gone), then the memory
+  limit (`RLIMIT_AS`), so that a target that needs too much fails with a `MemoryError` the loader reports,
+  rather than the kernel's out-of-memory killer ending the child (or another process) without a word."""
   die_with_parent = confinement.die_with_parent_of(parent_pid)
 
   def preexec() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)  # SIGINT and SIGQUIT: die_with_parent_of's.
     die_with_parent()
+    if memory_limit is not None:
+      _, hard = resource.getrlimit(resource.RLIMIT_AS)
+      limit = memory_limit if hard == resource.RLIM_INFINITY else min(memory_limit, hard)
+      resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
   return preexec
 
@@ -367,15 +386,19 @@ class Child:
   output_fd: int
   deadline: float
   timeout_s: float
+  memory_limit: Optional[int] = None
+  peak_rss: int = 0  # Bytes, once reaped.
 
 
-def start_child(argv: Sequence[str], timeout_s: float, env: Optional[dict[str, str]] = None) -> Child:
+def start_child(argv: Sequence[str], timeout_s: float, env: Optional[dict[str, str]] = None,
+                memory_limit: Optional[int] = None) -> Child:
   """Starts `python ARGV RESULT_FD` (the loader) as the audit's child.
 
   The child runs in its own process group, with stdin from /dev/null, SIGINT/SIGQUIT/SIGHUP at their defaults and
-  `PR_SET_PDEATHSIG=SIGKILL`; its stdout and stderr go to one pipe whose lines the parent copies to its own stderr
-  prefixed `[target] `, control characters escaped. It is killed with its group past `timeout_s`, when the parent
-  gets SIGTERM/SIGINT/SIGHUP (`stop_on_signals`), and, for what it left behind, as soon as it ends.
+  `PR_SET_PDEATHSIG=SIGKILL`, its address space limited to `memory_limit` bytes when given; its stdout and stderr go
+  to one pipe whose lines the parent copies to its own stderr prefixed `[target] `, control characters escaped. It is
+  killed with its group past `timeout_s`, when the parent gets SIGTERM/SIGINT/SIGHUP (`stop_on_signals`), and, for
+  what it left behind, as soon as it ends.
 
   Call before starting threads (it forks with a `preexec_fn`); `collect` then reads it to its end.
   """
@@ -388,7 +411,7 @@ def start_child(argv: Sequence[str], timeout_s: float, env: Optional[dict[str, s
     process = subprocess.Popen(
         [sys.executable, *argv, str(result_write)], stdin=subprocess.DEVNULL, stdout=output_write,
         stderr=output_write, pass_fds=(result_write,), close_fds=True, process_group=0, env=env,
-        preexec_fn=_child_preexec(os.getpid()))
+        preexec_fn=_child_preexec(os.getpid(), memory_limit))
   except BaseException:
     for fd in (result_read, output_read):
       os.close(fd)
@@ -397,7 +420,23 @@ def start_child(argv: Sequence[str], timeout_s: float, env: Optional[dict[str, s
     os.close(result_write)
     os.close(output_write)
   _running.add(process.pid)
-  return Child(process, result_read, output_read, time.monotonic() + timeout_s, timeout_s)
+  return Child(process, result_read, output_read, time.monotonic() + timeout_s, timeout_s, memory_limit)
+
+
+def _reap(child: Child) -> None:
+  """Waits for the child and keeps its peak memory (which `Popen.wait` does not tell)."""
+  process = child.process
+  if process.returncode is not None:
+    return
+  _, status, usage = os.wait4(process.pid, 0)
+  process.returncode = os.waitstatus_to_exitcode(status)
+  child.peak_rss = usage.ru_maxrss * 1024  # Linux counts it in KiB.
+
+
+def _killed_for_memory(child: Child) -> bool:
+  """Whether a child that SIGKILL ended, not sent by the audit, had used most of the memory it may use."""
+  limit = child.memory_limit or physical_memory_bytes()
+  return child.process.returncode == -signal.SIGKILL and child.peak_rss >= _OOM_SHARE * limit
 
 
 def collect(child: Child, target: str, output_fd: int = 2, meanwhile: Optional[Callable[[], Any]] = None) -> bytes:
@@ -444,7 +483,7 @@ def collect(child: Child, target: str, output_fd: int = 2, meanwhile: Optional[C
     timer.cancel()
     timer.join()  # Before the child is reaped: `expire` must not signal a process group id that is free again.
     _kill_group(process.pid)  # The child if it still runs, and whatever it left behind in its group.
-    process.wait()
+    _reap(child)
     _running.discard(process.pid)
     for fd in open_fds:  # What the child wrote before it ended (bounded: a writer that escaped its group).
       os.set_blocking(fd, False)
@@ -469,6 +508,11 @@ def collect(child: Child, target: str, output_fd: int = 2, meanwhile: Optional[C
     raise CommandError(f'the audit of {target}: the target\'s process sent more than {MAX_MESSAGE_BYTES} bytes; it '
                        'was killed; no verdict')
   code = process.returncode
+  if not chunks and _killed_for_memory(child):
+    raise CommandError(f'the audit of {target} ran out of memory: the target\'s process was killed by SIGKILL after '
+                       f'using {gib(child.peak_rss)} '
+                       f'(its limit: {gib(child.memory_limit or physical_memory_bytes())}), '
+                       'most likely by the system\'s out-of-memory killer; no verdict')
   if code != 0 or not chunks:
     raise CommandError(f'the audit of {target} ended ({_how(code)}) before the target\'s process sent its result: '
                        'the audited code ended the process; no verdict')

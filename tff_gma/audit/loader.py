@@ -154,6 +154,26 @@ def _result(subject: Any, value_type: Any, weight_type: Any) -> dict[str, Any]:
   return isolation.result_body(kind, type(subject).__name__, serialized, **types)
 
 
+def _memory_error_in(error: BaseException) -> bool:
+  """Whether a `MemoryError` caused `error` (the loader's messages wrap what they catch)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, MemoryError):
+      return True
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def out_of_memory_message(target: str) -> str:
+  """The one line for a target whose loading ran out of memory: the audit's limit, not the audited code, ended it."""
+  import resource  # pylint: disable=g-import-not-at-top
+  limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+  where = ('' if limit == resource.RLIM_INFINITY else
+           f' (the audit limits its process to {isolation.gib(limit)} of address space: --memory_limit)')
+  return f'the audit of {target} ran out of memory while loading the target{where}; no verdict'
+
+
 def load_message(target: str, value_type: Optional[str] = None, weight_type: Optional[str] = None,
                  with_traceback: bool = False) -> bytes:
   """Loads `target` here and returns the message the child sends: its computations, or one error line."""
@@ -169,8 +189,11 @@ def load_message(target: str, value_type: Optional[str] = None, weight_type: Opt
     except SystemExit as e:  # Code the target runs called sys.exit outside the import and the builder.
       raise CommandError(f'{target}: sys.exit({e.code!r}) called while loading it') from e
   except Exception as e:  # pylint: disable=broad-except
-    message = str(e) if isinstance(e, CommandError) else (
-        f'internal error while loading {target}: {isolation.describe(e)}')
+    if _memory_error_in(e):
+      message = out_of_memory_message(target)
+    else:
+      message = str(e) if isinstance(e, CommandError) else (
+          f'internal error while loading {target}: {isolation.describe(e)}')
     body = isolation.error_body(message, traceback.format_exc() if with_traceback else None)
   return isolation.encode_message(body)
 
@@ -188,6 +211,8 @@ def main(argv: Sequence[str]) -> int:
                            bool(request.get('traceback')))
   except KeyboardInterrupt:  # Ctrl-C (or code that raised it): no message; the parent says so in one line.
     return isolation.EXIT_INTERRUPTED
+  except MemoryError:  # Encoding a message too large for the limit: a short one instead.
+    message = isolation.encode_message(isolation.error_body(out_of_memory_message(request['target'])))
   with os.fdopen(result_fd, 'wb') as pipe:
     pipe.write(message)
   return 0

@@ -9,6 +9,7 @@ What it reads, and what a PASS does not establish: docs/audit.md#how-the-walk-re
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -44,6 +45,7 @@ from tff_gma.audit.report import VERDICTS
 from tff_gma.audit.report import Violation
 from tff_gma.audit.walker import FUNCTIONS
 from tff_gma.audit.walker import LEVEL_0
+from tff_gma.audit.walker import AnalysisTimeout
 from tff_gma.audit.walker import Closure
 from tff_gma.audit.walker import Env
 from tff_gma.audit.walker import Evaluator
@@ -55,6 +57,7 @@ from tff_gma.audit.walker import unreached_sites
 # The names this module has always offered (the audit's public API, also re-exported by `tff_gma.audit`).
 __all__ = [
     'AUDIT_SCOPE',
+    'AnalysisTimeout',
     'CLIENT_WORK',
     'COMPONENTS',
     'COMPOSER_FIELDS',
@@ -109,12 +112,14 @@ def _undecided_result(evaluator: Evaluator, result_type: tff.Type) -> None:
                        'audit cannot know')
 
 
-def _audit_building_block(name: str, block: building_blocks.ComputationBuildingBlock,
-                          policy: AuditPolicy) -> ComputationAudit:
-  """Audits one computation's building block: its flows (reached ones in pass order, then unreached), passes, notes."""
+def _audit_building_block(name: str, block: building_blocks.ComputationBuildingBlock, policy: AuditPolicy,
+                          deadline: Optional[float] = None) -> ComputationAudit:
+  """Audits one computation's building block: its flows (reached ones in pass order, then unreached), passes, notes.
+
+  `deadline` (`time.monotonic()`): past it, `AnalysisTimeout`."""
   top_block = (block.result if isinstance(block, building_blocks.Lambda)
                and isinstance(block.result, building_blocks.Block) else None)
-  evaluator = Evaluator(name, top_block)
+  evaluator = Evaluator(name, top_block, deadline)
   value = evaluator.evaluate(block, Env())
   _call_computation(evaluator, block, value)
   type_signature = block.type_signature
@@ -228,7 +233,8 @@ def audit_computation(comp: Any,
                       policy: AuditPolicy = DEFAULT_POLICY,
                       value_type: Any = None,
                       weight_type: Any = None,
-                      name: Optional[str] = None) -> AuditReport:
+                      name: Optional[str] = None,
+                      timeout_s: Optional[float] = None) -> AuditReport:
   """Audits where client data reaches the server in a TFF computation, statically.
 
   Args:
@@ -241,6 +247,7 @@ def audit_computation(comp: Any,
     value_type: value type for a factory (anything `tff.to_type` accepts).
     weight_type: weight type for a weighted factory.
     name: how to call the subject in the report (default: its kind).
+    timeout_s: if given, the walk of all the computations stops past this many seconds (`AnalysisTimeout`).
 
   Returns:
     An `AuditReport`; its `verdict` is `'UNDECIDED'` (not `ok`) when the walk met places it cannot see through.
@@ -249,14 +256,17 @@ def audit_computation(comp: Any,
     ValueError: if `value_type` is missing for a factory or given for something else, or `policy` is not an
       `AuditPolicy`.
     TypeError: if `comp` is none of the above, or a process with a polymorphic public computation.
+    AnalysisTimeout: if the walk runs past `timeout_s`.
   """
   if not isinstance(policy, AuditPolicy):
     raise ValueError(f'policy must be an AuditPolicy, got {type(policy).__name__}')
+  deadline = None if timeout_s is None else time.monotonic() + timeout_s
   description, computations, main = _subject_computations(comp, value_type, weight_type)
   # Traced computations nest one Python frame per level of the building block; deep learning processes need room.
   if sys.getrecursionlimit() < _MIN_RECURSION_LIMIT:
     sys.setrecursionlimit(_MIN_RECURSION_LIMIT)
   audits = tuple(
-      _audit_building_block(comp_name, _to_building_block(c, comp_name), policy) for comp_name, c in computations)
+      _audit_building_block(comp_name, _to_building_block(c, comp_name), policy, deadline)
+      for comp_name, c in computations)
   subject = f'{name} ({description})' if name else description
   return AuditReport(subject=subject, policy=policy, computations=audits, main=main)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Union
 
@@ -105,9 +106,20 @@ class Env:
   def __init__(self, parent: Optional['Env'] = None):
     self._parent = parent
     self._values: dict[str, _Value] = {}
+    self._version = 0  # Bumped by each `bind`: a memoized call is replayed only in the scope it was made in.
 
   def bind(self, name: str, value: _Value) -> None:
     self._values[name] = value
+    self._version += 1
+
+  def state(self) -> tuple[Any, ...]:
+    """What a lookup in this scope depends on: each scope of the chain, as it stands now."""
+    states = []
+    env = self
+    while env is not None:
+      states.append((id(env), env._version))  # pylint: disable=protected-access
+      env = env._parent  # pylint: disable=protected-access
+    return tuple(states)
 
   def lookup(self, name: str) -> Optional[_Value]:
     env = self
@@ -294,6 +306,50 @@ def _const_of(value: _Value) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Memoizing calls.
+
+
+class AnalysisTimeout(Exception):
+  """The walk ran past its deadline (`Evaluator`'s `deadline`)."""
+
+
+# How many evaluation steps the walk takes between two looks at the clock.
+_STEPS_PER_CLOCK_CHECK = 1024
+
+
+def value_key(value: Optional[_Value]) -> Any:
+  """A hashable key that is equal for two abstract values only when the walk treats them alike.
+
+  Functions are keyed by identity (the memo keeps the values it keys alive, so an id is never reused meanwhile).
+  """
+  if value is None:
+    return None
+  if isinstance(value, _Data):
+    const = None if value.const is None else json.dumps(value.const.value, default=json_default, sort_keys=True)
+    return ('data', value.level, const, tuple(sorted(value.sources)))
+  if isinstance(value, StructValue):
+    return ('struct', tuple((name, value_key(v)) for name, v in value.elements))
+  if isinstance(value, Closure):
+    return ('closure', id(value.function), value.env.state())
+  if isinstance(value, _IntrinsicFunction):
+    return ('intrinsic', id(value.intrinsic))
+  return ('function', id(value))
+
+
+@dataclasses.dataclass
+class _Run:
+  """What one call of a closure did to the evaluator, to replay it: the runs it added to each site (by site key).
+
+  Its other effects need no replay: reached calls and undecided places are sets, and a replay in the same place
+  adds no new site (a site's key is its call node, path, pass and parameters, all the same there)."""
+
+  counts: dict[tuple[Any, ...], int] = dataclasses.field(default_factory=dict)
+
+  def add(self, key: tuple[Any, ...], runs: int) -> None:
+    self.counts[key] = self.counts.get(key, 0) + runs
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The evaluation.
 
 
@@ -320,7 +376,9 @@ def _format_local(name: str) -> str:
 class Evaluator:
   """Evaluates a building block over `_Value`s, recording each client-to-server call."""
 
-  def __init__(self, root_name: str, top_block: Optional[building_blocks.Block] = None):
+  def __init__(self, root_name: str, top_block: Optional[building_blocks.Block] = None,
+               deadline: Optional[float] = None):
+    """`deadline`: a `time.monotonic()` time past which the walk raises `AnalysisTimeout`."""
     self._path: list[str] = [root_name]
     self._sites: dict[tuple[Any, ...], Site] = {}
     self.reached_calls: set[int] = set()
@@ -330,6 +388,13 @@ class Evaluator:
     self._top_local: Optional[str] = None
     self.top_scope: Optional[Env] = None
     self._undecided: dict[tuple[str, str], UndecidedPlace] = {}
+    # A lambda called twice in the same place with the same argument does the same again: its first run is kept
+    # and replayed (its site counts added again), so that a chain of lambdas each calling the one before twice
+    # costs one run per level, not 2**levels. Counts are added as numbers: they may still be 2**levels.
+    self._memo: dict[tuple[Any, ...], tuple[_Value, _Run, tuple[Any, ...]]] = {}
+    self._runs: list[_Run] = []  # The calls being recorded, innermost last.
+    self._deadline = deadline
+    self._steps = 0
 
   @property
   def sites(self) -> list[Site]:
@@ -345,7 +410,15 @@ class Evaluator:
     where = ' > '.join(self._path)
     self._undecided.setdefault((where, reason), UndecidedPlace(where, reason))
 
+  def _tick(self) -> None:
+    """Counts one step of the walk; past the deadline, stops it."""
+    self._steps += 1
+    if (self._deadline is not None and self._steps % _STEPS_PER_CLOCK_CHECK == 0
+        and time.monotonic() > self._deadline):
+      raise AnalysisTimeout(f'the walk did not finish by its deadline ({self._steps} steps taken)')
+
   def evaluate(self, block: building_blocks.ComputationBuildingBlock, env: Env) -> _Value:
+    self._tick()
     if isinstance(block, building_blocks.Reference):
       value = env.lookup(block.name)
       if value is not None:
@@ -414,6 +487,32 @@ class Evaluator:
     return _join([function] + ([argument] if argument is not None else []))
 
   def _call_closure(self, function: Closure, argument: Optional[_Value]) -> _Value:
+    """Runs a closure's body, or replays its earlier run in the same place with the same argument."""
+    key = (id(function.function), function.env.state(), value_key(argument), tuple(self._path), self._top_local)
+    memoized = self._memo.get(key)
+    if memoized is not None:
+      result, run, _ = memoized
+      for site_key, runs in run.counts.items():
+        self._add_runs(site_key, runs)
+      return result
+    run = _Run()
+    self._runs.append(run)
+    try:
+      result = self._run_closure(function, argument)
+    finally:
+      self._runs.pop()
+    if self._runs:  # The enclosing call's run includes this one's.
+      for site_key, runs in run.counts.items():
+        self._runs[-1].add(site_key, runs)
+    self._memo[key] = (result, run, (function, argument))  # The values keyed by identity, kept alive.
+    return result
+
+  def _add_runs(self, site_key: tuple[Any, ...], runs: int) -> None:
+    self._sites[site_key].count += runs
+    if self._runs:
+      self._runs[-1].add(site_key, runs)
+
+  def _run_closure(self, function: Closure, argument: Optional[_Value]) -> _Value:
     scope = Env(function.env)
     name = function.function.parameter_name
     if name is not None:
@@ -488,7 +587,7 @@ class Evaluator:
       site = Site(uri, str(value_type), secure, parameters, aggregation_pass, where, index=len(self._sites),
                   top_local=self._top_local)
       self._sites[key] = site
-    site.count += 1
+    self._add_runs(key, 1)
     return site.index
 
 

@@ -8,6 +8,7 @@ the setting existed: `completed_config` gives the value that run used."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Optional
 
@@ -104,7 +105,47 @@ def check_resumable(config: config_lib.ExperimentConfig) -> None:
     details = ', '.join(f'{k}: {saved.get(k)!r} -> {current[k]!r}' for k in changed)
     raise ConfigError(f'{config.output_dir} holds a run with other settings ({details}); use another '
                       f'--output_dir or the same flags to resume it')
+  check_own_checkpoints(config)
   _note_last_bits(config, saved, trained)
+
+
+def trajectory_settings(settings: dict[str, Any]) -> dict[str, Any]:
+  """The settings that determine a run's trajectory (those a resume may not change), as JSON values: what a
+  checkpoint records of its run."""
+  completed = completed_config(settings)
+  return json.loads(json.dumps({k: v for k, v in completed.items() if k not in _RESUMABLE_CHANGES}))
+
+
+def run_identity(output_dir: str, settings: dict[str, Any]) -> Optional[checkpoints.RunIdentity]:
+  """The identity of the run in `output_dir` under `settings` (config.json's); None before its first start wrote
+  its id. `CheckpointError` when its id file is damaged."""
+  run = checkpoints.read_run_id(output_dir)
+  if run is None:
+    return None
+  return checkpoints.RunIdentity(run['run_id'], trajectory_settings(settings), run['unrecorded_up_to'])
+
+
+def _differences(recorded: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+  theirs = trajectory_settings(recorded)
+  return [f'{k}: {theirs.get(k)!r} there, {ours[k]!r} here' for k in sorted(ours) if theirs.get(k) != ours[k]]
+
+
+def check_own_checkpoints(config: config_lib.ExperimentConfig) -> None:
+  """`CheckpointError` (one line naming the checkpoint and what differs) when a checkpoint of `config.output_dir`
+  is recorded for another run, or for other settings. Checkpoints without a readable record are left to the resume
+  (a save that never finished: it falls back past them). Reads only."""
+  identity = run_identity(config.output_dir, dataclasses.asdict(config))
+  ours = trajectory_settings(dataclasses.asdict(config))
+  for round_num in checkpoints.saved_rounds(config.output_dir):
+    record, _ = checkpoints.read_record(config.output_dir, round_num)
+    if record is None:
+      continue
+    path = os.path.dirname(checkpoints.record_path(config.output_dir, round_num))
+    same_settings = record['settings_digest'] == checkpoints.settings_digest(ours)
+    differences = [] if same_settings else _differences(record['settings'], ours)
+    if identity is None or record['run_id'] != identity.run_id or differences:
+      raise checkpoints.CheckpointError(checkpoints.foreign_message(
+          path, record['run_id'], identity.run_id if identity else None, differences))
 
 
 def _saved_settings(output_dir: str) -> Optional[dict[str, Any]]:

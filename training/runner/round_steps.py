@@ -163,6 +163,15 @@ def evaluate_round(training: Training, done: round_loop.Round) -> None:
     work.submit('evaluate', lambda: row.update(evaluate_weights(setup, weights, participants)))
 
 
+def keep_up(training: Training, done: round_loop.Round) -> None:
+  """Before the round is reported done: the previous checkpoint's save (and the work before it) has finished, so a
+  run killed at any moment loses at most `checkpoint_every` rounds, as one whose work ran in turn. Work queued
+  without this bound fell further behind every round where it took longer than the round itself. That save still
+  overlaps the round after it, and the evaluations between checkpoints overlap their rounds."""
+  del done
+  training.work.wait_for_last('release_and_checkpoint')
+
+
 def release_and_save(training: Training, done: round_loop.Round) -> None:
   """Every `checkpoint_every` rounds and after the last: the rows since the last save, then the checkpoint."""
   config = training.config
@@ -195,7 +204,7 @@ def report_round(training: Training, done: round_loop.Round) -> None:
 
 # The steps after each round, in order: each may add to the row before the next sees it.
 AFTER_ROUND = (count_training, stop_if_non_finite, mark_dropped_clients, count_corrupted, stop_if_frozen,
-               evaluate_round, release_and_save, report_round)
+               evaluate_round, keep_up, release_and_save, report_round)
 
 
 @dataclasses.dataclass(frozen=True)

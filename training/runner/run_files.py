@@ -12,9 +12,10 @@ import asyncio
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from training import config as config_lib
@@ -25,7 +26,7 @@ from training.runner import resume_checks
 from training.runner import round_loop
 from training.runner import run_setup
 
-METRICS_FILE = 'metrics.csv'
+METRICS_FILE = checkpoints.METRICS_FILE
 
 
 def run_async(coro):
@@ -37,7 +38,9 @@ def write_settings(config: config_lib.ExperimentConfig, process: tff.learning.te
   """config.json (the resume guard), and audit.md (the privacy audit of `process`) when `config.audit` says so.
 
   Atomically (a temporary file renamed over it): an interrupted write leaves the old config.json or the new one,
-  never a half that refuses the resume."""
+  never a half that refuses the resume. First the run's id (at its first start; kept after), which its
+  checkpoints record."""
+  checkpoints.start_run_id(config.output_dir)
   safe_files.write_atomic(os.path.join(config.output_dir, resume_checks.CONFIG_FILE),
                           json.dumps(dataclasses.asdict(config), indent=2))
   if config.audit:
@@ -53,6 +56,7 @@ class Writers:
   csv_path: str
   csv_release: tff.program.CSVFileReleaseManager
   tensorboard_release: tff.program.TensorBoardReleaseManager
+  identity: Optional[checkpoints.RunIdentity] = None  # What each checkpoint records (None: a run without an id).
 
   def write_rows(self, rows: list[tuple[int, dict[str, float]]]) -> None:
     """Releases each (round, row) to metrics.csv (replacing that round's row and those after it) and TensorBoard."""
@@ -61,8 +65,31 @@ class Writers:
       run_async(self.tensorboard_release.release(row, number))
 
   def save(self, state: Any, round_num: int) -> None:
-    """Saves the learning-process state of round `round_num` as its checkpoint."""
-    run_async(self.state_manager.save(state, round_num))
+    """Saves the learning-process state of round `round_num` as its checkpoint, then its record of the run."""
+    save_checkpoint(self.state_manager, self.csv_path, state, round_num, self.identity)
+
+
+def save_checkpoint(state_manager: tff.program.FileProgramStateManager, csv_path: str, state: Any, round_num: int,
+                    identity: Optional[checkpoints.RunIdentity]) -> None:
+  """The state, then its record (`checkpoints.write_record`): a kill in between leaves a checkpoint without one,
+  which the resume falls back past as a save that never finished."""
+  try:
+    run_async(state_manager.save(state, round_num))
+  except tf.errors.OpError as e:
+    os_error = safe_files.os_error_of(e)
+    if os_error is None:
+      raise
+    raise os_error from e
+  if identity is not None:
+    checkpoints.write_record(os.path.dirname(csv_path), round_num, identity)
+
+
+def identity_of(output_dir: str) -> Optional[checkpoints.RunIdentity]:
+  """The run's identity from its files (its id and config.json, as this start wrote them); None without both."""
+  config_path = os.path.join(output_dir, resume_checks.CONFIG_FILE)
+  if not os.path.exists(config_path):
+    return None
+  return resume_checks.run_identity(output_dir, safe_files.read_json_object(config_path))
 
 
 def open_state_manager(output_dir: str) -> tff.program.FileProgramStateManager:
@@ -79,12 +106,13 @@ def start_state(config: config_lib.ExperimentConfig, setup: run_setup.Setup,
   """The state the rounds start from and its round: the newest checkpoint that loads (with its clients' values;
   the log says why when it is not the newest), else the seeded initial state, saved as round 0."""
   initial_state = round_loop.seeded_initial_state(setup.process, setup.build_keras, config.seed)
+  identity = resume_checks.run_identity(config.output_dir, dataclasses.asdict(config))
   resumed = checkpoints.resume(state_manager, config.output_dir, initial_state,
-                               lambda r: setup.method.restore_client_state(config.output_dir, r))
+                               lambda r: setup.method.restore_client_state(config.output_dir, r), identity)
   if resumed.message():
     logging.warning('%s: %s', config.output_dir, resumed.message())
   if resumed.state is None:
-    run_async(state_manager.save(initial_state, 0))
+    save_checkpoint(state_manager, os.path.join(config.output_dir, METRICS_FILE), initial_state, 0, identity)
     return initial_state, 0
   return resumed.state, resumed.round_num
 
@@ -99,4 +127,5 @@ def open_writers(output_dir: str, state_manager: tff.program.FileProgramStateMan
     logging.warning('%s: dropped the last row of metrics.csv, cut while it was written', output_dir)
   checkpoints.truncate_rows(csv_path, 'round', start_round)
   return Writers(state_manager, csv_path, tff.program.CSVFileReleaseManager(csv_path, key_fieldname='round'),
-                 tff.program.TensorBoardReleaseManager(os.path.join(output_dir, 'tensorboard')))
+                 tff.program.TensorBoardReleaseManager(os.path.join(output_dir, 'tensorboard')),
+                 identity_of(output_dir))

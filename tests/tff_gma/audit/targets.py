@@ -386,3 +386,47 @@ def leaks_only_in_next_with_client_state() -> ProcessWithClientState:
     return tff.federated_sum(values), values
 
   return ProcessWithClientState(initialize, next_fn, next_with_client_state)
+
+
+# --- Sized by a number of levels: the walk must not take time exponential in it. ----------------------------------
+
+
+def lambda_chain(levels: int, sum_per_level: bool = False, block_bodies: bool = False):
+  """`f_0 = x -> federated_mean(x)`, `f_k = x -> <f_{k-1}(x), f_{k-1}(x)>[0]`: each level calls the one before
+  twice, so the mean runs 2**levels times per call, in a building block that grows linearly (the locals of one
+  block, each referring to the one before). `sum_per_level`: each level also sums `x` once (2**(levels - k) runs
+  of level k's sum). `block_bodies`: each level's two calls are the locals `a` and `b` of a block of its own, so
+  every run of the mean sits at a path of its own (2**levels places: a report that size, which no walk can give
+  in bounded time).
+  """
+  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.compiler import building_blocks as bb
+  from tensorflow_federated.python.core.impl.compiler import intrinsic_defs
+  # pylint: enable=g-import-not-at-top
+  server_scalar = tff.FederatedType(np.float32, tff.SERVER)
+  aggregate_type = tff.FunctionType(CLIENT_SCALARS, server_scalar)
+  mean = bb.Intrinsic(intrinsic_defs.FEDERATED_MEAN.uri, aggregate_type)
+  x = bb.Reference('x', CLIENT_SCALARS)
+  levels_ = [('f0', bb.Lambda('x', CLIENT_SCALARS, bb.Call(mean, x)))]
+  function_type = levels_[0][1].type_signature
+  for k in range(1, levels + 1):
+    previous = bb.Reference(f'f{k - 1}', function_type)
+    calls = [bb.Call(previous, x), bb.Call(previous, x)]
+    if sum_per_level:
+      calls.append(bb.Call(bb.Intrinsic(intrinsic_defs.FEDERATED_SUM.uri, aggregate_type), x))
+    if block_bodies:
+      body = bb.Block([('a', calls[0]), ('b', calls[1])], bb.Reference('a', server_scalar))
+    else:
+      body = bb.Selection(bb.Struct(calls), index=0)
+    levels_.append((f'f{k}', bb.Lambda('x', CLIENT_SCALARS, body)))
+  argument = bb.Reference('arg', CLIENT_SCALARS)
+  top = bb.Call(bb.Reference(f'f{levels}', function_type), argument)
+  return bb.Lambda('arg', CLIENT_SCALARS, bb.Block(levels_, top))
+
+
+def lambda_chain_30():
+  return lambda_chain(30)
+
+
+def lambda_chain_40_block_bodies():
+  return lambda_chain(40, block_bodies=True)
