@@ -111,10 +111,9 @@ def test_a_script_under_tffs_default_context_reads_one_line_naming_the_intrinsic
 # Which contexts warn (tracing only: nothing runs, no worker starts).
 
 
-def _traced_warnings(default_context, monkeypatch, factories=None) -> list[warnings.WarningMessage]:
-  """The `SecureSumContextWarning`s issued while `factories` (default: GMA, which traces both of the check's call
-  sites) are created with `default_context` as TFF's default context (the one before restored), as in a fresh
-  process."""
+def _warnings_while(build, default_context, monkeypatch) -> list[warnings.WarningMessage]:
+  """The `SecureSumContextWarning`s issued while `build()` runs with `default_context` as TFF's default context
+  (the one before restored), as in a fresh process."""
   monkeypatch.setattr(context_check, '_warned', False)
   stack = tff.framework.get_context_stack()
   saved = tff_internals.default_context()
@@ -122,11 +121,20 @@ def _traced_warnings(default_context, monkeypatch, factories=None) -> list[warni
   try:
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter('always')
-      for factory in factories or [aggregators.GradientMaskedFactory()]:
-        factory.create(tff.TensorType(np.float32, [3]), tff.TensorType(np.float32))
+      build()
   finally:
     stack.set_default_context(saved)
   return [w for w in caught if issubclass(w.category, context_check.SecureSumContextWarning)]
+
+
+def _traced_warnings(default_context, monkeypatch, factories=None) -> list[warnings.WarningMessage]:
+  """`_warnings_while` `factories` (default: GMA, which traces both of the check's call sites) are created."""
+
+  def create_all():
+    for factory in factories or [aggregators.GradientMaskedFactory()]:
+      factory.create(tff.TensorType(np.float32, [3]), tff.TensorType(np.float32))
+
+  return _warnings_while(create_all, default_context, monkeypatch)
 
 
 def _multi_worker_context():
@@ -237,14 +245,4 @@ def test_the_runner_builds_without_the_warning_it_answers_itself(monkeypatch, tm
   config = config_lib.ExperimentConfig(rounds=1, aggregator='gma', output_dir=str(tmp_path), num_clients=4,
                                        clients_per_round=2)
   native = tff.backends.native.create_sync_local_cpp_execution_context()
-  monkeypatch.setattr(context_check, '_warned', False)
-  stack = tff.framework.get_context_stack()
-  saved = tff_internals.default_context()
-  stack.set_default_context(native)
-  try:
-    with warnings.catch_warnings(record=True) as caught:
-      warnings.simplefilter('always')
-      experiment.build_setup_quietly(config)
-  finally:
-    stack.set_default_context(saved)
-  assert not [w for w in caught if issubclass(w.category, context_check.SecureSumContextWarning)]
+  assert _warnings_while(lambda: experiment.build_setup_quietly(config), native, monkeypatch) == []

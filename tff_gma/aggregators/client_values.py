@@ -40,6 +40,17 @@ def compute_type(value_type):
       lambda t: tff.TensorType(compute_dtype(t.dtype), t.shape), value_type))
 
 
+def to_compute_dtypes(value):
+  """`value` with every float16 and bfloat16 tensor cast to float32 (`compute_dtype`), the others as they are."""
+  return tf.nest.map_structure(lambda x: tf.cast(x, compute_dtype(x.dtype)), value)
+
+
+def cast_leaves(value, dtypes):
+  """`value`'s tensors, in `tf.nest` order, cast to `dtypes` (e.g. a result back to the value type's dtypes)."""
+  leaves = [tf.cast(x, dtype) for x, dtype in zip(tf.nest.flatten(value), dtypes)]
+  return tf.nest.pack_sequence_as(value, leaves)
+
+
 def check_float_structure(value_type, name: str = 'value_type') -> None:
   """Raises TypeError unless `value_type` is a non-federated tensor or structure of float tensors."""
   if isinstance(value_type, tff.FederatedType) or not isinstance(value_type, (tff.TensorType, tff.StructType)):

@@ -92,7 +92,7 @@ def prepare_client(value, weight, secure: bool, value_bound: Optional[float], we
   when kept with a positive weight, and is nonzero when it also sends a non-zero update.
   """
   value, weight, keep = client_values.drop_invalid_clients(value, weight)
-  value = tf.nest.map_structure(lambda x: tf.cast(x, client_values.compute_dtype(x.dtype)), value)
+  value = client_values.to_compute_dtypes(value)
   weight = tf.cast(weight, tf.float32)
   if secure:
     value, weight, value_clipped, weight_clipped = client_values.clip_to_bounds(
@@ -172,8 +172,7 @@ def _build_computations(value_type, weight_type, secure: bool, value_bound: Opti
 
   @tff.tensorflow.computation(point_type, tff.TensorType(np.int32))
   def server_finish(estimate, nonzero_clients):
-    leaves = [tf.cast(x, dtype) for x, dtype in zip(tf.nest.flatten(estimate), dtypes)]
-    return result_checks.check_result(tf.nest.pack_sequence_as(estimate, leaves), nonzero_clients)
+    return result_checks.check_result(client_values.cast_leaves(estimate, dtypes), nonzero_clients)
 
   return _Computations(client_prepare, client_norm, client_distance, client_reweight, server_smoothing,
                        server_first_finite, server_keep_finite, server_finish)

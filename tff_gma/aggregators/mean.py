@@ -41,7 +41,7 @@ class FederatedMeanFactory(tff.aggregators.WeightedAggregationFactory):
     def weighted_pair(value, weight):
       value, weight, _ = client_values.drop_invalid_clients(value, weight)
       # float16 and bfloat16 are weighted and averaged in float32: a weight of 1e5 times a float16 overflows.
-      value = tf.nest.map_structure(lambda x: tf.cast(x, client_values.compute_dtype(x.dtype)), value)
+      value = client_values.to_compute_dtypes(value)
       weighted = tf.nest.map_structure(lambda x: x * tf.cast(weight, x.dtype), value)
       return weighted, tf.cast(weight, pair_weight_dtype)
 
@@ -54,8 +54,7 @@ class FederatedMeanFactory(tff.aggregators.WeightedAggregationFactory):
       means = tf.nest.map_structure(
           lambda x: tf.where(has_weight, tf.math.divide_no_nan(x, tf.cast(mean_weight, x.dtype)), tf.zeros_like(x)),
           weighted_mean)
-      leaves = [tf.cast(x, dtype) for x, dtype in zip(tf.nest.flatten(means), leaf_dtypes)]
-      return tf.nest.pack_sequence_as(means, leaves)
+      return client_values.cast_leaves(means, leaf_dtypes)
 
     @tff.federated_computation()
     def init_fn():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_gma.aggregators import client_values
 
@@ -38,13 +37,3 @@ def check_result(result, nonzero_clients):
   clean, nonfinite = finite_or_zero(result)
   zero = tf.logical_and(is_all_zero(clean), nonzero_clients > 0)
   return clean, collections.OrderedDict(nonfinite_result=nonfinite, zero_result=tf.cast(zero, tf.int32))
-
-
-def checked_result(result_type) -> tff.Computation:
-  """`check_result` as a TF computation over (`result_type`, int32)."""
-
-  @tff.tensorflow.computation(result_type, tff.TensorType(tf.int32))
-  def check(result, nonzero_clients):
-    return check_result(result, nonzero_clients)
-
-  return check

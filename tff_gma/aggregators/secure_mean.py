@@ -168,7 +168,7 @@ class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
     @tff.tensorflow.computation(value_type, weight_type)
     def prepare(value, weight):
       value, weight, _ = client_values.drop_invalid_clients(value, weight)
-      value = tf.nest.map_structure(lambda x: tf.cast(x, client_values.compute_dtype(x.dtype)), value)
+      value = client_values.to_compute_dtypes(value)
       value, weight, value_clipped, weight_clipped = client_values.clip_to_bounds(
           value, weight, value_bound, weight_bound)
       normalized = weight / tf.constant(weight_bound, weight.dtype)
@@ -179,8 +179,7 @@ class SecureWeightedMeanFactory(tff.aggregators.WeightedAggregationFactory):
     def divide(sums):
       weighted_sum, weight_sum = sums
       means = tf.nest.map_structure(lambda x: tf.math.divide_no_nan(x, tf.cast(weight_sum, x.dtype)), weighted_sum)
-      leaves = [tf.cast(x, dtype) for x, dtype in zip(tf.nest.flatten(means), leaf_dtypes)]
-      return tf.nest.pack_sequence_as(means, leaves)
+      return client_values.cast_leaves(means, leaf_dtypes)
 
     @tff.federated_computation()
     def init_fn():

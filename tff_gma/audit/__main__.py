@@ -46,25 +46,24 @@ class _Parser(argparse.ArgumentParser):
     self.exit(EXIT_ERROR, f'error: {message} (python -m tff_gma.audit -h lists the options)\n')
 
 
-def _seconds(text: str) -> float:
+def _positive(text: str, unit: str) -> float:
+  """A positive finite number of `unit`s, or the argparse error that names the unit."""
   try:
     value = float(text)
   except ValueError:
     value = math.nan
   if not math.isfinite(value) or value <= 0:
-    raise argparse.ArgumentTypeError(f'expected a positive number of seconds, got {text!r}')
+    raise argparse.ArgumentTypeError(f'expected a positive number of {unit}, got {text!r}')
   return value
+
+
+def _seconds(text: str) -> float:
+  return _positive(text, 'seconds')
 
 
 def _gib(text: str) -> int:
   """`--memory_limit`: GiB -> bytes."""
-  try:
-    value = float(text)
-  except ValueError:
-    value = math.nan
-  if not math.isfinite(value) or value <= 0:
-    raise argparse.ArgumentTypeError(f'expected a positive number of GiB, got {text!r}')
-  return int(value * (1 << 30))
+  return int(_positive(text, 'GiB') * (1 << 30))
 
 
 def _parser() -> argparse.ArgumentParser:

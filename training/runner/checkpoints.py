@@ -239,18 +239,11 @@ def check_resume_files(output_dir: str, csv_name: str = 'metrics.csv', key_field
   it). Reads only; the runner calls it before it writes anything."""
   saved_rounds(output_dir)
   csv_path = os.path.join(output_dir, csv_name)
-  text = _metrics_text(csv_path)
-  if text is None:
+  parsed = _parsed_rows(csv_path)
+  if parsed is None:
     return
-  lines = text.splitlines(keepends=True)
-  if _partial_row(lines):
-    lines = lines[:-1]
-  try:
-    rows = list(csv.reader(io.StringIO(''.join(lines), newline='')))
-  except csv.Error as e:
-    raise _damaged(csv_path, str(e)) from None
-  header = rows[0] if rows else []
-  for number, fields in enumerate(rows[1:], start=2):
+  header, rows = parsed
+  for number, fields in enumerate(rows, start=2):
     if len(fields) > len(header):
       raise _damaged(csv_path, f'line {number} has {len(fields)} fields, more than the header\'s {len(header)}')
     _round_of(csv_path, number, dict(zip(header, fields)), key_fieldname)
