@@ -51,6 +51,8 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # A child killed by SIGKILL (not by the audit) that had used this share of its memory limit most likely met the
 # system's out-of-memory killer: the kernel ends a process that way when the machine runs out before the limit.
 _OOM_SHARE = 0.5
+# What the parent's resident memory may grow by between its measure and the fork (Popen's own allocations).
+_INHERITED_SLACK = 64 << 20
 _running: set[int] = set()  # Children started and not reaped yet (their process group ids).
 # The stop signals `stop_on_signals` got (the first ends the run), kept because the handler's own raise can be lost:
 # run inside a garbage-collection callback (JAX registers one), it is printed as "Exception ignored" and the code
@@ -299,6 +301,29 @@ def physical_memory_bytes() -> int:
   return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 
+def resident_bytes(pid: Any = 'self') -> int:
+  """A process's resident memory now (0 when it cannot be read)."""
+  try:
+    with open(f'/proc/{pid}/statm') as f:
+      return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+  except (OSError, ValueError, IndexError):
+    return 0
+
+
+def own_peak_bytes(pid: int) -> int:
+  """The peak resident memory of a live process's own image (`VmHWM`; 0 once it has ended or when unreadable).
+
+  Unlike the `ru_maxrss` a reaper gets, it does not count what the process inherited from its parent at fork."""
+  try:
+    with open(f'/proc/{pid}/status') as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  return 0
+
+
 def gib(size: float) -> str:
   return f'{size / (1 << 30):.3g} GiB'
 
@@ -387,6 +412,10 @@ class Child:
   deadline: float
   timeout_s: float
   memory_limit: Optional[int] = None
+  # Linux's `ru_maxrss` of a forked child starts at its parent's resident memory at fork: the child's own peak is
+  # known from it only above that (`inherited_rss`), else from `VmHWM` sampled while it runs (`sampled_peak`).
+  inherited_rss: int = 0
+  sampled_peak: int = 0
   peak_rss: int = 0  # Bytes, once reaped.
 
 
@@ -420,7 +449,8 @@ def start_child(argv: Sequence[str], timeout_s: float, env: Optional[dict[str, s
     os.close(result_write)
     os.close(output_write)
   _running.add(process.pid)
-  return Child(process, result_read, output_read, time.monotonic() + timeout_s, timeout_s, memory_limit)
+  return Child(process, result_read, output_read, time.monotonic() + timeout_s, timeout_s, memory_limit,
+               inherited_rss=resident_bytes())
 
 
 def _reap(child: Child) -> None:
@@ -430,7 +460,9 @@ def _reap(child: Child) -> None:
     return
   _, status, usage = os.wait4(process.pid, 0)
   process.returncode = os.waitstatus_to_exitcode(status)
-  child.peak_rss = usage.ru_maxrss * 1024  # Linux counts it in KiB.
+  reported = usage.ru_maxrss * 1024  # Linux counts it in KiB.
+  own = reported if reported > child.inherited_rss + _INHERITED_SLACK else 0
+  child.peak_rss = max(own, child.sampled_peak)
 
 
 def _killed_for_memory(child: Child) -> bool:
@@ -466,6 +498,7 @@ def collect(child: Child, target: str, output_fd: int = 2, meanwhile: Optional[C
     if meanwhile is not None:
       meanwhile()
     while not _exited(process.pid):
+      child.sampled_peak = max(child.sampled_peak, own_peak_bytes(process.pid))
       ready, _, _ = select.select(open_fds, [], [], _POLL_S)
       for fd in ready:
         data = os.read(fd, 1 << 16)

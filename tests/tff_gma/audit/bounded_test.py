@@ -2,6 +2,9 @@
 the same argument is replayed, its counts added as numbers), `--timeout` covers the analysis as well as the
 loading, and a target's process that runs out of memory is reported as such, not as the audited code's doing."""
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -80,7 +83,9 @@ def test_a_target_that_needs_more_memory_than_the_limit_is_out_of_memory_not_its
 def test_a_child_killed_by_sigkill_after_using_most_of_its_memory_is_out_of_memory():
   # What the kernel's out-of-memory killer does to a process when the machine runs out before the limit; a plain
   # Python child (no TFF), the audit's own start and collection of it.
-  script = 'import os, signal\ndata = b"x" * (5 << 27)\nos.kill(os.getpid(), signal.SIGKILL)\n'
+  # It lives a moment after allocating, as a process the killer picks does: the audit samples its own peak then (a
+  # large parent's fork hides it from `ru_maxrss`, as pytest's does in the full suite).
+  script = 'import os, signal, time\ndata = b"x" * (5 << 27)\ntime.sleep(1)\nos.kill(os.getpid(), signal.SIGKILL)\n'
   child = isolation.start_child(['-c', script], 60, memory_limit=1 << 30)
   with pytest.raises(isolation.CommandError) as error:
     isolation.collect(child, 'killed_target:computation')
@@ -95,3 +100,26 @@ def test_a_child_that_kills_itself_with_little_memory_is_still_its_own_doing():
                                 memory_limit=1 << 30)
   with pytest.raises(isolation.CommandError, match=r'ended \(killed by signal SIGKILL\) .* the audited code ended'):
     isolation.collect(child, 'killed_target:computation')
+
+
+def test_a_large_parents_memory_is_not_taken_for_the_childs(tmp_path):
+  """Linux's `ru_maxrss` of a forked child starts at its parent's resident memory: from a 1 GiB parent (pytest grows
+  past that in the full suite), a child that kills itself at once must still be its own doing, not out of memory."""
+  script = tmp_path / 'big_parent.py'
+  script.write_text(
+      'import os, signal\n'
+      'from tff_gma.audit import isolation\n'
+      'ballast = b"y" * (1 << 30)\n'
+      'child = isolation.start_child(["-c", "import os, signal\\nos.kill(os.getpid(), signal.SIGKILL)\\n"], 60,\n'
+      '                              memory_limit=1 << 30)\n'
+      'try:\n'
+      '  isolation.collect(child, "killed_target:computation")\n'
+      'except isolation.CommandError as e:\n'
+      '  print(e)\n')
+  output = tmp_path / 'output.txt'
+  with open(output, 'w') as out:
+    process = subprocess.run([sys.executable, str(script)], stdout=out, stderr=subprocess.STDOUT, timeout=120,
+                             cwd=os.getcwd(), start_new_session=True, check=False)
+  text = output.read_text()
+  assert process.returncode == 0, text
+  assert 'the audited code ended' in text and 'out of memory' not in text, text
