@@ -203,6 +203,15 @@ class ExperimentConfig:
                                   'told rho).', _AGGREGATOR.corrupt_fraction)
   workers: Optional[str] = _help('host:port,... (or unix:/path,...) of TFF workers to split clients over '
                                  '(python -m tff_gma.worker).', None)
+  first_round_deadline_s: float = _help(
+      'Seconds the first round a process runs (TFF compiles it) and the initial state may take in the TFF workers '
+      'before the run ends in one line naming the round and the worker that does not answer (stopped, hung, or a '
+      'listener that never answers); rerunning resumes from the last checkpoint. 0: no deadline on any call.',
+      3600.0)
+  round_deadline_factor: float = _help(
+      'Each later round may take this many times the slowest round so far (at least --min_round_deadline_s) '
+      'before the run ends as above.', 10.0)
+  min_round_deadline_s: float = _help('The least deadline of a round after the first (seconds).', 300.0)
   rfa_weight_bound: Optional[float] = _help(
       'rfa: warn when one client\'s normalized RFA weight exceeds this (simulation-only audit; logs rfa_audit/* per '
       'round; trains the round\'s clients twice).', None)

@@ -90,6 +90,12 @@ def _check_numbers(config: config_lib.ExperimentConfig) -> None:
     value = getattr(config, name)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
       raise ConfigError(f'{name} must be an integer >= 0, got {value!r}')
+  for name in ('first_round_deadline_s', 'min_round_deadline_s'):  # first_round_deadline_s=0: no deadline.
+    if not getattr(config, name) >= 0:
+      raise ConfigError(f'{name} must be >= 0 seconds, got {getattr(config, name)!r}')
+  if not config.round_deadline_factor >= 1:
+    raise ConfigError(f'round_deadline_factor must be >= 1 (a round may take at least as long as the slowest so far), '
+                      f'got {config.round_deadline_factor!r}')
   if not isinstance(config.seed, (int, np.integer)) or not 0 <= config.seed <= MAX_SEED:
     raise ConfigError(f'seed must be an integer in [0, {MAX_SEED}] (NumPy\'s and Keras\' seeds are 32-bit), got '
                       f'{config.seed!r}')

@@ -28,6 +28,7 @@ from training.runner import round_steps
 from training.runner import run_files
 from training.runner import run_setup
 from training.runner import run_summary
+from training.runner import worker_deadline
 
 # What the run's steps define, importable from here as before (the studies, the runner and the tests read them here).
 TrainingStopped = errors.TrainingStopped
@@ -36,6 +37,7 @@ ConfigError = errors.ConfigError
 UnsafeOutputError = errors.UnsafeOutputError  # Writable by other users, or a link planted at an output's name.
 DirectoryLockedError = errors.DirectoryLockedError  # Another run holds it (names the directory and the pid).
 CheckpointError = errors.CheckpointError  # Checkpoints exist and none loads (names the damaged paths).
+WorkerUnresponsive = worker_deadline.WorkerUnresponsive  # A call into the workers passed its deadline.
 LAST_EVALS_FOR_FINAL = run_summary.LAST_EVALS_FOR_FINAL
 PERSONAL_TEST_FRACTION = run_setup.PERSONAL_TEST_FRACTION
 NON_FINITE_ROUNDS_TO_STOP = round_steps.NON_FINITE_ROUNDS_TO_STOP
@@ -115,12 +117,15 @@ def _run_locked(config: config_lib.ExperimentConfig, show_progress: bool,
   """The run's steps, under its directory's lock: only once the setup is built and its context ready is anything
   but the lock written."""
   setup = build_setup_quietly(config)
-  run_setup.install_context(config, setup.process)
+  targets = run_setup.install_context(config, setup.process)
+  deadline = worker_deadline.WorkerDeadline(worker_deadline.settings_of(config), targets)
   run_files.write_settings(config, setup.process)
   state_manager = run_files.open_state_manager(config.output_dir)
-  state, start_round = run_files.start_state(config, setup, state_manager)
+  state, start_round = deadline.call('the initial state', lambda: run_files.start_state(config, setup, state_manager),
+                                     round_time=False)
   writers = run_files.open_writers(config.output_dir, state_manager, start_round)
-  training = round_steps.start_training(config, setup, writers, show_progress=show_progress, on_round=on_round)
+  training = round_steps.start_training(config, setup, writers, show_progress=show_progress, on_round=on_round,
+                                        deadline=deadline)
   trained = round_steps.train(training, state, start_round)
   summary = run_summary.write_summary(config, setup, trained)
   if trained.stopped is not None:

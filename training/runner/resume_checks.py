@@ -25,13 +25,15 @@ CONFIG_FILE = 'config.json'  # The run's settings: written once every check pass
 # Settings a resumed run may change: they do not alter the state or what a round computes.
 _RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last_rounds', 'output_dir', 'audit', 'data_dir', 'workers',
                       'rfa_weight_bound', 'membership_inference', 'participation_eval', 'dataset_placement',
-                      'client_loop', 'worker_intra_op_threads', 'checkpoint_every', 'max_frozen_rounds')
+                      'client_loop', 'worker_intra_op_threads', 'checkpoint_every', 'max_frozen_rounds',
+                      'first_round_deadline_s', 'round_deadline_factor', 'min_round_deadline_s')
 # dataset_placement and client_loop change how, not what: the runs are bit-identical either way in the TFF worker
 # (tested); with --client_execution=local the two loops agree to float32 rounding (a log line says so on resume).
 # worker_intra_op_threads changes the last bits of what some kernels sum, as the machine's core count does under
 # TensorFlow's default: a run may resume with another count (or on another machine), and the run says so in a log
 # line; the summary records the count of its last session.
-# max_frozen_rounds changes only when a run whose model no longer moves is stopped (0 lets a stopped one go on).
+# max_frozen_rounds changes only when a run whose model no longer moves is stopped (0 lets a stopped one go on),
+# and the deadlines only when a run whose workers do not answer is ended.
 
 
 # Runs written before a setting existed: the one place that says what they ran. A saved config.json (or a summary's

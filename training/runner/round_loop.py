@@ -152,6 +152,9 @@ class Round:
 # Called before the method's round with (round_num, state, participants, datasets); returns extra row entries.
 BeforeRound = Callable[[int, Any, list, list], dict[str, float]]
 AfterRound = Callable[[Round], None]
+# The method's round, (state, participants, datasets, round_num) -> (state, metrics): `Method.run_round`, or a
+# caller's wrapper of it (the runner's worker deadline).
+RunRound = Callable[[Any, list, list, int], tuple[Any, Any]]
 
 
 class RoundLoop:
@@ -159,8 +162,10 @@ class RoundLoop:
 
   def __init__(self, method: methods_lib.Method, state: Any,
                inputs: Callable[[int], tuple[list[str], list[tf.data.Dataset]]], *, round_num: int = 0,
-               before_round: Optional[BeforeRound] = None, after_round: Sequence[AfterRound] = ()):
+               before_round: Optional[BeforeRound] = None, after_round: Sequence[AfterRound] = (),
+               run_round: Optional[RunRound] = None):
     self.method = method
+    self._run_round = run_round or method.run_round
     self.state = state
     self.inputs = inputs
     self.round_num = round_num  # The last finished round.
@@ -172,7 +177,7 @@ class RoundLoop:
     participants, datasets = self.inputs(round_num)
     extra = self._before_round(round_num, self.state, participants, datasets) if self._before_round else {}
     began = time.monotonic()
-    self.state, metrics = self.method.run_round(self.state, participants, datasets, round_num)
+    self.state, metrics = self._run_round(self.state, participants, datasets, round_num)
     seconds = time.monotonic() - began
     self.round_num = round_num
     row = flatten_metrics(metrics)

@@ -29,6 +29,7 @@ from training.runner import progress
 from training.runner import round_loop
 from training.runner import run_files
 from training.runner import run_setup
+from training.runner import worker_deadline
 from training.runner.errors import TrainingStopped
 
 NON_FINITE_ROUNDS_TO_STOP = 5  # Rounds in a row whose server update was rejected as non-finite before a run stops.
@@ -48,10 +49,12 @@ class Training:
   non_finite_in_a_row: int = 0  # Rounds in a row whose server update was rejected as non-finite.
   frozen: Optional[frozen_model.FrozenModel] = None  # The weights' watch (`watch_model`; None: max_frozen_rounds=0).
   train_seconds: float = 0.0  # The method's rounds' own time (client training and aggregation).
+  deadline: Optional[worker_deadline.WorkerDeadline] = None  # Bounds each round's wait on the workers.
 
 
 def start_training(config: config_lib.ExperimentConfig, setup: run_setup.Setup, writers: run_files.Writers, *,
-                   show_progress: bool, on_round: Optional[Callable[[int, Any], None]]) -> Training:
+                   show_progress: bool, on_round: Optional[Callable[[int, Any], None]],
+                   deadline: Optional[worker_deadline.WorkerDeadline] = None) -> Training:
   """The rounds' shared state: the RFA weight audit where asked, the progress bar, the after-round work (beside the
   next round unless that work reads what the next round changes, the clients' own values, or the next round trains
   in this process too)."""
@@ -67,7 +70,7 @@ def start_training(config: config_lib.ExperimentConfig, setup: run_setup.Setup, 
       if show_progress else None
   work = background.AfterRoundWork(
       background=setup.method.client_state is None and setup.method.client_execution == client_execution_lib.WORKER)
-  return Training(config, setup, writers, work, monitor, bar, on_round)
+  return Training(config, setup, writers, work, monitor, bar, on_round, deadline=deadline)
 
 
 def audit_weights(training: Training, round_num: int, state: Any, participants: list[str], datasets: list
@@ -232,7 +235,8 @@ def train(training: Training, state: Any, start_round: int) -> Trained:
   placement = run_setup.place_datasets(setup.method, inputs)
   loop = round_loop.RoundLoop(setup.method, state, inputs, round_num=start_round,
                               before_round=functools.partial(audit_weights, training),
-                              after_round=[functools.partial(step, training) for step in AFTER_ROUND])
+                              after_round=[functools.partial(step, training) for step in AFTER_ROUND],
+                              run_round=_run_round_within_deadline(training))
   started = time.monotonic()
   age = process_age()  # From the process's start to the first round (a one-run process's start-up).
   stopped = None
@@ -254,6 +258,15 @@ def train(training: Training, state: Any, start_round: int) -> Trained:
   return Trained(state, loop.round_num - start_round, seconds,
                  worker_datasets.DRIVER if placement is None else worker_datasets.WORKER, started, age,
                  training.non_finite_in_a_row, stopped)
+
+
+def _run_round_within_deadline(training: Training) -> Optional[round_loop.RunRound]:
+  """The method's round within `training.deadline` (`WorkerUnresponsive` past it), or None: the method's own."""
+  if training.deadline is None:
+    return None
+  method, deadline = training.setup.method, training.deadline
+  return lambda state, participants, datasets, number: deadline.call(
+      f'round {number}', lambda: method.run_round(state, participants, datasets, number))
 
 
 def process_age() -> Optional[float]:

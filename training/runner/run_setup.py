@@ -125,10 +125,13 @@ def build_checked_setup(config: config_lib.ExperimentConfig) -> Setup:
     raise ConfigError(str(e)) from None
 
 
-def install_context(config: config_lib.ExperimentConfig, process: tff.learning.templates.LearningProcess) -> None:
+def install_context(config: config_lib.ExperimentConfig, process: tff.learning.templates.LearningProcess
+                    ) -> Callable[[], list[str]]:
   """Readies the TFF context that runs `process`: `--workers`, else the runner's own worker with the run's intra-op
   threads (a running worker with another count is replaced; a context the caller installed instead, e.g. several
-  workers, is left alone). Raises `ConfigError` in one line when it cannot, nothing written yet."""
+  workers, is left alone). Raises `ConfigError` in one line when it cannot, nothing written yet. Returns what gives
+  the gRPC targets of the context's workers (none for a context the caller installed)."""
+  targets = lambda: []
   if config.workers is not None:
     try:
       runtime.check_single_aggregation_stage(process)
@@ -137,16 +140,20 @@ def install_context(config: config_lib.ExperimentConfig, process: tff.learning.t
     except ValueError as e:
       raise ConfigError(f'workers: {e}') from None
     try:
-      runtime.set_multi_worker_context([t for t in config.workers.split(',') if t])
+      listed = [t for t in config.workers.split(',') if t]
+      runtime.set_multi_worker_context(listed)
+      targets = lambda: listed
     except (RuntimeError, ValueError) as e:  # No worker answers at an address: a flag error, nothing written.
       raise ConfigError(f'workers: {e}') from None
   elif runtime.simulation_context_applies():
     try:
-      runtime.set_simulation_context(intra_op_threads=config.worker_intra_op_threads)
+      worker = runtime.set_simulation_context(intra_op_threads=config.worker_intra_op_threads)
+      targets = lambda: [worker.target]  # Read when asked: a worker that died is restarted at another address.
     except (RuntimeError, ValueError) as e:  # The worker did not start again: one line, nothing written yet.
       raise ConfigError(f'worker_intra_op_threads: the TFF worker did not start with '
                         f'{config.worker_intra_op_threads} thread(s): {" ".join(str(e).split())}') from None
   runtime.check_context_runs(process)  # A context the caller installed that cannot run it: one line.
+  return targets
 
 
 def client_loop_used(config: config_lib.ExperimentConfig, model_fn) -> Optional[str]:
