@@ -54,6 +54,14 @@ def local_cpp_worker_process(context: Any) -> Optional[subprocess.Popen]:
   return process if isinstance(process, subprocess.Popen) else None
 
 
+def async_thread_runner() -> Any:
+  """TFF's `AsyncThreadRunner`: a thread running an event loop, on which TFF's contexts run their coroutines from
+  synchronous code (`run_coro_and_return_result`)."""
+  # No public API: TFF's synchronous contexts are built on it, and it lives in TFF's private common_libs.
+  from tensorflow_federated.python.common_libs import async_utils  # pylint: disable=g-import-not-at-top
+  return async_utils.AsyncThreadRunner()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The audit's loader and isolation (tff_gma/audit).
 

@@ -43,6 +43,15 @@ def _secure_free_sum():
 # Execution contexts and the worker.
 
 
+class AsyncThreadRunnerTest(absltest.TestCase):
+
+  def test_it_runs_a_coroutine_from_synchronous_code(self):
+    async def seven():
+      return 7
+
+    self.assertEqual(tff_internals.async_thread_runner().run_coro_and_return_result(seven()), 7)
+
+
 class DefaultContextTest(absltest.TestCase):
 
   def test_it_is_the_bottom_of_the_stack_whatever_is_installed_over_it(self):

@@ -52,6 +52,37 @@ def test_two_workers_match_one(aggregator, two_workers):
           == metrics_two['client_work']['train']['num_examples'])
 
 
+def _doubled_slowly_on_the_first_worker():
+  """Each client's value doubled, with its sum: the clients of the first worker's slice (values below 4 of 1-6)
+  work long, so that the second worker finishes first."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  @tff.tensorflow.computation(np.float32)
+  def doubled(x):
+    m = tf.fill([200, 200], 1e-3)
+    steps = tf.where(x < 4.0, 300, 0)
+    _, waste = tf.while_loop(lambda i, a: i < steps, lambda i, a: (i + 1, a + tf.reduce_sum(m @ m)), (0, 0.0))
+    return x * 2.0 + 0.0 * waste
+
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+  def comp(values):
+    return tff.federated_sum(values), tff.federated_map(doubled, values)
+
+  return comp
+
+
+def test_each_clients_result_comes_back_to_it_whichever_worker_finishes_first(two_workers):
+  comp = _doubled_slowly_on_the_first_worker()
+  runtime.set_multi_worker_context(two_workers)
+  try:
+    total, doubled = comp([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+  finally:
+    runtime.set_simulation_context()
+  assert total == 21.0
+  np.testing.assert_array_equal(doubled, [2.0, 4.0, 6.0, 8.0, 10.0, 12.0])
+
+
 def test_multi_stage_aggregator_is_refused_before_running():
   data = loaders.load_federated_data('digits', 'iid', 2, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)
@@ -371,3 +402,16 @@ def test_exposure_message_says_who_can_connect(listener, confined, expected, une
   for text in unexpected:
     assert text not in message, message
   assert 'UNAUTHENTICATED' in message and message.endswith('Ctrl-C stops it.')
+
+
+def test_the_clients_split_into_contiguous_shares_wherever_their_value_lies_in_the_argument():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_gma.runtime import multi_worker  # pylint: disable=g-import-not-at-top
+  clients = tff.FederatedType(np.float32, tff.CLIENTS)
+  # The clients' value first: TFF's own split gives both workers the first three clients there.
+  slices = multi_worker._split([[1.0, 2.0, 3.0, 4.0, 5.0], 7], tff.StructType([clients, np.int32]), 2)
+  assert [(list(s[0]), s[1]) for s in slices] == [([1.0, 2.0, 3.0], 7), ([4.0, 5.0], 7)]
+  assert len(multi_worker._split([1.0], clients, 2)) == 1  # No worker gets an empty share.
+  joined = multi_worker._joined([tff.structure.Struct.unnamed([2.0, 4.0], 1), tff.structure.Struct.unnamed([6.0], 1)],
+                                tff.StructType([clients, tff.FederatedType(np.int32, tff.SERVER)]))
+  assert list(joined[0]) == [2.0, 4.0, 6.0] and joined[1] == 1

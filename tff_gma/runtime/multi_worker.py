@@ -8,6 +8,7 @@ blocks. `start_local_workers` starts owned workers on this host for it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from typing import Optional
 import grpc
 import tensorflow_federated as tff
 
+from tff_gma import tff_internals
 from tff_gma.runtime import contexts
 from tff_gma.runtime import files
 from tff_gma.runtime import worker_process
@@ -25,18 +27,125 @@ CONNECT_TIMEOUT_S = 10.0  # For workers this process does not own (`set_multi_wo
 
 
 class _MergeableContext(tff.framework.MergeableCompExecutionContext):
-  """TFF's mergeable context, returning results in the Python containers of the computation's result type.
+  """TFF's mergeable context, with each worker's results kept in the order of its clients.
 
-  TFF's version converts results with the type of the compiled `after_merge` part, which has lost the
-  containers (a learning process's `next` then returns an OrderedDict instead of a `LearningProcessOutput`).
+  TFF's version merges the workers' partial aggregates, and concatenates their CLIENTS-placed results (SCAFFOLD's and
+  personalized RFA's client state), in the order the workers finish: a later worker finishing first gives its
+  clients' results to the first worker's clients, and with three workers or more the merge order changes the sums'
+  last bits from run to run. Here the workers' slices run side by side, and their results are merged and joined in
+  the slices' order. Results come back in the Python containers of the computation's result type (TFF's lose them:
+  a learning process's `next` would return an OrderedDict instead of a `LearningProcessOutput`).
   """
 
+  def __init__(self, async_contexts, compiler_fn):
+    super().__init__(async_contexts=async_contexts, compiler_fn=compiler_fn)
+    self._workers = list(async_contexts)
+    self._compile = compiler_fn
+    self._forms = {}  # Each computation's mergeable form, compiled once.
+    self._runner = tff_internals.async_thread_runner()
+
   def invoke(self, comp, arg=None):
-    result = super().invoke(comp, arg)
-    if isinstance(comp, tff.Computation) and isinstance(result, (tff.structure.Struct, list, tuple, dict)):
-      result = tff.types.type_to_py_container(
-          tff.structure.from_container(result, recursive=True), comp.type_signature.result)
-    return result
+    form = comp
+    if isinstance(comp, tff.Computation):
+      if comp not in self._forms:
+        self._forms[comp] = self._compile(comp)
+      form = self._forms[comp]
+    slices = [None] * len(self._workers)
+    if arg is not None:
+      slices = _split(arg, form.up_to_merge.type_signature.parameter, len(self._workers))
+    result = self._runner.run_coro_and_return_result(self._in_order(form, slices))
+    result_type = (comp if isinstance(comp, tff.Computation) else form.after_merge).type_signature.result
+    return tff.types.type_to_py_container(_as_structs(result, result_type), result_type)
+
+  async def _in_order(self, form, slices):
+    """`form` on the argument's slices, one a worker, merged and joined in the slices' order."""
+    pairs = list(zip(slices, self._workers))
+    partials = await asyncio.gather(*(w.invoke(form.up_to_merge, s) for s, w in pairs))
+    merged = partials[0]
+    for partial in partials[1:]:
+      merged = await self._workers[0].invoke(form.merge, tff.structure.Struct.unnamed(merged, partial))
+    after = lambda s: merged if s is None else tff.structure.Struct.unnamed(s, merged)
+    result_type = form.after_merge.type_signature.result
+    if not _has_client_values(result_type):
+      return await self._workers[0].invoke(form.after_merge, after(slices[0]))
+    results = await asyncio.gather(*(w.invoke(form.after_merge, after(s)) for s, w in pairs))
+    return _joined(list(results), result_type)
+
+
+def _elements(value) -> list:
+  """A structure's elements, (name, value) pairs, from any container TFF takes for a struct."""
+  if isinstance(value, tff.structure.Struct):
+    return tff.structure.to_elements(value)
+  if isinstance(value, dict):
+    return list(value.items())
+  if isinstance(value, (list, tuple)) and not hasattr(value, '_fields'):
+    return [(None, v) for v in value]
+  return tff.structure.to_elements(tff.structure.from_container(value))  # A namedtuple, attrs or dataclass.
+
+
+def _client_count(value, value_type) -> Optional[int]:
+  """The number of clients of the first CLIENTS-placed value that differs between clients, or None."""
+  if isinstance(value_type, tff.FederatedType):
+    return len(value) if value_type.placement is tff.CLIENTS and not value_type.all_equal else None
+  if isinstance(value_type, tff.StructType):
+    counts = (_client_count(v, t) for (_, v), t in zip(_elements(value), value_type))
+    return next((c for c in counts if c is not None), None)
+  return None
+
+
+def _sliced(value, value_type, start: int, stop: int):
+  """`value` with each CLIENTS-placed value cut to its clients [start, stop); every other value whole."""
+  if isinstance(value_type, tff.FederatedType):
+    return value[start:stop] if value_type.placement is tff.CLIENTS and not value_type.all_equal else value
+  if isinstance(value_type, tff.StructType):
+    return tff.structure.Struct(
+        [(name, _sliced(v, t, start, stop)) for (name, v), t in zip(_elements(value), value_type)])
+  return value
+
+
+def _split(value, value_type, workers: int) -> list:
+  """`value` as one slice per worker, each with a contiguous share of the clients (as TFF splits them; a worker
+  left without clients gets no slice). TFF's own split loses its place after a struct's last element when that
+  element is not placed at CLIENTS, and gives every worker the first clients."""
+  count = _client_count(value, value_type)
+  if count is None:
+    return [value] * workers
+  sizes = [count // workers + (i < count % workers) for i in range(workers)]
+  starts = [sum(sizes[:i]) for i in range(workers)]
+  return [_sliced(value, value_type, a, a + n) for a, n in zip(starts, sizes) if n]
+
+
+def _joined(results: list, value_type):
+  """The workers' results as one: CLIENTS-placed values concatenated in the workers' order, others the first's."""
+  if isinstance(value_type, tff.FederatedType):
+    if value_type.placement is tff.CLIENTS and not value_type.all_equal:
+      return [client for result in results for client in result]
+    return results[0]
+  if isinstance(value_type, tff.StructType):
+    parts = [_elements(r) for r in results]
+    return tff.structure.Struct([(name, _joined([p[i][1] for p in parts], t))
+                                 for i, ((name, _), t) in enumerate(zip(parts[0], value_type))])
+  return results[0]
+
+
+def _has_client_values(value_type) -> bool:
+  """Whether `value_type` holds a CLIENTS-placed value that differs between clients."""
+  if isinstance(value_type, tff.FederatedType):
+    return value_type.placement is tff.CLIENTS and not value_type.all_equal
+  return isinstance(value_type, tff.StructType) and any(_has_client_values(t) for t in value_type)
+
+
+def _as_structs(value, value_type):
+  """`value` with its structures as `tff.structure.Struct`s, as `type_to_py_container` takes them, except the values
+  placed at CLIENTS, which stay lists (one element per client; SCAFFOLD's and personalized RFA's client state)."""
+  if isinstance(value_type, tff.FederatedType):
+    if value_type.placement is tff.CLIENTS and not value_type.all_equal:
+      return [_as_structs(v, value_type.member) for v in value]
+    return _as_structs(value, value_type.member)
+  if not isinstance(value_type, tff.StructType):
+    return value
+  elements = _elements(value)
+  return tff.structure.Struct([(name, _as_structs(v, t)) for (name, v), t in zip(elements, value_type)])
 
 
 def _check_target(target: str) -> None:
