@@ -1,4 +1,4 @@
-"""Runs one TFF C++ worker in the foreground, for multi-host simulations.
+"""Runs one TFF C++ worker in the foreground, for multi-host simulations; Ctrl-C stops it (one line, exit 130).
 
 Usage: `python -m tff_gma.worker --port=8000 [--bind=ADDRESS] [--log_path=PATH]`, or `--unix=PATH` instead of
 `--port`/`--bind`; drivers connect with `python -m training.run --workers=host1:8000,...` (or `unix:PATH`). TFF's
@@ -104,6 +104,11 @@ def main(argv):
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
   try:
     worker._process.wait()  # pylint: disable=protected-access
+  except KeyboardInterrupt:  # The banner's way to stop it: no traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # The stop is bounded (it ends in SIGKILL): let it finish.
+    worker.stop()
+    print('TFF worker stopped.', file=sys.stderr, flush=True)
+    sys.exit(130)
   finally:
     worker.stop()
 

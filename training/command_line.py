@@ -46,7 +46,11 @@ def one_line_usage_errors(main: Callable[[list[str]], Any], resume_hint: str = '
       sys.exit(1)
     except (ValueError, RuntimeError) as e:
       if not is_run_refusal(e):
-        raise
+        fault = resource_fault(e)
+        if fault is None:
+          raise
+        print(f'error: {fault}' + (f' ({resume_hint})' if resume_hint else ''), file=sys.stderr, flush=True)
+        sys.exit(1)
       settings = isinstance(e, ValueError)  # A setting or the data: the same command would be refused again.
       print(f'error: {e}' + (f' ({resume_hint})' if resume_hint and not settings else ''), file=sys.stderr,
             flush=True)
@@ -58,6 +62,22 @@ def one_line_usage_errors(main: Callable[[list[str]], Any], resume_hint: str = '
       sys.exit(1)
 
   return wrapped
+
+
+THREAD_FAULT = ("cannot start a thread (the process's thread or address-space limit: ulimit -u / -v, or the "
+                'memory); raise it, or run fewer processes at once')
+
+
+def resource_fault(error: BaseException) -> str | None:
+  """The one line for an error that a resource limit caused rather than a bug (Python's "can't start new thread",
+  which TFF's contexts raise when the thread or address-space limit is reached), or None. Its causes count too."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, RuntimeError) and "can't start new thread" in str(error):
+      return THREAD_FAULT
+    error = error.__cause__ or error.__context__
+  return None
 
 
 def check_output_dir(directory: str, flag: str = 'output_dir') -> None:
@@ -97,13 +117,14 @@ def run(main: Callable[[list[str]], Any], resume_hint: str = '') -> None:
 
 def is_run_refusal(error: BaseException) -> bool:
   """Whether `error` is one of the runner's own refusals (`training.runner.experiment`'s `ConfigError`,
-  `DirectoryLockedError`, `CheckpointError`, `UnsafeOutputError`, `TrainingStopped`; the data's `IdxError`): a
-  message for the user, not a bug. Read from the loaded modules: an error of a module never imported is none."""
+  `DirectoryLockedError`, `CheckpointError`, `UnsafeOutputError`, `TrainingStopped`, `WorkerUnresponsive`; the
+  data's `IdxError`): a message for the user, not a bug. Read from the loaded modules: an error of a module never
+  imported is none."""
   experiment = sys.modules.get('training.runner.experiment')
   idx = sys.modules.get('tff_gma.data.idx')
   kinds = () if experiment is None else (experiment.ConfigError, experiment.DirectoryLockedError,
                                          experiment.CheckpointError, experiment.UnsafeOutputError,
-                                         experiment.TrainingStopped)
+                                         experiment.TrainingStopped, experiment.WorkerUnresponsive)
   kinds += () if idx is None else (idx.IdxError,)
   return isinstance(error, kinds)
 

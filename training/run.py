@@ -11,11 +11,13 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-import dataclasses  # pylint: disable=g-import-not-at-top
+import _thread  # pylint: disable=g-import-not-at-top
+import dataclasses
 import json
 import shlex
 import signal
 import sys
+import threading
 from typing import Optional
 
 from absl import app
@@ -86,7 +88,9 @@ def interrupted_message(config: config_lib.ExperimentConfig, args: list[str], se
   3 seeds) after round N of R; ...`); the same command resumes it and runs the seeds after it."""
   saved = checkpoints.saved_rounds(config.output_dir)
   done = max(saved, default=0)
-  if done >= config.rounds:
+  if not os.path.isdir(config.output_dir):  # Moved or removed under the run: what it held is not known here.
+    where = 'with its output directory gone'
+  elif done >= config.rounds:
     where = f'after round {done} of {config.rounds}, before summary.json was written'
   elif done > 0:
     where = f'after round {done} of {config.rounds}'
@@ -142,6 +146,22 @@ def _raise_terminated(signum, frame) -> None:
   raise _Terminated()
 
 
+def _deliver_lost_stops(previous_hook):
+  """An `unraisablehook` that delivers again a Ctrl-C or SIGTERM whose exception Python dropped: raised while a
+  garbage-collection callback (JAX registers one) or a `__del__` ran, it is printed as "Exception ignored in" and
+  the run would go on. Other unraisable exceptions go to `previous_hook`."""
+
+  def hook(unraisable) -> None:
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+      # From another thread, a moment later: delivered here, it would be raised inside this hook and dropped too.
+      signum = signal.SIGTERM if isinstance(unraisable.exc_value, _Terminated) else signal.SIGINT
+      threading.Timer(0.01, _thread.interrupt_main, (signum,)).start()
+      return
+    previous_hook(unraisable)
+
+  return hook
+
+
 def _stop_quietly(message: str, exit_code: int = 130) -> None:
   """After Ctrl-C or SIGTERM: one line, the workers stopped without their noise, exit 130 (SIGTERM: 143), no
   traceback."""
@@ -167,6 +187,7 @@ def main(argv):
   config = configs[0]
   # Before the runtime's own SIGTERM handler (a plain exit): a terminated run says how to resume, as Ctrl-C does.
   signal.signal(signal.SIGTERM, _raise_terminated)
+  sys.unraisablehook = _deliver_lost_stops(sys.unraisablehook)
   try:
     for config in configs:  # Every seed's settings and directory, before any training (or a worker).
       experiment.prepare(config)

@@ -91,6 +91,8 @@ def output_file_problem(path: str, flag: str) -> Optional[str]:
 
 # TensorFlow's file system reports an errno as `tf.errors.OpError` 'CONTEXT; STRERROR' (tsl's errors::IOError).
 _ERRNO_OF_STRERROR = {os.strerror(code): code for code in sorted(errno.errorcode, reverse=True)}
+# And a path it expected to be a directory as 'PATH is not a directory', without the errno's text.
+_NOT_A_DIRECTORY = re.compile(r'(\S.*) is not a directory')
 
 
 def os_error_of(error: BaseException) -> Optional[OSError]:
@@ -105,6 +107,11 @@ def os_error_of(error: BaseException) -> Optional[OSError]:
     return None
   # An eager op's error (SaveV2 under a full disk or out of descriptors) ends in ' [Op:SaveV2]' after the text.
   message = re.sub(r'\s*\[Op:\w+\]\s*$', '', message)
+  # A function's op (a checkpoint's SaveV2) puts '{{function_node NAME}} ' before the path.
+  message = re.sub(r'^\s*\{\{function_node [^}]*\}\}\s*', '', message)
+  not_a_directory = _NOT_A_DIRECTORY.fullmatch(message.strip())
+  if not_a_directory:  # A directory it writes into replaced by a file (FailedPreconditionError).
+    return OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), not_a_directory.group(1))
   context, separator, reason = message.strip().rpartition('; ')
   code = _ERRNO_OF_STRERROR.get(reason)
   if not separator or code is None:

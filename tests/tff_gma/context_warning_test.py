@@ -13,7 +13,6 @@ Children run in their own session, with their output in files: TFF's default con
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -75,10 +74,7 @@ def _run_script(path, timeout: float = 300) -> tuple[int, str, str]:
   try:
     child.wait(timeout=timeout)
   finally:
-    try:
-      os.killpg(child.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
+    processes.kill_session(child.pid)
     child.wait()
   with open(out_path) as out, open(err_path) as err:
     return child.returncode, out.read(), err.read()

@@ -1,6 +1,8 @@
 """Test helpers: whether a process is alive, waiting for it to be gone (from /proc), and children that take
 signals as a script started from a terminal does."""
 
+import os
+import signal
 import time
 
 
@@ -21,6 +23,15 @@ def wait_gone(pid: int, timeout: float = 15.0) -> bool:
       return True
     time.sleep(0.1)
   return False
+
+
+def kill_session(pid: int) -> None:
+  """SIGKILL to the session (process group) led by `pid`, if any of it is left: what a test that started a child
+  with `start_new_session=True` does last, since TFF's own worker may outlive the child."""
+  try:
+    os.killpg(pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
 
 
 # The prefix of a child's argv that must take SIGINT/SIGQUIT/SIGHUP by default. A test suite started as a shell's

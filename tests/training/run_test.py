@@ -333,3 +333,33 @@ def test_a_run_killed_by_sigkill_loses_at_most_checkpoint_every_rounds_and_resum
   summaries = [json.loads((d / 'summary.json').read_text()) for d in (out, tmp_path / 'whole')]
   assert summaries[0]['final_accuracy'] == summaries[1]['final_accuracy']
   assert summaries[0]['rounds_completed'] == 7
+
+
+def test_a_sigterm_raised_inside_a_garbage_collection_callback_is_delivered_again():
+  import gc  # pylint: disable=g-import-not-at-top
+  from training import run  # pylint: disable=g-import-not-at-top
+  sent = []
+
+  def callback(phase, info):  # As JAX's: Python code that collections run. The signal lands in it, once.
+    del phase, info
+    if not sent:
+      sent.append(True)
+      os.kill(os.getpid(), signal.SIGTERM)
+    began = time.monotonic()
+    while time.monotonic() - began < 0.005:
+      pass
+
+  previous_handler, previous_hook = signal.signal(signal.SIGTERM, run._raise_terminated), sys.unraisablehook
+  sys.unraisablehook = run._deliver_lost_stops(previous_hook)
+  try:
+    with pytest.raises(run._Terminated):
+      gc.callbacks.append(callback)
+      gc.collect()
+      end = time.monotonic() + 5
+      while time.monotonic() < end:
+        pass
+    assert sent
+  finally:
+    gc.callbacks.remove(callback)
+    sys.unraisablehook = previous_hook
+    signal.signal(signal.SIGTERM, previous_handler)

@@ -35,7 +35,9 @@ def load_attribute(spec: str, role: str = 'target') -> Any:
   except SystemExit as e:
     raise CommandError(f'cannot import module {module_name!r} of {role} {spec}: it called sys.exit({e.code!r}) '
                        'while being imported') from e
-  except Exception as e:  # pylint: disable=broad-except
+  except KeyboardInterrupt:
+    raise
+  except BaseException as e:  # pylint: disable=broad-except  # A BaseException subclass too: the target's code.
     raise CommandError(f'cannot import module {module_name!r} of {role} {spec}: {isolation.describe(e)}') from e
   parts = attr_path.split('.')
   for i, part in enumerate(parts):
@@ -43,7 +45,9 @@ def load_attribute(spec: str, role: str = 'target') -> Any:
       value = getattr(value, part)
     except AttributeError as e:
       raise CommandError(f'{role} {spec}: module {module_name!r} has no attribute {".".join(parts[:i + 1])!r}') from e
-    except Exception as e:  # pylint: disable=broad-except
+    except (KeyboardInterrupt, SystemExit):
+      raise
+    except BaseException as e:  # pylint: disable=broad-except  # A property's code may raise any kind.
       raise CommandError(f'{role} {spec}: reading {".".join(parts[:i + 1])!r} raised {isolation.describe(e)}') from e
   return value
 
@@ -105,7 +109,9 @@ def resolve_subject(value: Any, spec: str) -> Any:
       value = value()  # A builder: lets a module define expensive targets lazily.
     except SystemExit as e:
       raise CommandError(f'target {spec}: the builder called sys.exit({e.code!r})') from e
-    except Exception as e:  # pylint: disable=broad-except
+    except KeyboardInterrupt:
+      raise
+    except BaseException as e:  # pylint: disable=broad-except
       raise CommandError(f'target {spec}: calling the builder raised {isolation.describe(e)}') from e
     described = f'target {spec}() returned {type(value).__name__}'
   if not isinstance(value, supported):
@@ -184,7 +190,9 @@ def load_message(target: str, value_type: Optional[str] = None, weight_type: Opt
       subject = resolve_subject(load_attribute(target), target)
       try:
         body = _result(subject, value_tff_type, weight_tff_type)
-      except Exception as e:  # pylint: disable=broad-except
+      except (KeyboardInterrupt, SystemExit):
+        raise
+      except BaseException as e:  # pylint: disable=broad-except
         raise CommandError(f'cannot audit {target}: {isolation.describe(e)}') from e
     except SystemExit as e:  # Code the target runs called sys.exit outside the import and the builder.
       raise CommandError(f'{target}: sys.exit({e.code!r}) called while loading it') from e

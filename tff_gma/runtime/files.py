@@ -106,6 +106,26 @@ def remove_private_dir(lock_timeout: Optional[float] = None) -> None:
     STATE.files_lock.release()
 
 
+def keep_log(path: str) -> Optional[str]:
+  """Moves a log out of the private directory (which is removed at exit) next to it, as
+  `tff_gma_failed_worker_<pid>_<random>.log` (mode 0600; a name the stale-file sweep leaves alone, for the user
+  to read); returns the new path, or None when it cannot (the log is then left where it is)."""
+  if os.path.dirname(os.path.abspath(path)) != STATE.run_dir or not os.path.isfile(path):
+    return None
+  try:
+    fd, kept = tempfile.mkstemp(prefix=f'tff_gma_failed_worker_{os.getpid()}_', suffix='.log',
+                                dir=os.path.dirname(STATE.run_dir))
+  except OSError:
+    return None
+  os.close(fd)
+  try:
+    os.replace(path, kept)
+  except OSError:
+    os.unlink(kept)
+    return None
+  return kept
+
+
 def socket_path() -> str:
   """A new path for a worker's Unix socket in the private directory."""
   return os.path.join(private_dir(), f'worker_{next(STATE.socket_names)}.sock')

@@ -12,7 +12,9 @@ import atexit
 import dataclasses
 import logging
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -193,11 +195,14 @@ class WorkerProcess:
         listeners.allow_unconfined(self, setting)
         self._start_unconfined(out)
       self._wait_until_serving()
-    except BaseException:
+    except BaseException as e:
       self._release()
       if self._log_file is not None:  # Kept (not removed) for the reason of the failure.
         self._log_file.close()
         self._log_file = None
+      if isinstance(e, RuntimeError) and "can't start new thread" in str(e):  # A limit, not a bug: named.
+        message = f'the TFF worker did not start: this process cannot start a thread ({THREAD_LIMIT_HINT})'
+        raise RuntimeError(message) from e
       raise
     return self
 
@@ -270,10 +275,8 @@ class WorkerProcess:
       self._release()
       self.port = requested_port
       return str(status.get('reason'))
-    code = process.poll()
-    raise RuntimeError(
-        f'the TFF worker (confinement helper pid {process.pid}) did not start'
-        + (f': {status.get("reason")}' if status else f' (exit code {code})') + f'; its log: {self.log_path}')
+    reason = status.get('reason') if status else f'its confinement helper {describe_exit(process.poll())}'
+    raise RuntimeError(f'the TFF worker did not start: {_with_signal_name(str(reason))}{self._failure_log()}')
 
   def _start_unconfined(self, out) -> None:
     if not self.port:
@@ -283,16 +286,39 @@ class WorkerProcess:
     self._confined = None
 
   def _wait_until_serving(self) -> None:
+    """Until the worker's gRPC service answers; a worker that exits meanwhile fails at once, not at the timeout."""
     channel = grpc.insecure_channel(self.target, GRPC_OPTIONS)
+    ready = grpc.channel_ready_future(channel)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
     try:
-      grpc.channel_ready_future(channel).result(timeout=STARTUP_TIMEOUT_S)
-    except grpc.FutureTimeoutError as e:
-      code = self._process.poll()
-      raise RuntimeError(
-          f'TFF worker on {self.target} did not start within {STARTUP_TIMEOUT_S:.0f}s '
-          f'(exit code {code}); its log: {self.log_path}') from e
+      while True:
+        try:
+          ready.result(timeout=0.25)
+          return
+        except grpc.FutureTimeoutError:
+          code = self._process.poll()
+          if code is None and time.monotonic() < deadline:
+            continue
+        how = f'not serving within {STARTUP_TIMEOUT_S:.0f}s' if code is None else describe_exit(code)
+        raise RuntimeError(f'the TFF worker on {self.target} did not start: {how}{self._failure_log()}')
     finally:
+      ready.cancel()
       channel.close()
+
+  def _failure_log(self) -> str:
+    """The end of a start failure's message: the log to read (one that outlives this process: a default log is
+    moved out of the private directory, which is removed at exit), and a thread fault it shows, named."""
+    if self.log_path is None:
+      return ' (its output was discarded; a log path keeps it)'
+    if self.log_path == 'stderr':
+      return ' (its log is above, on stderr)'
+    if self.remove_log_on_stop:
+      kept = files.keep_log(self.log_path)
+      if kept is not None:
+        self.log_path, self.remove_log_on_stop = kept, False
+    if self._log_file is not None:
+      self._log_file.flush()
+    return f'{_thread_fault_in(self.log_path)}; log: {self.log_path}'
 
   def stub(self) -> tff.framework.RemoteExecutorGrpcStub:
     return tff.framework.RemoteExecutorGrpcStub(grpc.insecure_channel(self.target, GRPC_OPTIONS))
@@ -336,6 +362,51 @@ class WorkerProcess:
 
   def __eq__(self, other) -> bool:
     return self is other
+
+
+THREAD_LIMIT_HINT = "the process's thread or address-space limit: ulimit -u / -v"
+# What TensorFlow, gRPC and glibc log before aborting when a thread cannot be created.
+_THREAD_FAULT = re.compile(r'pthread_create|cannot allocate memory for thread|Could not create [^\n]*thread')
+
+
+def describe_exit(code: Optional[int]) -> str:
+  """'exited with code 1', 'exited with code -6 (SIGABRT)': a signal that ended it named (also in the confinement
+  helper's 128 + the signal that ended its worker)."""
+  if code is None:
+    return 'still running'
+  if code < 0 or 128 < code < 128 + signal.NSIG:
+    return f'exited with code {code} ({_signal_name(-code if code < 0 else code - 128)})'
+  return f'exited with code {code}'
+
+
+def _signal_name(number: int) -> str:
+  try:
+    return signal.Signals(number).name
+  except ValueError:
+    return f'signal {number}'
+
+
+def _with_signal_name(reason: str) -> str:
+  """The helper's reason ('the worker exited with code -6 at start') with the signal named."""
+  return re.sub(r'exited with code (-\d+)', lambda m: describe_exit(int(m.group(1))), reason)
+
+
+def _thread_fault_in(log_path: str) -> str:
+  """': it could not start a thread (<the limits>)' when the log's end says so (TensorFlow aborts then), else ''.
+  Read as the log was opened: not through a link, and only a regular file (a FIFO's read would wait)."""
+  try:
+    fd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+  except OSError:
+    return ''
+  with os.fdopen(fd, 'rb') as f:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+      return ''
+    f.seek(max(0, st.st_size - 16384))
+    tail = f.read().decode('utf-8', 'replace')
+  if _THREAD_FAULT.search(tail):
+    return f': it could not start a thread ({THREAD_LIMIT_HINT})'
+  return ''
 
 
 def stop_all_workers() -> None:

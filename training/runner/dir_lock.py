@@ -12,6 +12,8 @@ import os
 import socket
 from typing import Optional
 
+from absl import logging
+
 from tff_gma import runtime
 
 LOCK_FILE = '.run.lock'
@@ -132,7 +134,9 @@ class DirectoryLock:
                                'being replaced)')
 
   def release(self) -> None:
-    """Removes the lock file and releases the lock (idempotent)."""
+    """Removes the lock file and releases the lock (idempotent). A lock file that cannot be removed (a directory
+    made read-only under the run) is left, logged: the flock is what locks, and the next run takes the file over;
+    so an error that ended the run is never replaced by this cleanup's."""
     fd, self._fd = self._fd, None
     if fd is None:
       return
@@ -141,6 +145,8 @@ class DirectoryLock:
         os.unlink(self.path)
       except FileNotFoundError:  # The directory was moved or removed under the run.
         pass
+      except OSError as e:
+        logging.info('%s: lock file left (%s); the next run takes it over', self.path, e.strerror or e)
     finally:
       os.close(fd)  # Releases the flocks.
       dir_fd, self._dir_fd = self._dir_fd, None

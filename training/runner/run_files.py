@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import json
 import os
 from typing import Any, Optional
@@ -60,9 +61,13 @@ class Writers:
 
   def write_rows(self, rows: list[tuple[int, dict[str, float]]]) -> None:
     """Releases each (round, row) to metrics.csv (replacing that round's row and those after it) and TensorBoard."""
-    for number, row in rows:
-      run_async(self.csv_release.release(row, number))
-      run_async(self.tensorboard_release.release(row, number))
+    try:
+      for number, row in rows:
+        run_async(self.csv_release.release(row, number))
+        run_async(self.tensorboard_release.release(row, number))
+    except (OSError, tf.errors.OpError) as e:
+      _raise_if_moved_away(os.path.dirname(self.csv_path), e)
+      raise
 
   def save(self, state: Any, round_num: int) -> None:
     """Saves the learning-process state of round `round_num` as its checkpoint, then its record of the run."""
@@ -73,15 +78,28 @@ def save_checkpoint(state_manager: tff.program.FileProgramStateManager, csv_path
                     identity: Optional[checkpoints.RunIdentity]) -> None:
   """The state, then its record (`checkpoints.write_record`): a kill in between leaves a checkpoint without one,
   which the resume falls back past as a save that never finished."""
+  output_dir = os.path.dirname(csv_path)
   try:
     run_async(state_manager.save(state, round_num))
+    if identity is not None:
+      checkpoints.write_record(output_dir, round_num, identity)
   except tf.errors.OpError as e:
+    _raise_if_moved_away(output_dir, e)
     os_error = safe_files.os_error_of(e)
     if os_error is None:
       raise
     raise os_error from e
-  if identity is not None:
-    checkpoints.write_record(os.path.dirname(csv_path), round_num, identity)
+  except OSError as e:
+    _raise_if_moved_away(output_dir, e)
+    raise
+
+
+def _raise_if_moved_away(output_dir: str, error: BaseException) -> None:
+  """When a write failed because the output directory itself is gone (moved or removed under the run), says that,
+  naming the directory, rather than the file it was writing (which only looks missing)."""
+  if not os.path.isdir(output_dir):
+    raise FileNotFoundError(errno.ENOENT, 'the output directory was moved or removed during the run',
+                            output_dir) from error
 
 
 def identity_of(output_dir: str) -> Optional[checkpoints.RunIdentity]:

@@ -243,6 +243,9 @@ def _failing_audit(*args, **kwargs):
      "target audit_case_attribute:y: module 'audit_case_attribute' has no attribute 'y'"),
     ('def build():\n  raise RuntimeError("cannot build")\n', ['audit_case_builder:build'],
      'target audit_case_builder:build: calling the builder raised RuntimeError: cannot build'),
+    ('class Stop(BaseException):\n  pass\nclass Holder:\n  @property\n  def target(self):\n    raise Stop("no luck")\n'
+     'holder = Holder()\n', ['audit_case_base_exception:holder.target'],
+     "target audit_case_base_exception:holder.target: reading 'holder.target' raised Stop: no luck"),
     ('x = 3\n', ['audit_case_int:x'],
      'target audit_case_int:x is int, which the audit cannot read: expected a tff.Computation, a '
      'tff.templates.IterativeProcess (e.g. an AggregationProcess or LearningProcess), an aggregation factory, or '
@@ -258,9 +261,9 @@ def _failing_audit(*args, **kwargs):
     ('', ['tests.tff_gma.audit.targets:weighted_mean', '--value_type', 'float32[3]'],
      'cannot audit tests.tff_gma.audit.targets:weighted_mean: ValueError: value_type/weight_type are only used '
      'with aggregation factories; got a'),
-], ids=['import_raises', 'import_exits', 'missing_attribute', 'builder_raises', 'not_auditable',
-        'builder_returns_not_auditable', 'polymorphic', 'output_is_a_directory', 'output_directory_missing',
-        'value_type_for_a_computation'])
+], ids=['import_raises', 'import_exits', 'missing_attribute', 'builder_raises', 'property_base_exception',
+        'not_auditable', 'builder_returns_not_auditable', 'polymorphic', 'output_is_a_directory',
+        'output_directory_missing', 'value_type_for_a_computation'])
 def test_failures_that_are_not_verdicts_exit_two(capsys, module_dir, source, argv, message):
   if source:
     (module_dir / f'{argv[0].partition(":")[0]}.py').write_text(textwrap.dedent(source))
