@@ -88,9 +88,7 @@ def interrupted_message(config: config_lib.ExperimentConfig, args: list[str], se
   3 seeds) after round N of R; ...`); the same command resumes it and runs the seeds after it."""
   saved = checkpoints.saved_rounds(config.output_dir)
   done = max(saved, default=0)
-  if not os.path.isdir(config.output_dir):  # Moved or removed under the run: what it held is not known here.
-    where = 'with its output directory gone'
-  elif done >= config.rounds:
+  if done >= config.rounds:
     where = f'after round {done} of {config.rounds}, before summary.json was written'
   elif done > 0:
     where = f'after round {done} of {config.rounds}'
@@ -210,6 +208,8 @@ def main(argv):
   except OSError as e:  # The output directory failed under the run (disk full, removed, made read-only).
     where = interrupted_message(config, sys.argv[1:], len(configs)).partition(';')[0].replace(
         'interrupted', 'stopped', 1)
+    if not os.path.isdir(config.output_dir):  # Moved or removed under the run: what it held is not known here.
+      where = 'stopped with its output directory gone'
     print(f'error: {e.strerror or e}: {e.filename or config.output_dir} ({where}); fix it, then resume with: '
           f'{resume_command(sys.argv[1:])}', file=sys.stderr, flush=True)
     sys.exit(1)

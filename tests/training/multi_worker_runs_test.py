@@ -14,7 +14,7 @@ _BASE = config_lib.ExperimentConfig(model='logistic', num_clients=4, clients_per
                                     rounds=2, output_dir='unused')
 # (algorithm, aggregator, secure): each algorithm, both secure settings, and the aggregators of each kind (the
 # GMA masks, one-step RFA, the robust statistics, Elastic, the norm-bounded means). The whole matrix (70 runnable
-# combinations, 2 rounds) ended bit for bit as one worker when this was written; these keep each kind in the suite.
+# combinations, 2 rounds) was measured to end bit for bit as on one worker; these keep each kind in the suite.
 _CASES = [
     ('scaffold', 'mean', True), ('personalized', 'mean', False), ('fedgma', 'mean', True), ('fedavg', 'gma', True),
     ('fedprox', 'gma_binary', False), ('fedyogi', 'rfa_one_step', True), ('fedadam', 'krum', False),
