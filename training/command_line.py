@@ -5,6 +5,7 @@ Never the command's whole help either (`one_line_usage_errors`, `parse_flags`, `
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -112,7 +113,16 @@ def run(main: Callable[[list[str]], Any], resume_hint: str = '') -> None:
   (`tff_gma.runtime.set_up_entry_point`)."""
   from tff_gma import runtime  # pylint: disable=g-import-not-at-top
   runtime.set_up_entry_point()
+  logging.getLogger('tensorflow').addFilter(_drop_unreadable_source_warnings)
   app.run(one_line_usage_errors(main, resume_hint), flags_parser=parse_flags)
+
+
+def _drop_unreadable_source_warnings(record: logging.LogRecord) -> bool:
+  """Drops AutoGraph's "could not transform ... Unable to locate the source code" warning. The harness's functions
+  all have their source; it cannot be read when the process is out of file descriptors, and then these warnings,
+  three lines each, came before the one line that names the fault. AutoGraph runs such a function as written."""
+  message = record.getMessage()
+  return not ('AutoGraph could not transform' in message and 'Unable to locate the source code' in message)
 
 
 def is_run_refusal(error: BaseException) -> bool:

@@ -13,6 +13,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import _thread  # pylint: disable=g-import-not-at-top
 import dataclasses
+import errno
 import json
 import shlex
 import signal
@@ -210,7 +211,8 @@ def main(argv):
         'interrupted', 'stopped', 1)
     if not os.path.isdir(config.output_dir):  # Moved or removed under the run: what it held is not known here.
       where = 'stopped with its output directory gone'
-    print(f'error: {e.strerror or e}: {e.filename or config.output_dir} ({where}); fix it, then resume with: '
+    limit = " (this process's open-file limit: ulimit -n)" if e.errno == errno.EMFILE else ''
+    print(f'error: {e.strerror or e}{limit}: {e.filename or config.output_dir} ({where}); fix it, then resume with: '
           f'{resume_command(sys.argv[1:])}', file=sys.stderr, flush=True)
     sys.exit(1)
   except KeyboardInterrupt as e:

@@ -192,3 +192,13 @@ def test_a_lock_that_cannot_be_removed_does_not_replace_the_error_that_ended_the
   process = mounts.run_on_tmpfs(mnt, script, env=dict(_ENV, SCRIPT=_READ_ONLY_UNDER_THE_LOCK), cwd=tests.ROOT)
   assert process.returncode == 0, process.stderr[-3000:]
   assert f'raised: {mnt}/run/metrics.csv Read-only file system' in process.stdout, process.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_run_out_of_file_descriptors_is_one_line_naming_the_limit(tmp_path):
+  out = tmp_path / 'run'
+  command = ' '.join([sys.executable, '-m', 'training.run', *_TINY, f'--output_dir={out}'])
+  code, lines = _run(tmp_path, ['bash', '-c', f'ulimit -n 20 && exec {command}'])
+  assert code == 1 and len(lines) == 1, lines
+  assert re.fullmatch(r"error: Too many open files \(this process's open-file limit: ulimit -n\): \S+ \(stopped "
+                      r'.*\); fix it, then resume with: .*', lines[0]), lines
