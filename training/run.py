@@ -38,6 +38,7 @@ from training.engine import registry
 from training.engine import worker_datasets
 from training.runner import checkpoints
 from training.runner import experiment
+from training.runner import run_files
 
 # The choices of the settings that name something; every other flag's kind follows its field's type.
 _ENUMS = {
@@ -209,7 +210,7 @@ def main(argv):
   except OSError as e:  # The output directory failed under the run (disk full, removed, made read-only).
     where = interrupted_message(config, sys.argv[1:], len(configs)).partition(';')[0].replace(
         'interrupted', 'stopped', 1)
-    if not os.path.isdir(config.output_dir):  # Moved or removed under the run: what it held is not known here.
+    if isinstance(e, run_files.OutputDirectoryGone):  # Moved or removed under the run: what it held is unknown.
       where = 'stopped with its output directory gone'
     limit = " (this process's open-file limit: ulimit -n)" if e.errno == errno.EMFILE else ''
     print(f'error: {e.strerror or e}{limit}: {e.filename or config.output_dir} ({where}); fix it, then resume with: '

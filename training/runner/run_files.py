@@ -98,8 +98,12 @@ def _raise_if_moved_away(output_dir: str, error: BaseException) -> None:
   """When a write failed because the output directory itself is gone (moved or removed under the run), says that,
   naming the directory, rather than the file it was writing (which only looks missing)."""
   if not os.path.isdir(output_dir):
-    raise FileNotFoundError(errno.ENOENT, 'the output directory was moved or removed during the run',
-                            output_dir) from error
+    raise OutputDirectoryGone(errno.ENOENT, 'the output directory was moved or removed during the run',
+                              output_dir) from error
+
+
+class OutputDirectoryGone(FileNotFoundError):
+  """The run's output directory was moved or removed under it (the message names it)."""
 
 
 def identity_of(output_dir: str) -> Optional[checkpoints.RunIdentity]:
