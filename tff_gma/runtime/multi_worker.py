@@ -26,19 +26,20 @@ from tff_gma.runtime.worker_process import WorkerProcess
 CONNECT_TIMEOUT_S = 10.0  # For workers this process does not own (`set_multi_worker_context`).
 
 
-class _MergeableContext(tff.framework.MergeableCompExecutionContext):
-  """TFF's mergeable context, with each worker's results kept in the order of its clients.
+class _MergeableContext(tff.framework.SyncContext):
+  """TFF's mergeable-computation context (the computation compiled to TFF's `MergeableCompForm`, run over the
+  workers' async contexts), with each worker's results kept in the order of its clients.
 
-  TFF's version merges the workers' partial aggregates, and concatenates their CLIENTS-placed results (SCAFFOLD's and
-  personalized RFA's client state), in the order the workers finish: a later worker finishing first gives its
-  clients' results to the first worker's clients, and with three workers or more the merge order changes the sums'
-  last bits from run to run. Here the workers' slices run side by side, and their results are merged and joined in
-  the slices' order. Results come back in the Python containers of the computation's result type (TFF's lose them:
-  a learning process's `next` would return an OrderedDict instead of a `LearningProcessOutput`).
+  TFF's `MergeableCompExecutionContext` merges the workers' partial aggregates, and concatenates their
+  CLIENTS-placed results (SCAFFOLD's and personalized RFA's client state), in the order the workers finish: a later
+  worker finishing first gives its clients' results to the first worker's clients, and with three workers or more
+  the merge order changes the sums' last bits from run to run. Not built on it (it would start an event loop and a
+  compiler pipeline this never uses). Here the workers' slices run side by side, and their results are merged and
+  joined in the slices' order. Results come back in the Python containers of the computation's result type (TFF's
+  lose them: a learning process's `next` would return an OrderedDict instead of a `LearningProcessOutput`).
   """
 
   def __init__(self, async_contexts, compiler_fn):
-    super().__init__(async_contexts=async_contexts, compiler_fn=compiler_fn)
     self._workers = list(async_contexts)
     self._compile = compiler_fn
     self._forms = {}  # Each computation's mergeable form, compiled once.
@@ -72,6 +73,11 @@ class _MergeableContext(tff.framework.MergeableCompExecutionContext):
     return _joined(list(results), result_type)
 
 
+def _per_client(value_type) -> bool:
+  """Whether `value_type` is placed at CLIENTS with a value per client (not all-equal)."""
+  return isinstance(value_type, tff.FederatedType) and value_type.placement is tff.CLIENTS and not value_type.all_equal
+
+
 def _elements(value) -> list:
   """A structure's elements, (name, value) pairs, from any container TFF takes for a struct."""
   if isinstance(value, tff.structure.Struct):
@@ -85,8 +91,8 @@ def _elements(value) -> list:
 
 def _client_count(value, value_type) -> Optional[int]:
   """The number of clients of the first CLIENTS-placed value that differs between clients, or None."""
-  if isinstance(value_type, tff.FederatedType):
-    return len(value) if value_type.placement is tff.CLIENTS and not value_type.all_equal else None
+  if _per_client(value_type):
+    return len(value)
   if isinstance(value_type, tff.StructType):
     counts = (_client_count(v, t) for (_, v), t in zip(_elements(value), value_type))
     return next((c for c in counts if c is not None), None)
@@ -95,8 +101,8 @@ def _client_count(value, value_type) -> Optional[int]:
 
 def _sliced(value, value_type, start: int, stop: int):
   """`value` with each CLIENTS-placed value cut to its clients [start, stop); every other value whole."""
-  if isinstance(value_type, tff.FederatedType):
-    return value[start:stop] if value_type.placement is tff.CLIENTS and not value_type.all_equal else value
+  if _per_client(value_type):
+    return value[start:stop]
   if isinstance(value_type, tff.StructType):
     return tff.structure.Struct(
         [(name, _sliced(v, t, start, stop)) for (name, v), t in zip(_elements(value), value_type)])
@@ -117,10 +123,8 @@ def _split(value, value_type, workers: int) -> list:
 
 def _joined(results: list, value_type):
   """The workers' results as one: CLIENTS-placed values concatenated in the workers' order, others the first's."""
-  if isinstance(value_type, tff.FederatedType):
-    if value_type.placement is tff.CLIENTS and not value_type.all_equal:
-      return [client for result in results for client in result]
-    return results[0]
+  if _per_client(value_type):
+    return [client for result in results for client in result]
   if isinstance(value_type, tff.StructType):
     parts = [_elements(r) for r in results]
     return tff.structure.Struct([(name, _joined([p[i][1] for p in parts], t))
@@ -130,17 +134,16 @@ def _joined(results: list, value_type):
 
 def _has_client_values(value_type) -> bool:
   """Whether `value_type` holds a CLIENTS-placed value that differs between clients."""
-  if isinstance(value_type, tff.FederatedType):
-    return value_type.placement is tff.CLIENTS and not value_type.all_equal
-  return isinstance(value_type, tff.StructType) and any(_has_client_values(t) for t in value_type)
+  return _per_client(value_type) or (
+      isinstance(value_type, tff.StructType) and any(_has_client_values(t) for t in value_type))
 
 
 def _as_structs(value, value_type):
   """`value` with its structures as `tff.structure.Struct`s, as `type_to_py_container` takes them, except the values
   placed at CLIENTS, which stay lists (one element per client; SCAFFOLD's and personalized RFA's client state)."""
+  if _per_client(value_type):
+    return [_as_structs(v, value_type.member) for v in value]
   if isinstance(value_type, tff.FederatedType):
-    if value_type.placement is tff.CLIENTS and not value_type.all_equal:
-      return [_as_structs(v, value_type.member) for v in value]
     return _as_structs(value, value_type.member)
   if not isinstance(value_type, tff.StructType):
     return value
