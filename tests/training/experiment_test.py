@@ -261,8 +261,8 @@ def test_runner_on_two_workers_matches_one(tmp_path):
       w.stop()
   for a, b in zip(_weights(one), _weights(two)):
     np.testing.assert_allclose(a, b, atol=1e-5)
-  with pytest.raises(ValueError, match='sequential'):
-    experiment.run(dataclasses.replace(base, aggregator='rfa', output_dir=str(tmp_path / 'rfa'),
+  with pytest.raises(ValueError, match='sequential'):  # RFA's stages, which SCAFFOLD cannot run one at a time.
+    experiment.run(dataclasses.replace(base, algorithm='scaffold', aggregator='rfa', output_dir=str(tmp_path / 'rfa'),
                                        workers='127.0.0.1:1'), show_progress=False)
 
 
@@ -373,8 +373,8 @@ def test_a_finished_run_is_not_resummarized_with_fewer_rounds(tmp_path):
 
 @pytest.mark.slow
 def test_a_refused_start_writes_nothing_and_the_corrected_command_runs(tmp_path):
-  # RFA aggregates in several stages: refused with workers (a check that needs the built process).
-  refused = dataclasses.replace(_TOY, aggregator='rfa', rounds=1, workers='127.0.0.1:1',
+  # SCAFFOLD cannot run RFA's several stages one computation each: refused with workers.
+  refused = dataclasses.replace(_TOY, algorithm='scaffold', aggregator='rfa', rounds=1, workers='127.0.0.1:1',
                                 output_dir=str(tmp_path / 'new' / 'run'))
   with pytest.raises(experiment.ConfigError, match='workers: .*sequential'):
     experiment.run(refused, show_progress=False)

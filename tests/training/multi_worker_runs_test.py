@@ -1,5 +1,6 @@
-"""Each method the runner offers in one aggregation stage, on two TFF workers, ends as on one worker (to 1e-5; bit
-for bit as measured): every algorithm, every aggregator, with and without secure sums, each at least once."""
+"""Each method the runner offers, on two TFF workers, ends as on one worker (to 1e-5; bit for bit as measured):
+every algorithm, every aggregator, with and without secure sums, each at least once; RFA's passes in stages, at 1-5
+passes and from both starts, personalized RFA with it."""
 
 import dataclasses
 
@@ -20,6 +21,13 @@ _CASES = [
     ('fedprox', 'gma_binary', False), ('fedyogi', 'rfa_one_step', True), ('fedadam', 'krum', False),
     ('fedavg', 'elastic', True), ('fedyogi', 'zeroing_mean', False),
 ]
+# RFA in stages (one computation per Weiszfeld pass): (algorithm, secure, num_passes, rfa_init).
+_RFA_CASES = [
+    ('fedavg', False, 3, 'zero'), ('fedprox', True, 5, 'mean'), ('fedadam', False, 1, 'zero'),
+    ('fedyogi', True, 2, 'zero'), ('fedavg', True, 4, 'mean'), ('personalized', True, 3, 'zero'),
+    ('personalized', False, 2, 'mean'),
+]
+_FAST_RFA_CASE = ('fedavg', False, 3, 'zero')  # The fast tier's multi-stage case.
 
 
 @pytest.fixture(scope='module')
@@ -34,8 +42,22 @@ def two_workers():
 @pytest.mark.slow
 @pytest.mark.parametrize('algorithm, aggregator, secure', _CASES, ids=['-'.join(map(str, c)) for c in _CASES])
 def test_two_workers_end_as_one(tmp_path, two_workers, algorithm, aggregator, secure):
-  config = dataclasses.replace(_BASE, algorithm=algorithm, aggregator=aggregator, secure=secure,
-                               secure_bound=1.0 if secure else None)
+  _assert_two_end_as_one(tmp_path, two_workers, dataclasses.replace(
+      _BASE, algorithm=algorithm, aggregator=aggregator, secure=secure, secure_bound=1.0 if secure else None))
+
+
+@pytest.mark.parametrize(
+    'algorithm, secure, num_passes, rfa_init',
+    [c if c == _FAST_RFA_CASE else pytest.param(*c, marks=pytest.mark.slow) for c in _RFA_CASES],
+    ids=['-'.join(map(str, c)) for c in _RFA_CASES])
+def test_rfa_in_stages_on_two_workers_ends_as_on_one(tmp_path, two_workers, algorithm, secure, num_passes,
+                                                     rfa_init):
+  _assert_two_end_as_one(tmp_path, two_workers, dataclasses.replace(
+      _BASE, algorithm=algorithm, aggregator='rfa', secure=secure, secure_bound=1.0 if secure else None,
+      num_passes=num_passes, rfa_init=rfa_init))
+
+
+def _assert_two_end_as_one(tmp_path, two_workers, config):
   runtime.set_simulation_context()
   one = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'one')), show_progress=False)
   two = experiment.run(dataclasses.replace(config, output_dir=str(tmp_path / 'two'), workers=two_workers),

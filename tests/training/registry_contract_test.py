@@ -3,7 +3,9 @@
 Per record, the method it names (an aggregator under the first algorithm it runs with; an algorithm with its
 default aggregator, or the first private one when that is not private) is built by `methods.build` on a tiny digits
 setup and must: be a `LearningProcess`; get the audit verdict its record declares (`private`, with secure client
-metrics); aggregate in one stage exactly when it declares `multi_worker`; and `registry.check` must accept exactly
+metrics); aggregate in one stage exactly when it does not declare `multi_stage`, and, built in stages where its
+algorithm declares `staged`, run as computations of one stage each, with the same verdict (else be refused on
+several workers); and `registry.check` must accept exactly
 the client-execution modes it declares; and (slow tier) initialize and run a round through the runner's loop,
 client state included, to finite weights that moved.
 """
@@ -55,12 +57,12 @@ def built(setup):
   data, _, model_fn = setup
   methods_by_name = {}
 
-  def get(algorithm, aggregator):
-    if (algorithm, aggregator) not in methods_by_name:
-      methods_by_name[algorithm, aggregator] = methods.build(
+  def get(algorithm, aggregator, staged=False):
+    if (algorithm, aggregator, staged) not in methods_by_name:
+      methods_by_name[algorithm, aggregator, staged] = methods.build(
           model_fn, algorithm, aggregator, num_clients=len(data.train.client_ids),
-          metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)
-    return methods_by_name[algorithm, aggregator]
+          metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize, staged=staged)
+    return methods_by_name[algorithm, aggregator, staged]
   return get
 
 
@@ -100,14 +102,20 @@ def test_record_contract(built, algorithm, aggregator):
   report = audit.audit_computation(method.process)
   assert report.ok == registry.is_private(algorithm, aggregator), [str(v) for v in report.violations]
 
-  declared_multi_worker = algorithm_record.multi_worker and aggregator_record.multi_worker
-  if declared_multi_worker:
+  if not aggregator_record.multi_stage:
     assert runtime.check_single_aggregation_stage(method.process) == 1
   else:
     with pytest.raises(ValueError, match='sequential'):
       runtime.check_single_aggregation_stage(method.process)
-    with pytest.raises(ValueError, match='workers'):
+    if algorithm_record.staged:
       registry.check(algorithm, aggregator, workers='localhost:1')
+      staged = built(algorithm, aggregator, staged=True).process
+      assert runtime.check_single_aggregation_stage(staged) == 1
+      assert len(staged.aggregation.stages) > 1
+      assert audit.audit_computation(staged).ok == registry.is_private(algorithm, aggregator)
+    else:
+      with pytest.raises(ValueError, match='workers'):
+        registry.check(algorithm, aggregator, workers='localhost:1')
 
   local_allowed = (client_execution.LOCAL in algorithm_record.client_execution
                    and aggregator_record.kind == registry.MODEL_AGGREGATOR)

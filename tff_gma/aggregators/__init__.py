@@ -15,6 +15,9 @@ from tff_gma.aggregators.gradient_masked import UnweightedGradientMaskedFactory
 from tff_gma.aggregators.mean import as_unweighted
 from tff_gma.aggregators.mean import FederatedMeanFactory
 from tff_gma.aggregators.secure_mean import SecureWeightedMeanFactory
+from tff_gma.aggregators.staged import create_staged
+from tff_gma.aggregators.staged import from_process
+from tff_gma.aggregators.staged import StagedAggregationProcess
 
 __all__ = [
     'ElasticFactory',
@@ -23,7 +26,10 @@ __all__ = [
     'GeometricMedianFactory',
     'GradientMaskedFactory',
     'SecureWeightedMeanFactory',
+    'StagedAggregationProcess',
     'UnweightedGeometricMedianFactory',
     'UnweightedGradientMaskedFactory',
     'as_unweighted',
+    'create_staged',
+    'from_process',
 ]

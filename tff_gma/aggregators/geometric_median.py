@@ -22,6 +22,7 @@ from tff_gma.aggregators import composition
 from tff_gma.aggregators import mean
 from tff_gma.aggregators import result_checks
 from tff_gma.aggregators import secure_mean
+from tff_gma.aggregators import staged
 from tff_gma.aggregators import weiszfeld
 
 DEFAULT_NUM_PASSES = 3  # The RFA paper's budget of secure averages per round.
@@ -178,18 +179,47 @@ def _build_computations(value_type, weight_type, secure: bool, value_bound: Opti
                        server_first_finite, server_keep_finite, server_finish)
 
 
+# The entries of the carry from one stage of a call to the next (`_RoundLedger.carry`), in order.
+_CARRIED_LISTS = ('pass_states', 'pass_measurements', 'nonfinite_flags', 'objective_states', 'objective_measurements',
+                  'objectives', 'smoothings')
+
+
 class _RoundLedger:
   """Runs one `next` call's weighted means (estimate passes, objectives) in call order and keeps their outputs.
 
   The i-th pass (objective) run uses the i-th process and the i-th entry of the state's `passes` (`objectives`).
+  What it keeps is SERVER-placed, so a call can run as stages (`carry`, `from_carry`) that each get the clients'
+  prepared points and weights anew.
   """
 
-  def __init__(self, state, pass_processes, objective_processes, points, weights, computations):
-    self._state, self._points, self._computations = state, points, computations
+  def __init__(self, state, counts, pass_processes, objective_processes, points, weights, computations):
+    self._state, self.counts, self._points, self._computations = state, counts, points, computations
     self._pass_processes, self._objective_processes = pass_processes, objective_processes
-    self.weights = weights
+    self.points, self.weights = points, weights
+    self.estimate = None
     self.pass_states, self.pass_measurements, self.nonfinite_flags = [], [], []
     self.objective_states, self.objective_measurements, self.objectives, self.smoothings = [], [], [], []
+
+  def carry(self) -> collections.OrderedDict:
+    """What a later stage needs: the state, the clients' counts, the estimate and every output so far."""
+    carry = collections.OrderedDict(state=self._state, counts=self.counts)
+    if self.estimate is not None:
+      carry['estimate'] = self.estimate
+    for name in _CARRIED_LISTS:
+      if getattr(self, name):  # An empty tuple is not a federated value; `from_carry` reads it as none yet.
+        carry[name] = tuple(getattr(self, name))
+    return carry
+
+  @classmethod
+  def from_carry(cls, carry, pass_processes, objective_processes, points, weights, computations) -> '_RoundLedger':
+    names = tff.structure.name_list(carry.type_signature)
+    ledger = cls(carry['state'], carry['counts'], pass_processes, objective_processes, points, weights,
+                 computations)
+    ledger.estimate = carry['estimate'] if 'estimate' in names else None
+    for name in _CARRIED_LISTS:
+      if name in names:
+        setattr(ledger, name, [carry[name][i] for i in range(len(carry[name].type_signature))])
+    return ledger
 
   def measure_objective(self, distance) -> None:
     """D(v) from the clients' d_i = ||v - w_i||: a weighted mean with the original weights a_i."""
@@ -199,29 +229,35 @@ class _RoundLedger:
     self.objective_measurements.append(output.measurements)
     self.objectives.append(output.result)
 
-  def run_pass(self, pass_weights, previous=None):
+  def run_pass(self, pass_weights) -> None:
     """The next estimate: the weighted mean of the points with `pass_weights`.
 
-    A non-finite mean (an inner mean that lost the weights, or overflowed) is replaced by the `previous` estimate
-    (v_0 = 0 when None) and counted, so the passes after it start from a finite point.
+    A non-finite mean (an inner mean that lost the weights, or overflowed) is replaced by the previous estimate
+    (v_0 = 0 in the first pass) and counted, so the passes after it start from a finite point.
     """
     index = len(self.pass_states)
     output = self._pass_processes[index].next(self._state['passes'][index], self._points, pass_weights)
     self.pass_states.append(output.state)
     self.pass_measurements.append(output.measurements)
-    if previous is None:
+    if self.estimate is None:
       estimate, nonfinite = tff.federated_map(self._computations.server_first_finite, output.result)
     else:
-      estimate, nonfinite = tff.federated_map(self._computations.server_keep_finite, (previous, output.result))
+      estimate, nonfinite = tff.federated_map(self._computations.server_keep_finite, (self.estimate, output.result))
     self.nonfinite_flags.append(nonfinite)
-    return estimate
+    self.estimate = estimate
 
-  def reweighted_pass(self, distance, smoothing, previous=None):
-    """A Weiszfeld pass: the clients reweight by their `distance` to the `previous` estimate, with smoothing c."""
+  def reweighted_pass(self, distance, smoothing) -> None:
+    """A Weiszfeld pass: the clients reweight by their `distance` to the current estimate, with smoothing c."""
     self.smoothings.append(smoothing)
-    pass_weights = tff.federated_map(
-        self._computations.client_reweight, (self.weights, distance, tff.federated_broadcast(smoothing)))
-    return self.run_pass(pass_weights, previous)
+    self.run_pass(tff.federated_map(
+        self._computations.client_reweight, (self.weights, distance, tff.federated_broadcast(smoothing))))
+
+  def distance_to_estimate(self):
+    """Each client's d_i: to v_0 = 0 before the first pass, else to the broadcast estimate."""
+    if self.estimate is None:
+      return tff.federated_map(self._computations.client_norm, self._points)
+    return tff.federated_map(self._computations.client_distance,
+                             (tff.federated_broadcast(self.estimate), self._points))
 
 
 class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
@@ -367,8 +403,41 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     return np.float32(self._smoothing)
 
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    parts = self._call_parts(value_type, weight_type)
+    value_type, weight_type = parts.value_type, parts.weight_type
+
+    @tff.federated_computation(parts.init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
+                               tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      ledger = parts.start(state, value, weight)
+      for run_round in parts.rounds:
+        run_round(ledger)
+      return parts.finish(ledger)
+
+    return tff.templates.AggregationProcess(parts.init_fn, next_fn)
+
+  def create_staged(self, value_type, weight_type) -> staged.StagedAggregationProcess:
+    """The process `create` returns, with `next` as one computation per sequential round (`num_rounds` stages).
+
+    Stage k runs round k (its estimate's and objective's weighted means, side by side); the first also counts the
+    clients, the last also finishes the result. Each stage prepares the clients' points and weights from their
+    values anew (the same way every time), and the stages pass on only SERVER-placed values: the state, the
+    estimate, the smoothings, and the inner means' states and measurements so far. The last stage's
+    `MeasuredProcessOutput` equals `create(...).next`'s.
+    """
+    parts = self._call_parts(value_type, weight_type)
+    client_types = (tff.FederatedType(parts.value_type, tff.CLIENTS), tff.FederatedType(parts.weight_type, tff.CLIENTS))
+    stages, carry_type = [], parts.init_fn.type_signature.result
+    for index, run_round in enumerate(parts.rounds):
+      stage = _stage_computation(parts, index, run_round, carry_type, client_types)
+      stages.append(stage)
+      carry_type = stage.type_signature.result
+    return staged.StagedAggregationProcess(parts.init_fn, tuple(stages))
+
+  def _call_parts(self, value_type, weight_type) -> '_CallParts':
     client_values.check_float_structure(value_type)
     client_values.check_weight_type(weight_type)
+    value_type, weight_type = tff.to_type(value_type), tff.to_type(weight_type)
     scalar = tff.TensorType(np.float32)
     num_elements = client_values.num_elements(value_type)
     # One objective per pass: D(v_0), ..., D(v_{R-1}) alongside the passes, D(v_R) in the optional last round.
@@ -376,7 +445,6 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     pass_processes = [self._mean_factory.create(point_type, scalar) for _ in range(self._num_passes)]
     objective_factory = self._objective_factory(num_elements)
     objective_processes = [objective_factory.create(scalar, scalar) for _ in range(self._num_objectives)]
-    first_smoothing = self._first_smoothing(num_elements)
     computations = _build_computations(value_type, weight_type, self._secure, self._value_bound,
                                        self._weight_bound, self._smoothing, self._max_weight_ratio)
 
@@ -387,65 +455,107 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
           objectives=tuple(p.initialize() for p in objective_processes),
       ))
 
-    @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
-                               tff.FederatedType(weight_type, tff.CLIENTS))
-    def next_fn(state, value, weight):
-      prepared = tff.federated_map(computations.client_prepare, (value, weight))
-      points, weights = prepared[0], prepared[1]
-      participating, dropped, value_clipped, weight_clipped, nonzero = secure_mean.secure_count(prepared[2])
-      ledger = _RoundLedger(state, pass_processes, objective_processes, points, weights, computations)
-      estimate = self._run_rounds(ledger, computations, points, first_smoothing)
-      result, result_flags = tff.federated_map(computations.server_finish, (estimate, nonzero))
-      new_state = tff.federated_zip(collections.OrderedDict(
-          passes=tuple(ledger.pass_states), objectives=tuple(ledger.objective_states)))
-      measurements = collections.OrderedDict(
-          objective=_stack_scalars(ledger.objectives),
-          smoothing=_stack_scalars(ledger.smoothings),
-          aggregation_calls=tff.federated_value(np.int32(self.num_rounds), tff.SERVER),
-          participating_clients=participating,
-          dropped_clients=dropped,
-          value_clipped_clients=value_clipped,
-          weight_clipped_clients=weight_clipped,
-          nonfinite_passes=_sum_flags(ledger.nonfinite_flags),
-          nonfinite_result=result_flags['nonfinite_result'],
-          zero_result=result_flags['zero_result'],
-          passes=tff.federated_zip(tuple(ledger.pass_measurements)),
-          objectives=tff.federated_zip(tuple(ledger.objective_measurements)),
-      )
-      return tff.templates.MeasuredProcessOutput(new_state, result, tff.federated_zip(measurements))
+    return _CallParts(value_type, weight_type, init_fn, pass_processes, objective_processes, computations,
+                      self._rounds(computations, self._first_smoothing(num_elements)), self.num_rounds)
 
-    return tff.templates.AggregationProcess(init_fn, next_fn)
+  def _rounds(self, computations: _Computations, first_smoothing: np.float32) -> list:
+    """The sequential rounds of one `next` call (the class docstring), in order, each a step on the ledger."""
 
-  def _run_rounds(self, ledger: _RoundLedger, computations: _Computations, points, first_smoothing: np.float32):
-    """The rounds of one `next` call (the class docstring), in order; returns the estimate v_R at SERVER."""
-    # Round 1: the distances to v_0 = 0 give D(v_0) (and the weights of a zero start, as in one-step RFA).
-    # Nothing in it depends on an aggregate, and the zero start's smoothing is a constant, so it is one round.
-    # Only a zero start whose smoothing is floored at D(0) / K with D(0) not known beforehand waits a round for it.
-    distance = tff.federated_map(computations.client_norm, points)
-    ledger.measure_objective(distance)
-    if self._init == 'zero':
-      if self._measures_start_scale:
-        smoothing = tff.federated_map(computations.server_smoothing, ledger.objectives[-1])
-      else:
-        smoothing = tff.federated_value(first_smoothing, tff.SERVER)
-      estimate = ledger.reweighted_pass(distance, smoothing)
-    else:
-      estimate = ledger.run_pass(ledger.weights)
-    # Round k = 2..R: broadcast v_{k-1}; its distances give both D(v_{k-1}) and the weights of pass k. The
-    # floored smoothing comes from D(v_{k-2}), measured in round k - 1, so the round waits for nothing else.
-    for _ in range(self._num_passes - 1):
+    def start(ledger: _RoundLedger) -> None:
+      # Round 1: the distances to v_0 = 0 give D(v_0) (and the weights of a zero start, as in one-step RFA).
+      # Nothing in it depends on an aggregate, and the zero start's smoothing is a constant, so it is one round.
+      distance = ledger.distance_to_estimate()
+      ledger.measure_objective(distance)
+      if self._init == 'mean':
+        ledger.run_pass(ledger.weights)
+      elif not self._measures_start_scale:
+        ledger.reweighted_pass(distance, tff.federated_value(first_smoothing, tff.SERVER))
+
+    def scaled_start(ledger: _RoundLedger) -> None:
+      # A zero start whose smoothing is floored at D(0) / K with D(0) not known beforehand waits a round for it.
+      smoothing = tff.federated_map(computations.server_smoothing, ledger.objectives[-1])
+      ledger.reweighted_pass(ledger.distance_to_estimate(), smoothing)
+
+    def weiszfeld(ledger: _RoundLedger) -> None:
+      # Round k = 2..R: broadcast v_{k-1}; its distances give both D(v_{k-1}) and the weights of pass k. The
+      # floored smoothing comes from D(v_{k-2}), measured in round k - 1, so the round waits for nothing else.
       previous_objective = ledger.objectives[-1]
-      distance = tff.federated_map(computations.client_distance, (tff.federated_broadcast(estimate), points))
+      distance = ledger.distance_to_estimate()
       ledger.measure_objective(distance)
       if self._floored:
         smoothing = tff.federated_map(computations.server_smoothing, previous_objective)
       else:
         smoothing = tff.federated_value(np.float32(self._smoothing), tff.SERVER)
-      estimate = ledger.reweighted_pass(distance, smoothing, previous=estimate)
-    if self._report_final_objective:  # Round R + 1, only on request: D(v_R).
-      ledger.measure_objective(
-          tff.federated_map(computations.client_distance, (tff.federated_broadcast(estimate), points)))
-    return estimate
+      ledger.reweighted_pass(distance, smoothing)
+
+    def final_objective(ledger: _RoundLedger) -> None:  # Round R + 1, only on request: D(v_R).
+      ledger.measure_objective(ledger.distance_to_estimate())
+
+    rounds = [start] + [scaled_start] * self._measures_start_scale + [weiszfeld] * (self._num_passes - 1)
+    return rounds + [final_objective] * self._report_final_objective
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallParts:
+  """What one `next` call of a `GeometricMedianFactory` process is made of, over one value type."""
+  value_type: tff.Type
+  weight_type: tff.Type
+  init_fn: tff.Computation
+  pass_processes: list
+  objective_processes: list
+  computations: _Computations
+  rounds: list  # Each `(ledger) -> None`, one sequential round (`GeometricMedianFactory._rounds`).
+  num_rounds: int
+
+  def prepared(self, value, weight):
+    """The clients' (points, weights, flags) from their values (`prepare_client`)."""
+    prepared = tff.federated_map(self.computations.client_prepare, (value, weight))
+    return prepared[0], prepared[1], prepared[2]
+
+  def start(self, state, value, weight) -> _RoundLedger:
+    points, weights, flags = self.prepared(value, weight)
+    return _RoundLedger(state, secure_mean.secure_count(flags), self.pass_processes, self.objective_processes,
+                        points, weights, self.computations)
+
+  def resume(self, carry, value, weight) -> _RoundLedger:
+    points, weights, _ = self.prepared(value, weight)
+    return _RoundLedger.from_carry(carry, self.pass_processes, self.objective_processes, points, weights,
+                                   self.computations)
+
+  def finish(self, ledger: _RoundLedger) -> tff.templates.MeasuredProcessOutput:
+    participating, dropped, value_clipped, weight_clipped, nonzero = ledger.counts
+    result, result_flags = tff.federated_map(self.computations.server_finish, (ledger.estimate, nonzero))
+    new_state = tff.federated_zip(collections.OrderedDict(
+        passes=tuple(ledger.pass_states), objectives=tuple(ledger.objective_states)))
+    measurements = collections.OrderedDict(
+        objective=_stack_scalars(ledger.objectives),
+        smoothing=_stack_scalars(ledger.smoothings),
+        aggregation_calls=tff.federated_value(np.int32(self.num_rounds), tff.SERVER),
+        participating_clients=participating,
+        dropped_clients=dropped,
+        value_clipped_clients=value_clipped,
+        weight_clipped_clients=weight_clipped,
+        nonfinite_passes=_sum_flags(ledger.nonfinite_flags),
+        nonfinite_result=result_flags['nonfinite_result'],
+        zero_result=result_flags['zero_result'],
+        passes=tff.federated_zip(tuple(ledger.pass_measurements)),
+        objectives=tff.federated_zip(tuple(ledger.objective_measurements)),
+    )
+    return tff.templates.MeasuredProcessOutput(new_state, result, tff.federated_zip(measurements))
+
+
+def _stage_computation(parts: _CallParts, index: int, run_round, carry_type, client_types) -> tff.Computation:
+  """Round `index` of a call as a computation: from the state (the first) or the carry, to the carry or the output
+  (the last)."""
+  last = index == len(parts.rounds) - 1
+
+  @tff.federated_computation(carry_type, *client_types)
+  def stage(carry, value, weight):
+    ledger = parts.start(carry, value, weight) if index == 0 else parts.resume(carry, value, weight)
+    run_round(ledger)
+    return parts.finish(ledger) if last else ledger.carry()
+
+  return stage
 
 
 class UnweightedGeometricMedianFactory(tff.aggregators.UnweightedAggregationFactory):

@@ -39,7 +39,11 @@ KINDS = {
     'computation': (('computation',), False, 'computation'),
     'process': (('initialize', 'next'), True, 'next'),
     'factory': (('initialize', 'next'), True, 'next'),
+    # A process in stages: `initialize`, then every computation it runs in their order (not by name); the main one
+    # is the first after `initialize` (`STAGED_MAIN`).
+    'staged': (('initialize',), True, None),
 }
+STAGED_MAIN = 1  # The index of a staged process's main computation.
 MAX_COMPUTATIONS = 64  # Far more public computations than any process has.
 _CLASS_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
 _PUBLIC_NAME = re.compile(r'^[A-Za-z][A-Za-z0-9_]*$')
@@ -131,7 +135,8 @@ def computation_names_problem(kind: str, names: Sequence[Any]) -> Optional[str]:
     expected += ' then its other public computations by name'
   if (tuple(names[:len(first)]) != first or (others and not others_follow) or len(names) > MAX_COMPUTATIONS
       or any(not isinstance(n, str) or not _PUBLIC_NAME.match(n) for n in others)
-      or others != sorted(set(others)) or set(others) & set(first)):
+      or (others != sorted(set(others)) and kind != 'staged') or len(set(others)) != len(others)
+      or set(others) & set(first) or (kind == 'staged' and not others)):
     return f'{expected}, each once, as [name, base64]'
   return None
 
@@ -210,6 +215,8 @@ def decode_message(data: bytes) -> 'Loaded':
     problem = computation_names_problem(kind, [])
   if problem is not None:
     raise MalformedMessage(problem)
+  if main is None:
+    main = pairs[STAGED_MAIN][0]
   value_type = _field(result, 'value_type', (str, type(None)), 'the result')
   weight_type = _field(result, 'weight_type', (str, type(None)), 'the result')
   if (value_type is not None) != (kind == 'factory') or (weight_type is not None and kind != 'factory'):

@@ -22,7 +22,8 @@ from tff_gma.audit.isolation import CommandError
 
 _TENSOR_TYPE = re.compile(r'^\s*(?P<dtype>[A-Za-z][A-Za-z0-9_]*)\s*(?:\[(?P<dims>[^\]]*)\])?\s*$')
 _SUPPORTED = ('a tff.Computation, a tff.templates.IterativeProcess (e.g. an AggregationProcess or LearningProcess), '
-              'an aggregation factory, or a zero-argument callable returning one')
+              'an aggregation factory, a process in stages (tff_gma.aggregators.StagedAggregationProcess, '
+              'tff_gma.learning.StagedLearningProcess), or a zero-argument callable returning one')
 
 
 def load_attribute(spec: str, role: str = 'target') -> Any:
@@ -98,8 +99,11 @@ def parse_type_option(option: str, spec: Optional[str]):
 def resolve_subject(value: Any, spec: str) -> Any:
   """The auditable object a target names: itself, or what calling it (a builder) returns."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_gma.aggregators import staged as aggregators_staged  # pylint: disable=g-import-not-at-top
+  from tff_gma.learning import staged as learning_staged  # pylint: disable=g-import-not-at-top
   supported = (tff.Computation, tff.templates.IterativeProcess, tff.aggregators.UnweightedAggregationFactory,
-               tff.aggregators.WeightedAggregationFactory, tff.framework.ComputationBuildingBlock)
+               tff.aggregators.WeightedAggregationFactory, tff.framework.ComputationBuildingBlock,
+               aggregators_staged.StagedAggregationProcess, learning_staged.StagedLearningProcess)
   described = f'target {spec} is {type(value).__name__}'
   if tff_internals.is_polymorphic_computation(value):
     raise CommandError(f'target {spec} is a polymorphic computation (no parameter type yet): decorate it with '
@@ -150,6 +154,8 @@ def _result(subject: Any, value_type: Any, weight_type: Any) -> dict[str, Any]:
       types['weight_type'] = serialize_type(static._default_weight_type(weight_type))
   elif isinstance(subject, tff.templates.IterativeProcess):
     kind = 'process'
+  elif callable(getattr(subject, 'computations', None)):
+    kind = 'staged'
   else:
     kind = 'computation'
   # pylint: enable=protected-access

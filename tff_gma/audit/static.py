@@ -222,6 +222,11 @@ def _subject_computations(subject: Any, value_type: Any,
                      f'{type(subject).__name__}')
   if isinstance(subject, tff.templates.IterativeProcess):
     return type(subject).__name__, process_computations(subject), 'next'
+  if callable(getattr(subject, 'computations', None)):
+    # A process in stages (`tff_gma.aggregators.StagedAggregationProcess`, `tff_gma.learning.StagedLearningProcess`):
+    # every computation it runs; the first after `initialize` is the main one.
+    computations = list(subject.computations())
+    return type(subject).__name__, computations, computations[1][0]
   if isinstance(subject, (tff.Computation, building_blocks.ComputationBuildingBlock)):
     return ('computation', [('computation', subject)], 'computation')
   raise TypeError('audit_computation takes a tff.Computation, a tff.templates.AggregationProcess or other '

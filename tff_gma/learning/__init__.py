@@ -15,15 +15,19 @@ from tff_gma.learning.fedgma import build_fedgma
 from tff_gma.learning.gma_fed_avg import build_gma_fed_avg
 from tff_gma.learning.personalized_rfa import build_personalized_rfa
 from tff_gma.learning.scaffold import build_scaffold
+from tff_gma.learning.staged import compose_staged_learning_process
+from tff_gma.learning.staged import StagedLearningProcess
 
 __all__ = [
     'DEFAULT_LOOP_IMPLEMENTATION',
     'ClientStateOutput',
     'LearningProcessWithClientState',
+    'StagedLearningProcess',
     'build_elastic_fed_avg',
     'build_fedgma',
     'build_gma_fed_avg',
     'build_personalized_rfa',
     'build_scaffold',
     'build_weighted_fed_prox',
+    'compose_staged_learning_process',
 ]

@@ -11,11 +11,14 @@ import collections
 from collections.abc import Callable
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma.aggregators import geometric_median
+from tff_gma.aggregators import staged as aggregators_staged
 from tff_gma.learning import client_lib
+from tff_gma.learning import staged as staged_lib
 
 BATCHES = client_lib.BATCHES
 PERSONAL = 'personal'
@@ -74,7 +77,9 @@ def build_personalized_rfa(
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     metrics_aggregator=None,
-) -> client_lib.LearningProcessWithClientState:
+    *,
+    staged: bool = False,
+) -> client_lib.LearningProcessWithClientState | staged_lib.StagedLearningProcess:
   """Personalized RFA (RFA paper, Algorithm 4): a `LearningProcess` whose clients keep v_k.
 
       client k:  phase 1 (personal): from w + v_k, local SGD on its batches with w fixed  -> v_k' = trained - w
@@ -94,6 +99,8 @@ def build_personalized_rfa(
     model_aggregator: weighted factory for the shared updates; default RFA,
       `tff_gma.aggregators.GeometricMedianFactory()` (3 passes).
     metrics_aggregator: as in TFF's builders (default `tff.learning.metrics.sum_then_finalize`).
+    staged: the same round as a `tff_gma.learning.StagedLearningProcess`, the aggregator's sequential
+      aggregations one computation each (RFA's passes), as TFF's several workers run them.
 
   Raises:
     ValueError: for an invalid argument (the message names it).
@@ -126,5 +133,10 @@ def build_personalized_rfa(
     measurements = tff.federated_zip(collections.OrderedDict(train=types.metrics_aggregation_fn(local_metrics)))
     return state, client_result, measurements, new_personal
 
+  if staged:
+    return staged_lib.compose_staged(
+        types.initial_weights_fn, client_lib.broadcast_process(types), init_fn, client_round,
+        aggregators_staged.create_staged(model_aggregator, types.trainable_type, tff.TensorType(np.float32)),
+        client_lib.apply_optimizer_finalizer(server_optimizer, types), personal_type, PERSONAL)
   return client_lib.compose_with_client_state(
       types, init_fn, client_round, model_aggregator, server_optimizer, personal_type, PERSONAL)

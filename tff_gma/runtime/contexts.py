@@ -231,8 +231,11 @@ def check_context_runs(process) -> None:
   from tff_gma import _default_context  # pylint: disable=g-import-not-at-top
   if not _default_context.cannot_run_secure_sums(tff.framework.get_context_stack().current):
     return
-  comp = process if isinstance(process, tff.Computation) else getattr(process, 'next', process)
-  intrinsics = _default_context.secure_intrinsics(comp)
+  if hasattr(process, 'computations'):  # A round in stages (`tff_gma.learning.StagedLearningProcess`).
+    comps = [c for _, c in process.computations()]
+  else:
+    comps = [process if isinstance(process, tff.Computation) else getattr(process, 'next', process)]
+  intrinsics = sorted({i for comp in comps for i in _default_context.secure_intrinsics(comp)})
   if intrinsics:
     raise RuntimeError(_default_context.missing_context_message(intrinsics))
 

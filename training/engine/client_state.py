@@ -39,8 +39,9 @@ class ClientStateStore:
   @classmethod
   def for_process(cls, process: client_lib.LearningProcessWithClientState) -> 'ClientStateStore':
     """An empty store for `process`'s client state."""
-    if not isinstance(process, client_lib.LearningProcessWithClientState):
-      raise ValueError(f'process must be a tff_gma.learning.LearningProcessWithClientState, got {process!r}')
+    if getattr(process, 'client_state_key', None) is None:
+      raise ValueError(f'process must be a tff_gma.learning.LearningProcessWithClientState (or a staged one), got '
+                       f'{process!r}')
     leaves = tff.structure.flatten(process.client_state_type)
     return cls([t.shape for t in leaves], [t.dtype for t in leaves], what=process.client_state_key,
                key=process.client_state_key)

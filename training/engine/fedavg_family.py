@@ -17,6 +17,7 @@ from absl import logging
 import numpy as np
 import tensorflow_federated as tff
 
+from tff_gma import aggregators
 from tff_gma import learning
 from tff_gma import optimizers as reddi_optimizers
 from tff_gma import tff_internals
@@ -224,7 +225,11 @@ class Components:
   def weights_type(self):
     return self.initial_weights_fn.type_signature.result
 
-  def compose(self) -> tff.learning.templates.LearningProcess:
+  def compose(self) -> tff.learning.templates.LearningProcess | learning.StagedLearningProcess:
+    """The learning process; with an aggregator in stages, its round in stages (`learning.StagedLearningProcess`)."""
+    if isinstance(self.aggregator, aggregators.StagedAggregationProcess):
+      return learning.compose_staged_learning_process(
+          self.initial_weights_fn, self.distributor, self.client_work, self.aggregator, self.finalizer)
     return tff.learning.templates.compose_learning_process(
         self.initial_weights_fn, self.distributor, self.client_work, self.aggregator, self.finalizer)
 
@@ -238,9 +243,11 @@ def build_components(
     *,
     mask_on_step: bool = False,
     client_sources=None,
+    staged: bool = False,
 ) -> Components:
   """The parts of `build_learning_process`'s round (see `Components`; `mask_on_step`: `build_server_processes`;
-  `client_sources`: `build_client_work`'s, clients given sources to build their datasets from)."""
+  `client_sources`: `build_client_work`'s, clients given sources to build their datasets from; `staged`: the
+  aggregator as a `StagedAggregationProcess`, one stage per sequential aggregation, for TFF's several workers)."""
   if client_work is None:
     client_work = build_client_work(model_fn, algorithm_config, metrics_aggregator, client_sources)
 
@@ -251,6 +258,9 @@ def build_components(
   weights_type = initial_weights_fn.type_signature.result
   aggregator, finalizer = build_server_processes(algorithm_config, weights_type, model_aggregator,
                                                  mask_on_step=mask_on_step)
+  if staged:
+    aggregator = (aggregators.from_process(aggregator) if mask_on_step or model_aggregator is None else
+                  aggregators.create_staged(model_aggregator, weights_type.trainable, tff.TensorType(np.float32)))
   return Components(initial_weights_fn, tff.learning.templates.build_broadcast_process(weights_type), client_work,
                     aggregator, finalizer)
 

@@ -15,7 +15,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import aggregators
-from tff_gma import learning
 from training import config as config_lib
 from training.engine import client_execution as client_execution_lib
 from training.engine import client_state
@@ -119,6 +118,7 @@ def build(
     cache_key: Optional[tuple] = None,
     client_execution: str = client_execution_lib.WORKER,
     client_sources=None,
+    staged: bool = False,
 ) -> Method:
   """The method `algorithm` x `aggregator` (names as the runner's flags).
 
@@ -140,6 +140,8 @@ def build(
     client_sources: a `training.engine.worker_datasets.ClientSources` (FedAvg family, in the worker, without
       update corruption): the clients take a source each (file prefix, seeds) and build their datasets in their
       own computation; the method then needs `place_datasets_in_worker` before its first round.
+    staged: for several TFF workers: an aggregator of several sequential stages (`registry.Aggregator.multi_stage`)
+      runs its round one computation a stage (`tff_gma.learning.StagedLearningProcess`); others are unchanged.
   """
   registry.check(algorithm, aggregator, update_corruption.kind if update_corruption else corruption_lib.NONE,
         client_execution)
@@ -149,9 +151,14 @@ def build(
   aggregator_params = aggregator_params or config_lib.AggregatorParams()
   method_params = method_params or config_lib.MethodParams()
   corrupted = update_corruption is not None
+  staged = staged and registry.aggregator(aggregator).multi_stage
+  if staged and corrupted:
+    raise ValueError(f'workers: corruption={update_corruption.kind} is simulated on the whole round\'s updates at '
+                     f'once, which a round in stages ({algorithm}/{aggregator} on several workers) does not run: use '
+                     f'one worker')
   key = None if cache_key is None else (
       cache_key, algorithm, aggregator, algorithm_config, aggregator_params, method_params, num_clients,
-      metrics_aggregator, corrupted, client_execution, None if client_sources is None else client_sources.key)
+      metrics_aggregator, corrupted, client_execution, None if client_sources is None else client_sources.key, staged)
   if key is not None and key in _PROCESS_CACHE:
     process = _PROCESS_CACHE[key]
   else:
@@ -159,7 +166,7 @@ def build(
     if client_sources is not None and refusal is not None:
       raise ValueError(f'client_sources: {refusal}; got {algorithm}/{aggregator}')
     process = _build_process(model_fn, algorithm, aggregator, algorithm_config, aggregator_params, method_params,
-                             num_clients, metrics_aggregator, corrupted, client_execution, client_sources)
+                             num_clients, metrics_aggregator, corrupted, client_execution, client_sources, staged)
     if key is not None:
       _PROCESS_CACHE[key] = process
   if isinstance(process, client_execution_lib.LocalRound):
@@ -168,7 +175,7 @@ def build(
     harness = corruption_lib.CorruptedRounds(process, update_corruption.kind, update_corruption.corrupted,
                                               update_corruption.client_ids, update_corruption.seed)
     return Method(process, lambda *args: tuple(harness.run_round(*args)))
-  if isinstance(process, learning.LearningProcessWithClientState):
+  if getattr(process, 'client_state_key', None) is not None:  # A `LearningProcessWithClientState`, staged or not.
     return Method(process, store=client_state.ClientStateStore.for_process(process), held_out=held_out)
   return Method(process, client_sources=client_sources)
 
@@ -187,12 +194,13 @@ def client_sources_refusal(algorithm: str, aggregator: str, corrupted: bool, cli
 def _build_process(model_fn, algorithm: str, aggregator: str, algorithm_config: config_lib.AlgorithmConfig,
                    aggregator_params: config_lib.AggregatorParams, method_params: config_lib.MethodParams,
                    num_clients: Optional[int], metrics_aggregator, corrupted: bool,
-                   client_execution: str = client_execution_lib.WORKER, client_sources=None
+                   client_execution: str = client_execution_lib.WORKER, client_sources=None, staged: bool = False
                    ) -> tff.learning.templates.LearningProcess | client_execution_lib.LocalRound:
   aggregator_record, algorithm_record = registry.aggregator(aggregator), registry.algorithm(algorithm)
   if aggregator_record.kind == registry.PROCESS or algorithm_record.kind == registry.COMPOSED:
     return registry.build_process(model_fn, algorithm, aggregator, algorithm_config, aggregator_params,
-                                  method_params, num_clients=num_clients, metrics_aggregator=metrics_aggregator)
+                                  method_params, num_clients=num_clients, metrics_aggregator=metrics_aggregator,
+                                  staged=staged)
   model_aggregator = registry.build(aggregator, aggregator_params)
   # GMA with FedAdam/FedYogi is the GMA paper's Algorithm 2: the adaptive moments see the unmasked mean and the mask
   # scales the step (the drop-in factory would mask before Adam, which largely undoes the mask). FedAvg/FedProx
@@ -208,4 +216,4 @@ def _build_process(model_fn, algorithm: str, aggregator: str, algorithm_config: 
         model_fn, algorithm_config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step)
   return fedavg_family.build_learning_process(
       model_fn, algorithm_config, model_aggregator, metrics_aggregator, mask_on_step=mask_on_step,
-      client_sources=client_sources)
+      client_sources=client_sources, staged=staged)

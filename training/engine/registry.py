@@ -31,7 +31,7 @@ DEFAULTS = {name: value for c in _SETTING_CLASSES for name, value in dataclasses
             if name in SETTINGS}
 # What a builder may take besides settings, by name (`_call`).
 _STRUCTURAL = ('model_fn', 'model_aggregator', 'metrics_aggregator', 'num_clients', 'client_optimizer',
-               'server_optimizer')
+               'server_optimizer', 'staged')
 
 
 def settings_of(*parts: Any) -> dict[str, Any]:
@@ -164,9 +164,9 @@ def _scaffold(model_fn, client_optimizer, server_optimizer, model_aggregator, nu
                                  metrics_aggregator=metrics_aggregator, secure=secure, value_bound=secure_bound)
 
 
-def _personalized(model_fn, client_optimizer, server_optimizer, model_aggregator, metrics_aggregator):
+def _personalized(model_fn, client_optimizer, server_optimizer, model_aggregator, metrics_aggregator, staged):
   return learning.build_personalized_rfa(model_fn, client_optimizer, server_optimizer, model_aggregator,
-                                         metrics_aggregator)
+                                         metrics_aggregator, staged=staged)
 
 
 ProcessBuilder = Callable[..., tff.learning.templates.LearningProcess]
@@ -204,7 +204,9 @@ class Aggregator:
   # among `reads`.
   probe: Optional[Callable[..., tuple[str, tff.aggregators.WeightedAggregationFactory]]] = None
   algorithms: tuple[str, ...] = config_lib.FEDAVG_FAMILY + ('fedgma', 'scaffold', 'personalized')
-  multi_worker: bool = True  # One aggregation stage, so the round runs over several TFF workers.
+  # Aggregates in several sequential stages (RFA's passes): on several TFF workers, a round of an algorithm that
+  # can run in stages (`Algorithm.staged`) runs as one computation a stage (`tff_gma.learning.StagedLearningProcess`).
+  multi_stage: bool = False
   roles: frozenset[str] = frozenset()  # The drivers that list it (DEMO, RFA_STUDY).
   # A GMA factory with an adaptive server (FedAdam, FedYogi): True, the GMA paper's Algorithm 2 (the moments see
   # the unmasked mean, the mask scales the step); False, the drop-in placement (the factory inside TFF's builder:
@@ -236,7 +238,8 @@ class Algorithm:
   default_aggregator: str = 'mean'  # The aggregator of the algorithm's short name (`resolve`).
   client_execution: tuple[str, ...] = _BOTH_MODES  # The modes its clients can train in (`client_execution`).
   update_corruption: bool = True  # Runs with the corruptions inside the client work (UPDATE_CORRUPTIONS).
-  multi_worker: bool = True  # As `Aggregator.multi_worker`.
+  # Runs its round in stages (`Aggregator.multi_stage`): its builder takes `staged` (the FedAvg family's does).
+  staged: bool = False
   # Keeps personal parameters on the clients: each client holds out examples to evaluate its personal model.
   personal_evaluation: bool = False
   roles: frozenset[str] = frozenset()
@@ -245,9 +248,9 @@ class Algorithm:
   reads: tuple[str, ...] = ()
 
 
-def _model_aggregator(name, description, build, *, private=True, multi_worker=True, roles=(), mask_on_step=True,
+def _model_aggregator(name, description, build, *, private=True, multi_stage=False, roles=(), mask_on_step=True,
                       refusals=(), upper_bounds=(), weight_replay=None):
-  return Aggregator(name, description, MODEL_AGGREGATOR, private, build, multi_worker=multi_worker,
+  return Aggregator(name, description, MODEL_AGGREGATOR, private, build, multi_stage=multi_stage,
                     roles=frozenset(roles), mask_on_step=mask_on_step, reads=_reads(build), refusals=refusals,
                     upper_bounds=upper_bounds, weight_replay=weight_replay)
 
@@ -285,9 +288,9 @@ _AGGREGATORS = (
     _model_aggregator('gma_dropin', 'gma with FedAdam/FedYogi in the drop-in placement: the mask before the '
                       'server optimizer (gma itself: the mask on the step, Algorithm 2)', _gma('soft'),
                       mask_on_step=False),
-    # Weiszfeld's passes are sequential aggregations: one stage per pass, more than TFF's multi-worker context runs.
+    # Weiszfeld's passes are sequential aggregations: one stage per pass (`GeometricMedianFactory.create_staged`).
     _model_aggregator('rfa', 'geometric median, smoothed Weiszfeld (num_passes secure averages)', _rfa,
-                      multi_worker=False, roles=(DEMO, RFA_STUDY), weight_replay=WEISZFELD),
+                      multi_stage=True, roles=(DEMO, RFA_STUDY), weight_replay=WEISZFELD),
     _model_aggregator('rfa_one_step', 'one-step RFA (a single reweighted secure average)', _rfa_one_step,
                       roles=(DEMO, RFA_STUDY), weight_replay=ONE_STEP),
     # The baselines collect every update at the server: secure=True is refused with them.
@@ -309,16 +312,19 @@ _AGGREGATORS = (
                roles=frozenset({DEMO}), reads=_reads(_elastic)),
 )
 _ALGORITHMS = (
-    Algorithm('fedavg', 'FedAvg: client SGD with momentum, server SGD', FEDAVG_FAMILY, True, reads=_FEDAVG_READS),
+    Algorithm('fedavg', 'FedAvg: client SGD with momentum, server SGD', FEDAVG_FAMILY, True, reads=_FEDAVG_READS,
+              staged=True),
     Algorithm('fedprox', 'FedProx: FedAvg with a proximal term on the client (proximal_strength)', FEDAVG_FAMILY,
-              True, reads=_FEDAVG_READS + ('proximal_strength',)),
-    Algorithm('fedadam', 'FedAdam: FedAvg with an Adam server optimizer', FEDAVG_FAMILY, True, reads=_ADAPTIVE_READS),
-    Algorithm('fedyogi', 'FedYogi: FedAvg with a Yogi server optimizer', FEDAVG_FAMILY, True, reads=_ADAPTIVE_READS),
+              True, reads=_FEDAVG_READS + ('proximal_strength',), staged=True),
+    Algorithm('fedadam', 'FedAdam: FedAvg with an Adam server optimizer', FEDAVG_FAMILY, True, reads=_ADAPTIVE_READS,
+              staged=True),
+    Algorithm('fedyogi', 'FedYogi: FedAvg with a Yogi server optimizer', FEDAVG_FAMILY, True, reads=_ADAPTIVE_READS,
+              staged=True),
     _composed('fedgma', 'FedGMA: averaged models + AND-masked server step (fedgma_threshold)', _fedgma,
               roles=frozenset({DEMO})),
     _composed('scaffold', 'SCAFFOLD with client control variates, weighted mean of the updates', _scaffold),
     _composed('personalized', 'personalized RFA: shared parameters by RFA, personal ones kept by the clients',
-              _personalized, default_aggregator='rfa', personal_evaluation=True),
+              _personalized, default_aggregator='rfa', personal_evaluation=True, staged=True),
 )
 AGGREGATOR_RECORDS = {a.name: a for a in _AGGREGATORS}
 ALGORITHM_RECORDS = {a.name: a for a in _ALGORITHMS}
@@ -353,7 +359,8 @@ def build(name: str, aggregator_params: Optional[config_lib.AggregatorParams] = 
 
 def build_process(model_fn, algorithm_name: str, aggregator_name: str, algorithm_config: config_lib.AlgorithmConfig,
                   aggregator_params: config_lib.AggregatorParams, method_params: config_lib.MethodParams, *,
-                  num_clients: Optional[int], metrics_aggregator) -> tff.learning.templates.LearningProcess:
+                  num_clients: Optional[int], metrics_aggregator, staged: bool = False
+                  ) -> tff.learning.templates.LearningProcess:
   """The learning process of a method with a `PROCESS` aggregator or a `COMPOSED` algorithm (the FedAvg family
   with a model aggregator is `training.engine.fedavg_family`'s). Each builder gets exactly its parameters.
 
@@ -371,7 +378,7 @@ def build_process(model_fn, algorithm_name: str, aggregator_name: str, algorithm
     raise ValueError(f'algorithm: {algorithm_name} with a model aggregator is built by training.engine.fedavg_family')
   return _call(algorithm_record.build_process, settings, model_fn=model_fn,
                model_aggregator=build(aggregator_name, aggregator_params), num_clients=num_clients,
-               metrics_aggregator=metrics_aggregator, **optimizers)
+               metrics_aggregator=metrics_aggregator, staged=staged, **optimizers)
 
 
 def probe(name: str, aggregator_params: config_lib.AggregatorParams, method_params: config_lib.MethodParams
@@ -477,7 +484,9 @@ def check(algorithm_name: str, aggregator_name: str, corruption: str = 'none',
   client_execution_lib.check(client_execution, algorithm=algorithm_name, aggregator=aggregator_name,
                              corruption=corruption, workers=workers,
                              composed=process_aggregator or client_execution not in algorithm_record.client_execution)
-  if workers is not None and not (algorithm_record.multi_worker and aggregator_record.multi_worker):
+  if workers is not None and aggregator_record.multi_stage and not algorithm_record.staged:
+    staged = ', '.join(a.name for a in _ALGORITHMS if a.staged)
     raise ValueError(f'workers: {algorithm_name}/{aggregator_name} aggregates in more than one sequential stage; '
-                     f'TFF\'s multi-worker (mergeable-computation) runtime runs one stage per computation: use one '
-                     f'worker, or a one-stage aggregator (mean, gma, rfa_one_step)')
+                     f'on several TFF workers such a round runs one stage per computation, which {staged} do and '
+                     f'{algorithm_name} does not: use one worker, or a one-stage aggregator (mean, gma, '
+                     f'rfa_one_step)')

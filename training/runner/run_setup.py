@@ -93,7 +93,8 @@ def build_setup(config: config_lib.ExperimentConfig) -> Setup:
       metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize if config.secure_metrics else None,
       update_corruption=update_corruption, held_out=held_out,
       cache_key=(config.dataset, config.model, data.input_shape, data.num_classes, data.pad_id),
-      client_execution=config.client_execution, client_sources=_client_sources(config, data.train))
+      client_execution=config.client_execution, client_sources=_client_sources(config, data.train),
+      staged=config.workers is not None)
   eval_x, eval_y = validation if validation is not None else (data.test_x, data.test_y)
   evaluator = evaluation.CentralEvaluator(build_keras, eval_x, eval_y, pad_id=data.pad_id)
   return Setup(data, build_keras, model_fn, method, evaluator, corrupted, validation, config.participation_eval)

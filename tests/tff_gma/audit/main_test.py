@@ -202,6 +202,23 @@ def test_rfa_report_shows_one_pass_per_weiszfeld_pass(capsys):
   assert '**Verdict: PASS.**' in out
 
 
+@pytest.mark.parametrize('target, names', [
+    ('staged_secure_rfa', ['initialize', 'stage_1', 'stage_2']),
+    ('staged_rfa_learning_process', ['initialize', 'client_stage', 'aggregation_stage_1', 'aggregation_stage_2',
+                                     'server_stage', 'get_model_weights', 'set_model_weights']),
+])
+def test_a_process_in_stages_is_audited_stage_by_stage(capsys, target, names):
+  assert _in_process([f'tests.tff_gma.audit.targets:{target}', '--format', 'json']) == cli.EXIT_OK
+  report = json.loads(capsys.readouterr().out)
+  assert report['verdict'] == 'PASS'
+  assert [c['name'] for c in report['computations']] == names
+  # Each stage aggregates once: the secure means of one Weiszfeld pass, or the clients' metrics; the server's
+  # update aggregates nothing.
+  passes = {c['name']: c['aggregation_passes'] for c in report['computations']}
+  assert all(passes[n] == (n != 'server_stage') for n in names if 'stage' in n), passes
+  assert report['aggregation_passes'] == 1
+
+
 @pytest.mark.parametrize('argv, message', [
     (['no_colon_here'], 'MODULE:ATTR'),
     (['tests.tff_gma.audit.targets:no_such_target'], "has no attribute 'no_such_target'"),
@@ -248,7 +265,8 @@ def _failing_audit(*args, **kwargs):
      "target audit_case_base_exception:holder.target: reading 'holder.target' raised Stop: no luck"),
     ('x = 3\n', ['audit_case_int:x'],
      'target audit_case_int:x is int, which the audit cannot read: expected a tff.Computation, a '
-     'tff.templates.IterativeProcess (e.g. an AggregationProcess or LearningProcess), an aggregation factory, or '
+     'tff.templates.IterativeProcess (e.g. an AggregationProcess or LearningProcess), an aggregation factory, a '
+     'process in stages (tff_gma.aggregators.StagedAggregationProcess, tff_gma.learning.StagedLearningProcess), or '
      'a zero-argument callable returning one'),
     ('def build():\n  return [1]\n', ['audit_case_returns_list:build'],
      'target audit_case_returns_list:build() returned list, which the audit cannot read: expected'),

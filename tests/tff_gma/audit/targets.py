@@ -229,6 +229,27 @@ def rfa_secure_learning_process() -> tff.learning.templates.LearningProcess:
       metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)
 
 
+def staged_secure_rfa():
+  """`secure_rfa(2)` in stages: one computation per Weiszfeld pass."""
+  return secure_rfa(2).create_staged(VALUE, tff.TensorType(np.float32))
+
+
+def staged_rfa_learning_process():
+  """A FedAvg round with the project's secure RFA (2 passes) in stages, composed from TFF's own parts."""
+  from tff_gma import aggregators  # pylint: disable=g-import-not-at-top
+  from tff_gma import learning  # pylint: disable=g-import-not-at-top
+  model_fn = _model_fn()
+  initial_weights_fn = tff.tensorflow.computation(lambda: tff.learning.models.ModelWeights.from_model(model_fn()))
+  weights_type = initial_weights_fn.type_signature.result
+  client_work = tff.learning.templates.build_model_delta_client_work(
+      model_fn, tff.learning.optimizers.build_sgdm(0.1), tff.learning.ClientWeighting.NUM_EXAMPLES,
+      metrics_aggregator=tff.learning.metrics.secure_sum_then_finalize)
+  return learning.compose_staged_learning_process(
+      initial_weights_fn, tff.learning.templates.build_broadcast_process(weights_type), client_work,
+      aggregators.create_staged(secure_rfa(2), weights_type.trainable, tff.TensorType(np.float32)),
+      tff.learning.templates.build_apply_optimizer_finalizer(tff.learning.optimizers.build_sgdm(1.0), weights_type))
+
+
 def _counting_distributor(model_weights_type) -> tff.learning.templates.DistributionProcess:
   """TFF's broadcast, measuring how many clients received the model with a plain `federated_sum`."""
 
