@@ -15,14 +15,13 @@ from training.studies.shared import intervals
 from training.studies.shared import study_runs
 
 
-def test_t_quantiles_are_students_and_conservative_between_table_entries():
+def test_t_quantiles_are_scipys_to_3_places():
   for df in range(1, 40):
     exact = stats.t.ppf(0.975, df)
-    ours = intervals.t_quantile_975(df)
-    assert ours >= exact - 5e-4  # Never narrower than the exact interval (table values are rounded to 3 places).
-    if df in intervals._T975:  # pylint: disable=protected-access
-      assert ours == pytest.approx(exact, abs=5e-4)
-    assert ours <= exact * 1.03  # Between entries at most 3% wider.
+    assert intervals.t_quantile_975(df) == round(exact, 3)
+    assert intervals.t_quantile_975(df) == pytest.approx(exact, rel=3e-4)
+  # The quantiles of the studies' committed intervals (df = seeds - 1, and their Welch dfs).
+  assert [intervals.t_quantile_975(df) for df in (2, 3, 4, 6, 7)] == [4.303, 3.182, 2.776, 2.447, 2.365]
   with pytest.raises(ValueError, match='df'):
     intervals.t_quantile_975(0)
 
