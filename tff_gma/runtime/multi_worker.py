@@ -200,9 +200,10 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
   TFF's own distributed runtime: one asynchronous context per worker and TFF's mergeable-computation context,
   which compiles a computation to `MergeableCompForm` (the work before the aggregation runs on every worker
   on its share of the clients, the partial aggregates are merged, the rest runs once). Limit of that form: one
-  aggregation stage per computation, so multi-pass aggregates (RFA with more than one pass) cannot run on it
-  (`check_single_aggregation_stage` says so before training, and the context itself when such a computation is
-  invoked: a ValueError naming the number of stages). The workers are not owned here: start them with
+  aggregation stage per computation, so a multi-pass aggregate runs in stages, one computation each
+  (`GeometricMedianFactory.create_staged`); a computation of several stages is refused
+  (`check_single_aggregation_stage` before training, and the context itself when it is invoked: a ValueError naming
+  the number of stages). The workers are not owned here: start them with
   `start_local_workers` on this host (their `target`s are private Unix sockets, 'unix:/path'), or
   `python -m tff_gma.worker --port=P` (target 'host:P') or `--unix=PATH` (target 'unix:PATH'): on this host only
   their owner can connect to those; other hosts that reach a TCP one can, unauthenticated, by design: see its
@@ -263,6 +264,8 @@ def check_single_aggregation_stage(process) -> int:
   static audit of the computation (`tff_gma.audit.static`). Returns the number of stages.
   """
   from tff_gma.audit import static  # pylint: disable=g-import-not-at-top
+  if hasattr(process, 'computations'):  # A round in stages (`tff_gma.learning.StagedLearningProcess`): each one.
+    return max(check_single_aggregation_stage(comp) for _, comp in process.computations())
   passes = static.audit_computation(process, policy=static.AuditPolicy(allow_plain_sum=True)).aggregation_passes
   if passes > 1:
     subject = 'computation' if isinstance(process, tff.Computation) else 'process'
