@@ -20,6 +20,7 @@ from tff_gma import aggregators
 from tff_gma import models
 from training import config as config_lib
 from training.bench import candidates
+from training.bench import multi_worker
 from training.bench import cli as bench
 from training.bench import presets
 from training.bench import runner_runs
@@ -292,7 +293,8 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
   assert list(result) == ['environment', 'round_time_ratio', 'aggregation_time_ratio', 'scaling', 'details',
                           'round_cpu_ratio', 'pipeline_throughput_ratio', 'iterator_loop_speedup',
                           'compile_seconds', 'client_execution_time_ratio', 'round_to_floor',
-                          'loop_before_speedup', 'round_parts', 'peer_ratios', 'runner_ratios', 'targets']
+                          'loop_before_speedup', 'round_parts', 'peer_ratios', 'runner_ratios',
+                          'multi_worker_efficiency', 'targets']
   assert result['environment']['mode'] == 'smoke' and 'training.bench' in result['environment']['command']
 
   def positive_finite(x):
@@ -314,12 +316,13 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
     assert positive_finite(row['seconds']) and positive_finite(row['peak_total_gib'])
     assert row['peak_rss_gib']['worker'] > 0 and row['peak_rss_gib']['python'] > 0
   assert [t['target'].split(' ')[0] for t in result['targets']] == [
-      'gma', 'project', 'project', 'project', 'process', 'saving', 'label500-shaped']  # The runner's three last.
+      'gma', 'project', 'project', 'project', 'process', 'saving', 'label500-shaped', 'two']  # Runner's, workers'.
   assert '| study run / floor |' in (tmp_path / 'bench.md').read_text()
   assert all(math.isfinite(r) for r in result['round_to_floor']['logistic'].values())
   markdown = (tmp_path / 'bench.md').read_text()
   assert '| gma |' in markdown and '## Scaling' in markdown and '## Targets' in markdown
   assert '### logistic 2x20, batch 16' in markdown and '| logistic 2x20, batch 16 |' in markdown
+  assert '### logistic 4x20, batch 16' in markdown and '| workers_2 |' in markdown
 
 
 @pytest.mark.slow  # A whole benchmark section: both client-execution modes trained and timed.
@@ -496,3 +499,47 @@ def test_runner_section_measures_the_runner_end_to_end():
   assert [t['met'] for t in targets] == [ratios['start_up_seconds'] <= 8, ratios['saving_share'] <= 0.1,
                                          ratios['study_to_floor'] <= 1.3]
   assert '| study run / floor |' in '\n'.join(runner_runs.markdown({'details': {'runner': section}}))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Several workers per round.
+
+
+@pytest.mark.slow  # Starts two pinned workers and times a round on one and on both.
+def test_multi_worker_section_times_each_worker_count_and_its_stages():
+  section = multi_worker.bench_multi_worker(presets.SMOKE)
+  assert list(section['multi_worker_efficiency']) == ['logistic 4x20']
+  case = section['cases']['logistic 4x20']
+  assert list(case['efficiency']) == ['workers_1', 'workers_2']
+  assert all(math.isfinite(e) and e > 0 for e in case['efficiency'].values())
+  assert list(case['breakdown']) == [multi_worker.ONE_WORKER, 'workers_1', 'workers_2']
+  assert 'stage_seconds' not in case['breakdown'][multi_worker.ONE_WORKER]  # TFF's own context: no stages.
+  for entry in ('workers_1', 'workers_2'):
+    stages = case['breakdown'][entry]['stage_seconds']
+    assert list(stages) == list(multi_worker.STAGES)
+    assert stages['invoke'] >= stages['up_to_merge'] > 0
+  assert len(case['breakdown']['workers_2']['each_worker_cpu_seconds']) == 2
+  assert case['setup']['pinning']['workers_2'] == [case['setup']['cores'][i % len(case['setup']['cores'])]
+                                                   for i in range(2)]
+  assert all(d <= 1e-5 for d in case['max_abs_difference_to_one_worker'].values())  # As multi_worker_runs_test.
+  markdown = '\n'.join(multi_worker.markdown({'details': {'multi_worker': section}}))
+  assert '### logistic 4x20, batch 16' in markdown and '| workers_2 |' in markdown
+
+
+def test_multi_worker_target_is_two_workers_efficiency_per_case():
+  result = {'multi_worker_efficiency': {'lenet 10x600': {'workers_1': 0.9, 'workers_2': 0.86, 'workers_4': 0.8},
+                                        'lenet 100x30': {'workers_2': 0.5}}}
+  targets = multi_worker.check_targets(result)
+  assert [(t['value'], t['met']) for t in targets] == [(0.86, True), (0.5, False)]
+  assert all('two workers' in t['target'] for t in targets)
+
+
+def test_pinned_workers_start_on_their_cores():
+  cpus = sorted(os.sched_getaffinity(0))
+  workers = multi_worker.start_pinned_workers(2, cpus)
+  try:
+    assert [os.sched_getaffinity(w.pid) for w in workers] == [{cpus[0]}, {cpus[1 % len(cpus)]}]
+    assert os.sched_getaffinity(0) == set(cpus)  # This process's own cores restored.
+  finally:
+    for w in workers:
+      w.stop()

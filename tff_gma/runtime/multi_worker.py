@@ -1,16 +1,18 @@
 """Several TFF workers per round: TFF's mergeable-computation context over workers this process may not own.
 
 Each round's clients are split over the workers at the given targets (one asynchronous context per worker, the
-secure intrinsics lowered before the split). TFF's mergeable form runs one aggregation stage per computation,
-so multi-pass aggregates are refused here, by name, before TFF would fail on them with a dump of its building
+secure intrinsics lowered before the split). TFF's mergeable form runs one aggregation stage per computation:
+a multi-pass aggregate runs as one computation per pass (`GeometricMedianFactory.create_staged`), and a
+computation of several stages is refused by name, before TFF would fail on it with a dump of its building
 blocks. `start_local_workers` starts owned workers on this host for it.
 """
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Optional
 
@@ -37,15 +39,27 @@ class _MergeableContext(tff.framework.SyncContext):
   compiler pipeline this never uses). Here the workers' slices run side by side, and their results are merged and
   joined in the slices' order. Results come back in the Python containers of the computation's result type (TFF's
   lose them: a learning process's `next` would return an OrderedDict instead of a `LearningProcessOutput`).
+
+  Each worker's context runs on an event loop of its own, in a thread of its own: TFF's `RemoteExecutor` makes
+  blocking gRPC calls inside its coroutines, so the workers' coroutines gathered on one loop would run one after
+  the other (each worker's whole share, then the next's), never side by side.
   """
 
   def __init__(self, async_contexts, compiler_fn):
     self._workers = list(async_contexts)
     self._compile = compiler_fn
     self._forms = {}  # Each computation's mergeable form, compiled once.
-    self._runner = tff_internals.async_thread_runner()
+    self._merged_afters = {}  # (id of a form, partials) -> (the form, `_merge_then_after_merge` of it).
+    self._runners = [tff_internals.async_thread_runner() for _ in self._workers]
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self._workers),
+                                                       thread_name_prefix='tff_gma_worker_call')
+    # The last invocation's wall seconds by stage (split, up_to_merge, merge_and_after_merge, result_containers,
+    # invoke): what the benchmark's breakdown reads (`training.bench.multi_worker`).
+    self.last_stages = {}
 
   def invoke(self, comp, arg=None):
+    began = time.perf_counter()
+    self.last_stages = {}
     form = comp
     if isinstance(comp, tff.Computation):
       if comp not in self._forms:
@@ -54,23 +68,80 @@ class _MergeableContext(tff.framework.SyncContext):
     slices = [None] * len(self._workers)
     if arg is not None:
       slices = _split(arg, form.up_to_merge.type_signature.parameter, len(self._workers))
-    result = self._runner.run_coro_and_return_result(self._in_order(form, slices))
+    self._stage('split', began)
+    result = self._in_order(form, slices)
+    converted = time.perf_counter()
     result_type = (comp if isinstance(comp, tff.Computation) else form.after_merge).type_signature.result
-    return tff.types.type_to_py_container(_as_structs(result, result_type), result_type)
+    result = tff.types.type_to_py_container(_as_structs(result, result_type), result_type)
+    self._stage('result_containers', converted)
+    self._stage('invoke', began)
+    return result
 
-  async def _in_order(self, form, slices):
+  def _stage(self, name: str, began: float) -> None:
+    self.last_stages[name] = self.last_stages.get(name, 0.0) + time.perf_counter() - began
+
+  def _on(self, index: int, comp, arg):
+    """`comp(arg)` on worker `index`, on that worker's event loop."""
+    return self._runners[index].run_coro_and_return_result(self._workers[index].invoke(comp, arg))
+
+  def _on_each(self, comp, args: list) -> list:
+    """`comp` on worker i with `args[i]`, side by side; the results in the workers' order."""
+    if len(args) == 1:
+      return [self._on(0, comp, args[0])]
+    futures = [self._pool.submit(self._on, i, comp, a) for i, a in enumerate(args)]
+    return [f.result() for f in futures]
+
+  def _merged_after(self, form, parts: int):
+    """`form`'s merge of `parts` partial aggregates, in their order, then its `after_merge`: one computation."""
+    key = (id(form), parts)
+    if key not in self._merged_afters:
+      self._merged_afters[key] = (form, _merge_then_after_merge(form, parts))  # The form kept: its id stays its.
+    return self._merged_afters[key][1]
+
+  def _in_order(self, form, slices):
     """`form` on the argument's slices, one a worker, merged and joined in the slices' order."""
-    pairs = list(zip(slices, self._workers))
-    partials = await asyncio.gather(*(w.invoke(form.up_to_merge, s) for s, w in pairs))
-    merged = partials[0]
-    for partial in partials[1:]:
-      merged = await self._workers[0].invoke(form.merge, tff.structure.Struct.unnamed(merged, partial))
-    after = lambda s: merged if s is None else tff.structure.Struct.unnamed(s, merged)
+    began = time.perf_counter()
+    partials = self._on_each(form.up_to_merge, slices)
+    self._stage('up_to_merge', began)
+    began = time.perf_counter()
+    # The merges run in the worker that runs `after_merge`, in the same computation: no round trip per merge, and
+    # the merged aggregate never crosses to this process.
+    if len(partials) == 1:
+      after = form.after_merge
+      args = lambda s: partials[0] if s is None else tff.structure.Struct.unnamed(s, partials[0])
+    else:
+      after = self._merged_after(form, len(partials))
+      args = lambda s: tff.structure.Struct.unnamed(*([] if s is None else [s]), *partials)
     result_type = form.after_merge.type_signature.result
     if not _has_client_values(result_type):
-      return await self._workers[0].invoke(form.after_merge, after(slices[0]))
-    results = await asyncio.gather(*(w.invoke(form.after_merge, after(s)) for s, w in pairs))
-    return _joined(list(results), result_type)
+      # Nothing placed at the clients comes back, so the clients' part of the argument cannot reach the result
+      # (only an aggregation takes a value from the clients, and every aggregation ran before the merge): worker
+      # 0 gets none of it, rather than its clients' data sent and built again.
+      first = slices[0] if _has_placement(result_type, tff.CLIENTS) else _without_clients(
+          slices[0], form.up_to_merge.type_signature.parameter)
+      result = self._on(0, after, args(first))
+    else:
+      result = _joined(self._on_each(after, [args(s) for s in slices]), result_type)
+    self._stage('merge_and_after_merge', began)
+    return result
+
+
+def _merge_then_after_merge(form, parts: int) -> tff.Computation:
+  """`<arg, partial_1, ..., partial_parts> -> form.after_merge(arg, merged)` (no `arg` where `up_to_merge` takes
+  none), the partials merged left to right with `form.merge`, as the workers' results would be one by one."""
+  partial_type = form.up_to_merge.type_signature.result
+  arg_type = form.up_to_merge.type_signature.parameter
+  leading = [] if arg_type is None else [arg_type]
+  merge = form.merge
+
+  @tff.federated_computation(tff.StructType(leading + [partial_type] * parts))
+  def merge_then_after_merge(args):
+    merged = args[len(leading)]
+    for i in range(len(leading) + 1, len(leading) + parts):
+      merged = tff.federated_map(merge, tff.federated_zip((merged, args[i])))
+    return form.after_merge(merged) if arg_type is None else form.after_merge(args[0], merged)
+
+  return merge_then_after_merge
 
 
 def _per_client(value_type) -> bool:
@@ -130,6 +201,18 @@ def _joined(results: list, value_type):
     return tff.structure.Struct([(name, _joined([p[i][1] for p in parts], t))
                                  for i, ((name, _), t) in enumerate(zip(parts[0], value_type))])
   return results[0]
+
+
+def _without_clients(value, value_type):
+  """`value` with each CLIENTS-placed value that differs between clients cut to no clients (None stays None)."""
+  return None if value is None else _sliced(value, value_type, 0, 0)
+
+
+def _has_placement(value_type, placement) -> bool:
+  """Whether `value_type` holds a value placed at `placement` (all-equal or not)."""
+  if isinstance(value_type, tff.FederatedType):
+    return value_type.placement is placement
+  return isinstance(value_type, tff.StructType) and any(_has_placement(t, placement) for t in value_type)
 
 
 def _has_client_values(value_type) -> bool:
@@ -206,8 +289,8 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
   the number of stages). The workers are not owned here: start them with
   `start_local_workers` on this host (their `target`s are private Unix sockets, 'unix:/path'), or
   `python -m tff_gma.worker --port=P` (target 'host:P') or `--unix=PATH` (target 'unix:PATH'): on this host only
-  their owner can connect to those; other hosts that reach a TCP one can, unauthenticated, by design: see its
-  start-up message and docs/runtime.md for how to restrict them.
+  their owner can connect to those; other hosts that reach a TCP one can, unauthenticated, by design: bind it to
+  a private address and firewall its port (its start-up message says how).
 
   Each worker must answer within `connect_timeout_s`; otherwise a RuntimeError names its address (a refused
   connection fails at once).
@@ -261,12 +344,12 @@ def check_single_aggregation_stage(process) -> int:
   sequential stage.
 
   TFF's mergeable-computation context (several workers) supports a single stage; the count comes from the
-  static audit of the computation (`tff_gma.audit.static`). Returns the number of stages.
+  static audit of the computation (`tff_gma.audit`). Returns the number of stages.
   """
-  from tff_gma.audit import static  # pylint: disable=g-import-not-at-top
+  from tff_gma import audit  # pylint: disable=g-import-not-at-top
   if hasattr(process, 'computations'):  # A round in stages (`tff_gma.learning.StagedLearningProcess`): each one.
     return max(check_single_aggregation_stage(comp) for _, comp in process.computations())
-  passes = static.audit_computation(process, policy=static.AuditPolicy(allow_plain_sum=True)).aggregation_passes
+  passes = audit.audit_computation(process, policy=audit.AuditPolicy(allow_plain_sum=True)).aggregation_passes
   if passes > 1:
     subject = 'computation' if isinstance(process, tff.Computation) else 'process'
     raise ValueError(

@@ -3,7 +3,7 @@
     python -m training.bench [--quick | --smoke] [--sections=...] [--aggregators=mean,gma+secure,rfa+num_passes=5]
 
 --quick: a few minutes; none: the full benchmark (a quiet machine); --smoke: every key on tiny sizes. Writes
---output (outputs/bench/bench.json) and bench.md. Entries, sections, keys: docs/benchmark.md#sections-keys-and-method"""
+--output (outputs/bench/bench.json) and bench.md. Entries, sections, keys: docs/research/benchmark.md"""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import tensorflow_federated as tff
 from tff_gma import models
 from training import command_line
 from training.bench import candidates
+from training.bench import multi_worker
 from training.bench import presets
 from training.bench import runner_runs
 from training.bench import sections
@@ -65,6 +66,7 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                         met=value >= sections.LOOP_SPEEDUP_TARGET))
   targets += small_rounds.check_targets(result)
   targets += runner_runs.check_targets(result)
+  targets += multi_worker.check_targets(result)
   return targets
 
 
@@ -182,6 +184,7 @@ def to_markdown(result: dict[str, Any]) -> str:
   lines += _client_execution_markdown(result) if 'client_execution' in details else []
   lines += small_rounds.markdown(result)
   lines += runner_runs.markdown(result)
+  lines += multi_worker.markdown(result)
   lines += _targets_markdown(result) if result['targets'] else []
   return '\n'.join(lines)
 
@@ -196,10 +199,10 @@ def _json_default(value):
 # Command line.
 
 FLAGS = flags.FLAGS
-_INT_LISTS = ('aggregation_sizes', 'aggregation_clients', 'scaling_clients')
+_INT_LISTS = ('aggregation_sizes', 'aggregation_clients', 'scaling_clients', 'multi_worker_counts')
 _REPETITIONS = ('round_repetitions', 'aggregation_repetitions', 'scaling_repetitions',
                 'client_execution_repetitions', 'client_execution_clients', 'client_execution_examples',
-                'breakdown_repetitions', 'peers_repetitions')
+                'breakdown_repetitions', 'peers_repetitions', 'multi_worker_repetitions')
 
 
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
@@ -234,6 +237,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                        flag_values=f)
   flags.DEFINE_integer('breakdown_repetitions', None, 'Interleaved sweeps of the breakdown section.', flag_values=f)
   flags.DEFINE_integer('peers_repetitions', None, 'Interleaved sweeps of the peers section.', flag_values=f)
+  flags.DEFINE_integer('multi_worker_repetitions', None, 'Interleaved sweeps of the multi_worker section.',
+                       flag_values=f)
+  flags.DEFINE_list('multi_worker_counts', None, 'Worker counts of the multi_worker section, e.g. 1,2,4.',
+                    flag_values=f)
   flags.DEFINE_list('profile', [], 'Round-section processes to profile with cProfile (the Python main thread: it '
                     'shows how long Python waits for the worker), e.g. rfa.', flag_values=f)
   flags.DEFINE_integer('seed', None, 'Seed of the partition, the initial model and the client order (default 0).',
@@ -343,6 +350,10 @@ def run(settings: presets.Settings, mode: str, profile: Sequence[str] = (), comm
     section = runner_runs.bench_runner(settings)
     result['runner_ratios'] = section.get('runner_ratios')
     result['details']['runner'] = section
+  if 'multi_worker' in settings.sections:
+    section = multi_worker.bench_multi_worker(settings)
+    result['multi_worker_efficiency'] = section['multi_worker_efficiency']
+    result['details']['multi_worker'] = section
   result['targets'] = check_targets(result)
   result['environment']['load_after'] = [round(x, 2) for x in os.getloadavg()]
   result['environment']['seconds'] = time.monotonic() - started

@@ -1,7 +1,7 @@
-"""What a benchmark run measures: its settings, presets, default entries, the issues' targets and the digits setup.
+"""What a benchmark run measures: its settings, presets, default entries, targets and the digits setup.
 
 `Settings` with the full, --quick and --smoke presets; `training.bench.cli` turns the flags into them and the sections
-(`training.bench.sections`, `small_rounds`, `runner_runs`) read them.
+(`training.bench.sections`, `small_rounds`, `runner_runs`, `multi_worker`) read them.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ BASELINE = 'mean'
 VARIANTS = ('gma+secure', 'gma_binary+secure', 'rfa+num_passes=1', 'rfa+num_passes=5')
 AGGREGATORS = tuple(registry.AGGREGATORS) + VARIANTS
 PIPELINE = ('stock_fedavg', 'stock_fedavg_iterator', 'project_pipeline')
-SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution', 'floor', 'breakdown', 'peers', 'runner')
+SECTIONS = ('rounds', 'aggregation', 'scaling', 'client_execution', 'floor', 'breakdown', 'peers', 'runner',
+            'multi_worker')
 GIB = 1024**3
 MEMORY_LIMIT_GIB = 24.0
-# Targets of issue 8 (ratios to `mean` in the same run).
+# Round-time targets (ratios to `mean` in the same run).
 GMA_TARGET, RFA_3_TARGET, ELASTIC_TARGET = 1.10, 1.5, 1.3
 ROUND_TARGETS = {'gma': GMA_TARGET, 'gma_binary': GMA_TARGET, 'rfa': RFA_3_TARGET, 'elastic': ELASTIC_TARGET}
 PIPELINE_TARGET = 0.95
@@ -81,6 +82,11 @@ class Settings:
   runner_study_rounds: int = 150
   runner_repetitions: int = 2
   runner_smoke: bool = False
+  # multi_worker (`training.bench.multi_worker`): (model, clients, generated examples per client) cases on the floor's
+  # shapes and batch; worker counts (worker i pinned to core i mod cores); sweeps.
+  multi_worker_cases: tuple[tuple[str, int, int], ...] = (('lenet', 10, 600), ('lenet', 100, 30))
+  multi_worker_counts: tuple[int, ...] = (1, 2, 4)
+  multi_worker_repetitions: int = 7
   seed: int = 0
 
 
@@ -98,6 +104,7 @@ QUICK = Settings(
     breakdown_repetitions=5,
     peers_repetitions=5,
     runner_repetitions=1,
+    multi_worker_repetitions=5,
 )
 # For the tests: every section and key, on sizes that take seconds.
 SMOKE = Settings(
@@ -128,6 +135,9 @@ SMOKE = Settings(
     runner_study_rounds=3,
     runner_repetitions=1,
     runner_smoke=True,
+    multi_worker_cases=(('logistic', 4, 20),),
+    multi_worker_counts=(1, 2),
+    multi_worker_repetitions=1,
 )
 MODES = {'full': Settings(), 'quick': QUICK, 'smoke': SMOKE}
 
