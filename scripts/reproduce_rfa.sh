@@ -5,6 +5,6 @@
 # Writes outputs/reproduce_rfa/results.{md,json,png}. Extra arguments go to `python -m training.studies.rfa`
 # (e.g. --seeds=0 --rounds=8 --models=logistic --aggregators=mean,rfa). The default grid is 702 runs (measured:
 # 108 minutes on 2 cores as two processes): run `--shard=0/2` and `--shard=1/2` side by side, then once with
-# no --shard to collect the finished cells into one report (docs/results.md).
+# no --shard to collect the finished cells into one report (docs/research/results.md).
 set -euo pipefail
 exec bash "$(dirname "${BASH_SOURCE[0]}")/run_module.sh" training.studies.rfa "$@"

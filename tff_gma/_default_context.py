@@ -1,4 +1,4 @@
-"""What TFF's native context cannot run, and the one line that names the fix (docs/runtime.md#troubleshooting).
+"""What TFF's native context cannot run, and the one line that names the fix.
 
 TFF's default native context cannot run the secure sums GMA and RFA use; a script that forgets
 `tff_gma.runtime.set_simulation_context()` gets a long gRPC error naming neither. The check here runs only where

@@ -3,7 +3,7 @@
 TFF 0.87's `worker_binary` listens on all interfaces with no authentication: whoever connects runs TensorFlow graphs
 in it. This runs the unmodified binary in a network namespace of its own, behind a forwarder that admits only the
 worker's owner among this host's users (`PeerCheck`). Run as a stdlib-only script (`python -I -S confinement.py`),
-it imports no TensorFlow. How, what it protects against, the fallback modes: docs/runtime.md#confinement.
+it imports no TensorFlow.
 """
 
 from __future__ import annotations

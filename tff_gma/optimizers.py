@@ -3,7 +3,7 @@
 Reddi et al. 2021's Algorithm 2, which the GMA paper's FedAdam and FedYogi follow: moments from m = 0 and v = tau^2,
 no bias correction. TFF 0.87's `build_adam` / `build_yogi` add Adam's bias correction (steps 0.47 to 1 times these
 over the rounds the papers run) and start v elsewhere. State and hyperparameters are shaped as TFF's, so TFF's
-finalizers use them unchanged. Details: docs/methods.md#adaptive-server-optimizers-reddi-et-al-algorithm-2.
+finalizers use them unchanged.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The one place tff_gma reaches into TFF 0.87's private modules, where TFF has no public API for what it needs.
 
 Each use is one name here that says why no public API serves, pinned by `tests/tff_gma/tff_internals_test.py` so
-that a TFF upgrade that moves one fails there, by name. The audit's building-block walker (`audit/walker.py`,
-`components.py`, `static.py`'s entry points) reads TFF's compiled form by design: the one exception. Each name
-imports TFF only when called, keeping lazy what its callers keep lazy (the audit's command, for one).
+that a TFF upgrade that moves one fails there, by name; everything else (the audit's building-block walker included)
+uses TFF's public names only. Each name imports TFF only when called, keeping lazy what its callers keep lazy.
 """
 
 from __future__ import annotations
@@ -63,7 +62,26 @@ def async_thread_runner() -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The audit's loader and isolation (tff_gma/audit).
+# The audit (tff_gma/audit).
+
+
+def is_known_intrinsic(uri: str) -> bool:
+  """Whether `uri` names one of TFF's own intrinsics (as opposed to one a computation's building blocks made up)."""
+  # TFF's public `tff.framework` has the `Intrinsic` building block but no registry of the intrinsics it defines.
+  from tensorflow_federated.python.core.impl.compiler import intrinsic_defs  # pylint: disable=g-import-not-at-top
+  return intrinsic_defs.uri_to_intrinsic_def(uri) is not None
+
+
+def is_secure_intrinsic(uri: str) -> bool:
+  """Whether TFF marks the intrinsic `uri` as a secure aggregation or a secure broadcast (select); False for an
+  intrinsic TFF does not define."""
+  # Only TFF's private intrinsic definitions say which intrinsics are secure.
+  from tensorflow_federated.python.core.impl.compiler import intrinsic_defs  # pylint: disable=g-import-not-at-top
+  definition = intrinsic_defs.uri_to_intrinsic_def(uri)
+  if definition is None:
+    return False
+  return (definition.aggregation_kind is intrinsic_defs.AggregationKind.SECURE
+          or definition.broadcast_kind is intrinsic_defs.BroadcastKind.SECURE)
 
 
 def is_polymorphic_computation(value: Any) -> bool:

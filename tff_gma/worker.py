@@ -3,7 +3,7 @@
 Usage: `python -m tff_gma.worker --port=8000 [--bind=ADDRESS] [--log_path=PATH]`, or `--unix=PATH` instead of
 `--port`/`--bind`; drivers connect with `python -m training.run --workers=host1:8000,...` (or `unix:PATH`). TFF's
 protocol has no authentication: the worker runs confined behind a listener that admits only this user among the
-local ones, and prints at start exactly who can connect (docs/runtime.md#workers-for-several-hosts).
+local ones, and prints at start exactly who can connect.
 """
 
 import getpass
@@ -15,6 +15,7 @@ from absl import app
 from absl import flags
 
 from tff_gma import runtime
+from tff_gma.runtime import listeners
 
 _PORT = flags.DEFINE_integer('port', 8000, 'TCP port to serve on (0: pick a free one).')
 _BIND = flags.DEFINE_string(
@@ -56,7 +57,7 @@ def exposure_message(worker: runtime.WorkerProcess) -> str:
     if not worker.confined:
       lines.append(f'Who can connect: ANY local process of any user, and any host that can reach {where}: the '
                    'worker itself listens there, NOT confined, and nothing checks who connects.')
-    elif runtime.is_loopback_host(worker.listen_host):
+    elif listeners.is_loopback_host(worker.listen_host):
       lines.append(f'Who can connect: only processes of {user} on this host (the forwarder closes connections '
                    f"from other users' sockets{root_too}), e.g. an SSH tunnel that this user opened: "
                    f'ssh -N -L {worker.port}:{worker.target} <this host>. No other host can connect.')
@@ -69,7 +70,7 @@ def exposure_message(worker: runtime.WorkerProcess) -> str:
     lines.append(f'The worker runs in a private {worker.confined}: this listener is the only way in, and the '
                  'worker cannot open network connections itself.')
   else:
-    lines.append(f'The worker is NOT confined ({runtime.confinement_status()}): it listens on all interfaces '
+    lines.append(f'The worker is NOT confined ({listeners.confinement_status()}): it listens on all interfaces '
                  'itself.')
   if worker.unix_path is None and worker.listen_host in ('', '0.0.0.0', '::'):
     lines.append('Restrict it with --bind=<an address on a private network>, --bind=127.0.0.1 or --unix=PATH '

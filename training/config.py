@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any, Optional
 
 from tff_gma import checks
-from tff_gma import runtime as runtime_defaults
+from tff_gma.runtime import worker_process as runtime_defaults
 from tff_gma.aggregators import geometric_median
 from tff_gma.aggregators import gradient_masked
 from tff_gma.data import federated

@@ -27,6 +27,7 @@ from absl import logging
 
 from tff_gma import models
 from tff_gma import runtime
+from tff_gma.runtime import worker_process
 from tff_gma.aggregators import geometric_median
 from tff_gma.data import idx
 from tff_gma.data import loaders
@@ -173,7 +174,7 @@ def _stop_quietly(message: str, exit_code: int = 130) -> None:
   # TFF's background thread, and nothing said after our line helps, so stderr is silenced from here on.
   os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
   try:
-    runtime.stop_all_workers()
+    worker_process.stop_all_workers()
   except Exception:  # pylint: disable=broad-except  # Exiting anyway; the atexit hook tries again.
     pass
   sys.exit(exit_code)

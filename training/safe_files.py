@@ -120,9 +120,8 @@ def os_error_of(error: BaseException) -> Optional[OSError]:
 
 
 # A run's summary.json and config.json hold a few kilobytes; its metrics.csv about 20 bytes per column and round
-# (a 500-round study run: 19 kB; 46,000 rounds of 41 columns fill the bound), so these bounds leave orders of
-# magnitude of room and still keep a reader's memory bounded: the rows of a 64 MiB metrics.csv of 41 columns took
-# 0.7 GB and 6 s to read here, so 32 MiB (a 440 MB file took 7.6 GB before there was a bound).
+# (46,000 rounds of 41 columns fill the bound), so these bounds leave orders of magnitude of room and still keep a
+# reader's memory bounded: a metrics.csv's rows take more than ten times the file's size in memory once read.
 MAX_JSON_BYTES = 1 << 20
 MAX_CSV_BYTES = 32 << 20
 

@@ -134,6 +134,7 @@ def test_fallback_warns_once_or_refuses_where_namespaces_are_unavailable(tmp_pat
       import pytest
       import tensorflow_federated as tff
       from tff_gma import runtime
+      from tff_gma.runtime import listeners
 
       os.environ.pop('TFF_GMA_WORKER_CONFINEMENT', None)  # The default refuses, naming the opt-in.
       with pytest.raises(RuntimeError, match='required') as refused:
@@ -148,7 +149,7 @@ def test_fallback_warns_once_or_refuses_where_namespaces_are_unavailable(tmp_pat
       worker = runtime.set_simulation_context()
       extra = runtime.start_local_workers(1)[0]
       assert worker.confined is None and extra.confined is None
-      assert runtime.confinement_status().startswith('unavailable')
+      assert listeners.confinement_status().startswith('unavailable')
 
       @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
       def secure_total(x):
@@ -229,7 +230,7 @@ def test_explicit_log_path_symlink_is_refused(tmp_path):
 
 
 def test_remove_stale_files(tmp_path):
-  from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+  from tff_gma.runtime import files  # pylint: disable=g-import-not-at-top
   dead = subprocess.Popen(['true'])
   dead.wait()
   victim_dir = tmp_path / 'victim'
@@ -246,7 +247,7 @@ def test_remove_stale_files(tmp_path):
     path.write_text('')
   link = tmp_path / f'tff_gma_worker_{dead.pid}_link'
   link.symlink_to(victim_dir)
-  removed = runtime.remove_stale_files(str(tmp_path))
+  removed = files.remove_stale_files(str(tmp_path))
   assert sorted(removed) == sorted(str(p) for p in stale)
   assert all(p.exists() for p in kept)
   assert link.is_symlink() and (victim_dir / 'keep').exists()  # Symbolic links: never followed.
@@ -273,9 +274,10 @@ def test_restarted_worker_is_confined_again(simulation_context):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+  from tff_gma.runtime import listeners  # pylint: disable=g-import-not-at-top
   worker = runtime.set_simulation_context()
   if worker.confined is None:
-    pytest.skip(f'confinement unavailable here: {runtime.confinement_status()}')
+    pytest.skip(f'confinement unavailable here: {listeners.confinement_status()}')
   old_pid, old_helper = worker.pid, worker.helper_pid
   os.kill(old_pid, 9)
   deadline = time.monotonic() + 15

@@ -37,6 +37,7 @@ from tff_gma import aggregators
 from tff_gma import models
 from tff_gma import runtime
 from tff_gma.data import digits
+from tff_gma.runtime import contexts as runtime_contexts
 
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
 
@@ -192,11 +193,11 @@ def test_the_runner_refuses_tffs_native_context_in_one_line_before_writing_anyth
 
 def test_simulation_context_applies_to_tffs_native_context_only():
   stack = tff.framework.get_context_stack()
-  assert runtime.simulation_context_applies()  # The suite's (the library's) context.
+  assert runtime_contexts.simulation_context_applies()  # The suite's (the library's) context.
   with stack.install(tff.backends.native.create_sync_local_cpp_execution_context()):
-    assert runtime.simulation_context_applies()  # TFF's import-time kind: the runner installs its own instead.
+    assert runtime_contexts.simulation_context_applies()  # TFF's import-time kind: the runner installs its own instead.
   with stack.install(tff.backends.test.create_sync_test_cpp_execution_context()):
-    assert not runtime.simulation_context_applies()  # A context the caller chose, that runs the secure sums.
+    assert not runtime_contexts.simulation_context_applies()  # A context the caller chose, that runs the secure sums.
 
 
 _JOB_SCRIPT = textwrap.dedent(r"""

@@ -170,6 +170,7 @@ def test_the_worker_runs_with_the_intra_op_threads_asked_for(simulation_context,
   import numpy as np
   import tensorflow_federated as tff
   from tff_gma import runtime
+  from tff_gma.runtime import worker_process
 
   @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
   def secure_total(x):
@@ -177,8 +178,8 @@ def test_the_worker_runs_with_the_intra_op_threads_asked_for(simulation_context,
 
   try:
     # The default: one thread (in the worker's environment, where its TensorFlow reads it), not this process's.
-    worker = runtime.set_simulation_context(intra_op_threads=runtime.DEFAULT_INTRA_OP_THREADS)
-    assert runtime.DEFAULT_INTRA_OP_THREADS == 1 and worker.intra_op_threads == 1
+    worker = runtime.set_simulation_context(intra_op_threads=worker_process.DEFAULT_INTRA_OP_THREADS)
+    assert worker_process.DEFAULT_INTRA_OP_THREADS == 1 and worker.intra_op_threads == 1
     assert _worker_environment(worker.pid)['TF_NUM_INTRAOP_THREADS'] == '1'
     assert os.environ.get('TF_NUM_INTRAOP_THREADS') is None
     first = worker.pid
@@ -191,22 +192,23 @@ def test_the_worker_runs_with_the_intra_op_threads_asked_for(simulation_context,
     worker = runtime.set_simulation_context(intra_op_threads=3)
     assert _worker_environment(worker.pid)['TF_NUM_INTRAOP_THREADS'] == '3' and secure_total([3, 4]) == 7
   finally:
-    runtime.set_simulation_context(intra_op_threads=runtime.DEFAULT_INTRA_OP_THREADS)
+    runtime.set_simulation_context(intra_op_threads=worker_process.DEFAULT_INTRA_OP_THREADS)
 
 
 def test_intra_op_threads_reads_the_environment_and_names_a_bad_value(monkeypatch):
-  from tff_gma import runtime
-  monkeypatch.delenv(runtime.INTRA_OP_THREADS_ENV, raising=False)
-  assert runtime.intra_op_threads() == 1 and runtime.intra_op_threads(0) == 0 and runtime.intra_op_threads(4) == 4
-  monkeypatch.setenv(runtime.INTRA_OP_THREADS_ENV, ' 2 ')
-  assert runtime.intra_op_threads() == 2 and runtime.intra_op_threads(1) == 1  # An argument wins.
+  from tff_gma.runtime import worker_process
+  monkeypatch.delenv(worker_process.INTRA_OP_THREADS_ENV, raising=False)
+  threads = worker_process.intra_op_threads
+  assert threads() == 1 and threads(0) == 0 and threads(4) == 4
+  monkeypatch.setenv(worker_process.INTRA_OP_THREADS_ENV, ' 2 ')
+  assert threads() == 2 and threads(1) == 1  # An argument wins.
   for raw in ('x', '-1', '1.5', '1025'):
-    monkeypatch.setenv(runtime.INTRA_OP_THREADS_ENV, raw)
+    monkeypatch.setenv(worker_process.INTRA_OP_THREADS_ENV, raw)
     with pytest.raises(ValueError, match=r'^\$TFF_GMA_WORKER_INTRA_OP_THREADS must be an integer in \[0, 1024\] '):
-      runtime.intra_op_threads()
+      worker_process.intra_op_threads()
   for value in (-1, 1.0, True, '1', 1025):
     with pytest.raises(ValueError, match=r'^intra_op_threads must be an integer in \[0, 1024\]'):
-      runtime.intra_op_threads(value)
+      worker_process.intra_op_threads(value)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Pins every TFF internal that tff_gma/tff_internals.py names: a TFF upgrade that moves one fails here, by name.
 
 And keeps the rule that makes the module worth having: no other module of tff_gma/ or training/ imports TFF's
-private modules or reads TFF's private attributes (the audit's building-block walker excepted, as the issue says).
+private modules or reads TFF's private attributes (the audit's building-block walker included).
 """
 
 import ast
@@ -157,6 +157,20 @@ def _state(pid):
 # The audit.
 
 
+class IntrinsicDefinitionsTest(absltest.TestCase):
+
+  def test_tffs_intrinsics_are_known_and_the_secure_ones_are_marked(self):
+    for uri in ('federated_sum', 'federated_mean', 'federated_secure_sum_bitwidth', 'federated_select'):
+      self.assertTrue(tff_internals.is_known_intrinsic(uri), uri)
+    self.assertFalse(tff_internals.is_known_intrinsic('custom_gather'))
+    secure = ('federated_secure_sum', 'federated_secure_sum_bitwidth', 'federated_secure_modular_sum',
+              'federated_secure_select')
+    for uri in secure:
+      self.assertTrue(tff_internals.is_secure_intrinsic(uri), uri)
+    for uri in ('federated_sum', 'federated_mean', 'federated_select', 'federated_broadcast', 'custom_gather'):
+      self.assertFalse(tff_internals.is_secure_intrinsic(uri), uri)
+
+
 class IsPolymorphicComputationTest(absltest.TestCase):
 
   def test_an_untyped_computation_is_one_and_is_no_tff_computation(self):
@@ -254,10 +268,8 @@ class KerasModelOfTest(absltest.TestCase):
 # ---------------------------------------------------------------------------------------------------------------
 # The rule: nothing else reaches into TFF.
 
-# The files allowed to: this module, and the audit's building-block walker (which reads TFF's compiled form: its
-# walk, its reading of a learning process's components, and its entry points).
-_EXEMPT = frozenset({'tff_gma/tff_internals.py', 'tff_gma/audit/walker.py', 'tff_gma/audit/components.py',
-                     'tff_gma/audit/static.py'})
+# The one file allowed to: this module.
+_EXEMPT = frozenset({'tff_gma/tff_internals.py'})
 # TFF's private attributes that tff_internals reads, and the frame and closure inspection it does: read anywhere
 # else (other than on `self` or `cls`, a class's own), they mean TFF's internals are reached around this module.
 _PRIVATE_ATTRIBUTES = frozenset({'_stack', '_context', '_async_context', '_compiler_pipeline', '_compiler_fn',

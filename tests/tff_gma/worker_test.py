@@ -102,8 +102,8 @@ def test_bad_targets_are_rejected():
 
 
 def test_local_workers_are_confined_like_the_simulation_worker(two_workers):
-  if runtime.confinement_status().startswith('unavailable'):
-    pytest.skip(runtime.confinement_status())
+  if runtime.listeners.confinement_status().startswith('unavailable'):
+    pytest.skip(runtime.listeners.confinement_status())
   from tests.tff_gma import netutil  # pylint: disable=g-import-not-at-top
   assert all(t.startswith('unix:') for t in two_workers)
   for worker in list(runtime.state.STATE.live_workers):

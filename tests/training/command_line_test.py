@@ -57,7 +57,7 @@ def test_wrapper_says_the_runs_refusals_in_one_line_and_lets_bugs_through(capsys
 
 @pytest.mark.slow
 @pytest.mark.parametrize('module, flags, message', [
-    ('training.demo', ['--rounds=1', '--aggregators=mean', '--omniscient_rounds=0', '--output_dir={file}'],
+    ('training.demo', ['--rounds=1', '--aggregators=mean', '--corrupt_fraction=0', '--output_dir={file}'],
      'invalid flags: output_dir {file} is a file, not a directory'),
     ('training.demo', ['--aggregators=nonsense'], '--aggregators: unknown method'),
     ('training.studies.gma', ['--settings=label10', '--rounds=1', '--client_lrs=0.05', '--taus=', '--seeds=0',
@@ -89,7 +89,7 @@ def test_commands_end_in_one_line(tmp_path, module, flags, message):
 # The tiniest flags of each command that reach its start of the TFF worker (and its first write into {out}).
 TINY_FLAGS = {
     'training.demo': ['--rounds=1', '--num_clients=3', '--model=logistic', '--aggregators=mean',
-                      '--omniscient_rounds=0', '--output_dir={out}'],
+                      '--local_epochs=1', '--corrupt_fraction=0', '--output_dir={out}'],
     'training.studies.gma': ['--settings=label10', '--methods=fedavg/mean', '--rounds=1', '--client_lrs=0.05',
                              '--taus=', '--seeds=0', '--output_dir={out}'],
     'training.studies.gma_fmnist': ['--settings=fmnist_iid100', '--methods=fedavg/mean', '--rounds=1',

@@ -123,10 +123,12 @@ def test_resume_with_other_settings_is_refused(tmp_path):
 
 def test_the_worker_intra_op_threads_are_a_run_setting(tmp_path, caplog):
   from tff_gma import runtime  # pylint: disable=g-import-not-at-top
+  from tff_gma.runtime import contexts as runtime_contexts  # pylint: disable=g-import-not-at-top
+  from tff_gma.runtime import worker_process  # pylint: disable=g-import-not-at-top
   for bad in (-1, 1025, 1.5):
     with pytest.raises(experiment.ConfigError, match=r'^worker_intra_op_threads must be an integer in \[0, 1024\]'):
       experiment.validate(dataclasses.replace(_TOY, worker_intra_op_threads=bad))
-  assert config_lib.ExperimentConfig().worker_intra_op_threads == runtime.DEFAULT_INTRA_OP_THREADS == 1
+  assert config_lib.ExperimentConfig().worker_intra_op_threads == worker_process.DEFAULT_INTRA_OP_THREADS == 1
   config = dataclasses.replace(_TOY, output_dir=str(tmp_path / 'run'), rounds=1, worker_intra_op_threads=0)
   try:
     experiment.run(config, show_progress=False)
@@ -142,12 +144,12 @@ def test_the_worker_intra_op_threads_are_a_run_setting(tmp_path, caplog):
     caplog.clear()
     experiment.run(dataclasses.replace(config, rounds=2, worker_intra_op_threads=0), show_progress=False)
     assert not [r for r in caplog.records if 'worker_intra_op_threads' in r.getMessage()]
-    assert runtime.simulation_context_applies()
+    assert runtime_contexts.simulation_context_applies()
     other = runtime.create_simulation_context(runtime.set_simulation_context())
     with tff.framework.get_context_stack().install(other):
-      assert not runtime.simulation_context_applies()
+      assert not runtime_contexts.simulation_context_applies()
   finally:
-    runtime.set_simulation_context(intra_op_threads=runtime.DEFAULT_INTRA_OP_THREADS)
+    runtime.set_simulation_context(intra_op_threads=worker_process.DEFAULT_INTRA_OP_THREADS)
   # A config written before the setting existed ran with TensorFlow's default.
   assert experiment.completed_config({})['worker_intra_op_threads'] == 0
 

@@ -206,7 +206,7 @@ def test_fedprox_tunes_mu_then_tau_and_cells_take_their_sources_choices():
 
 ROUNDS = 60
 EVALUATED = sorted(set(range(5, ROUNDS + 1, 5)) | set(range(ROUNDS - 9, ROUNDS + 1)))  # The study's schedule: 20.
-_ARCHIVED_JSON = os.path.join(tests.ROOT, 'docs', 'gma_fmnist_study.json')
+_ARCHIVED_JSON = os.path.join(tests.ROOT, 'docs', 'research', 'gma_fmnist_study.json')
 
 
 def _final_curve(run: claims.Run, key: str) -> np.ndarray:

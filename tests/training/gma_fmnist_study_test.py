@@ -215,8 +215,8 @@ def test_more_so_when_non_iid_compares_the_two_cells_gaps(tmp_path):
 
 # The study's committed results: the archive of its finished runs, the json collected from them, the doc.
 _ARCHIVE = os.path.join(_ROOT, 'archives', 'gma_fmnist_runs.tar.gz')
-_DOC = os.path.join(_ROOT, 'docs', 'gma_fmnist_study.md')
-_DOC_JSON = os.path.join(_ROOT, 'docs', 'gma_fmnist_study.json')
+_DOC = os.path.join(_ROOT, 'docs', 'research', 'gma_fmnist_study.md')
+_DOC_JSON = os.path.join(_ROOT, 'docs', 'research', 'gma_fmnist_study.json')
 
 
 def test_the_archived_runs_collect_into_the_committed_json_byte_for_byte(tmp_path):

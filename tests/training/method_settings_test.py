@@ -260,7 +260,8 @@ def test_flagfiles_studies_demo_and_bench_set_only_what_their_methods_read(tmp_p
       config = study.config(run)
       registry.check_settings(algorithm, aggregator, registry.settings_of(config), config.corruption)
   # The demo's methods with their hyperparameters; the benchmark's default entries.
-  chosen = demo.choose_hyperparameters(demo.DEFAULT_METHODS, os.path.join(_ROOT, 'docs', 'gma_study.json'), True)
+  study_json = os.path.join(_ROOT, 'docs', 'research', 'gma_study.json')
+  chosen = demo.choose_hyperparameters(demo.DEFAULT_METHODS, study_json, True)
   for name, hyperparameters in chosen.items():
     registry.check_settings(*registry.resolve(name),
                             registry.settings_of(hyperparameters.algorithm_config, hyperparameters.params))

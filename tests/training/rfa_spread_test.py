@@ -1,5 +1,5 @@
 """training.studies.rfa_spread: the measurement replays the run it measures, and round 1 of the RFA-limit setting
-is past the geometric median's breakdown for this attack (docs/results.md, "RFA's measured limit")."""
+is past the geometric median's breakdown for this attack (docs/research/results.md, "RFA's measured limit")."""
 
 import csv
 import subprocess

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from tff_gma import runtime
+from tff_gma.runtime import contexts as runtime_contexts
 from tff_gma.data import idx
 from training import config as config_lib
 from training.runner import errors
@@ -32,7 +33,7 @@ class _Runtime:
     for name in ('check_single_aggregation_stage', 'set_multi_worker_context', 'set_simulation_context',
                  'check_context_runs'):
       monkeypatch.setattr(runtime, name, self._call(name, fail, error))
-    monkeypatch.setattr(runtime, 'simulation_context_applies', lambda: applies)
+    monkeypatch.setattr(runtime_contexts, 'simulation_context_applies', lambda: applies)
 
   def _call(self, name, fail, error):
     def call(*args, **kwargs):

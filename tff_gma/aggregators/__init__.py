@@ -2,8 +2,7 @@
 
 GMA (`GradientMaskedFactory`), RFA (`GeometricMedianFactory`), `ElasticFactory`, `FedGMAFactory` and the weighted
 means they are built from; the non-private robust baselines stay in `robust_baselines`. They use secure sums, so
-they need a context that runs them (`tff_gma.runtime.set_simulation_context()`). What each computes, and an
-example: docs/methods.md#the-packages-exports.
+they need a context that runs them (`tff_gma.runtime.set_simulation_context()`).
 """
 
 from tff_gma.aggregators.elastic import ElasticFactory

@@ -3,7 +3,6 @@
 Every factory of this library prepares its clients the same way with these helpers (none of them aggregates):
 weights of any float or integer dtype are cast to float first, so the bounds logic is the same for all; a client
 with a non-finite value or weight becomes a zero value of weight 0, flagged so that it can be counted securely.
-Details: docs/methods.md#the-weighted-means-plain-and-secure.
 """
 
 from __future__ import annotations

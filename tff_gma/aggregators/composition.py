@@ -3,7 +3,7 @@
 TFF takes any unweighted factory for a sum in `DifferentiallyPrivateFactory`'s `record_aggregation_factory` and in
 `MeanFactory`'s sum factories; ours return means, so there the result would be silently wrong, and GMA and RFA have
 no DP variant. The unweighted factories refuse those slots at `create`, and GMA and RFA a `mean_factory` that
-ignores weights. Why, and how a slot is recognised: docs/methods.md#where-the-factories-do-not-compose-with-tffs.
+ignores weights. A slot is recognised by the TFF `create` running above the factory's own (`sum_slot_above`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tensorflow_federated as tff
 
 from tff_gma import tff_internals
 
-DOCS = 'docs/methods.md#differential-privacy'
+DOCS = 'tff_gma.aggregators.composition'  # Where a refusal's reader finds why: this module's docstring.
 
 
 def _sum_slots() -> dict[type, str]:

@@ -2,7 +2,7 @@
 
 A factory composed into TFF's own builders under TFF's default context otherwise fails only at `next`, with a long
 gRPC error naming neither the intrinsic nor the fix. Nothing here runs at import or changes TFF; why a warning at
-build time (not an error, not at run time): `warn_if_context_cannot_run`; docs/runtime.md#troubleshooting.
+build time (not an error, not at run time): `warn_if_context_cannot_run`.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 The weighted mean update scaled per parameter by zeta = 1 + tau - Omega / max(Omega), Omega the clients' weighted
 mean sensitivity, the max taken per tensor (client work: `tff_gma.learning.elastic`). A tensor without sensitivity
-keeps zeta = 1, so FedAvg is the limit. Math, privacy, secure-mode error bound:
-docs/methods.md#elastic-aggregation.
+keeps zeta = 1, so FedAvg is the limit.
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ def scale_statistics(scales) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
 def scaled_update_error_bound(omega, delta, omega_error, delta_error, tau: float, eps: float = 2.0**-24):
   """Per-coordinate bound on |out' - zeta * Delta| for one tensor in secure mode (NumPy).
 
-  Infinite when the tensor's max sensitivity is not above its secure error; derivation:
-  docs/methods.md#elastic-aggregation.
+  Infinite when the tensor's max sensitivity is not above its secure error.
 
   Args:
     omega, delta: the exact weighted means of the sensitivity and of the update, for one tensor.
@@ -113,8 +111,7 @@ class ElasticFactory(tff.aggregators.WeightedAggregationFactory):
       out   = zeta * Delta                      (elementwise; zeta = 1 for a tensor with max(Omega) <= 0)
 
   The two weighted means are the only flows of client values (secure sums only with `secure=True`). A client with
-  a non-finite value, or a non-finite or negative weight, is dropped; a round without weight returns zeros. The
-  zero-sensitivity rule and the secure-mode error: docs/methods.md#elastic-aggregation.
+  a non-finite value, or a non-finite or negative weight, is dropped; a round without weight returns zeros.
 
   Measurements (all at SERVER):
     zeta_min, zeta_max, zeta_mean: statistics of the scale over all coordinates.

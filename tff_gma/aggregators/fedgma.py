@@ -3,7 +3,6 @@
 The weighted mean of the clients' model updates plus `server_step_size` times the AND-masked weighted mean of their
 gradients at the round's start (client work: `tff_gma.learning.fedgma`); the mask, GMA's binary one, keeps a
 coordinate iff at least a fraction p of the clients agree on its sign (agreement >= 2p - 1).
-The server step and why p reads so: docs/methods.md#fedgma.
 """
 
 from __future__ import annotations
@@ -88,7 +87,7 @@ class FedGMAFactory(tff.aggregators.WeightedAggregationFactory):
       server_step_size: eta_s >= 0, the step along the masked mean gradient (0: plain FedAvg).
       mask_threshold: p in [0, 1]: keep a coordinate iff at least a fraction p of the clients agree on its sign
         (agreement |mean of signs| >= 2p - 1; the paper's Sec. 3 formula, which thresholds the agreement at p,
-        is `mask_threshold=(1 + p) / 2`; docs/methods.md#fedgma).
+        is `mask_threshold=(1 + p) / 2`).
       secure: both means through secure sums only (`secure_mean.SecureWeightedMeanFactory`).
       value_bound: bound on |coordinate| of a model update; required when `secure=True` (unless
         `mean_factory` is given).

@@ -3,7 +3,6 @@
 The smoothed geometric median of the client updates by smoothed Weiszfeld with a budget of `num_passes` weighted
 means, each one sequential client->server round (RFA paper, Algorithms 2 and 3; math in `weiszfeld`). It starts
 from the zero update by default, not the paper's mean, which an omniscient attacker controls (`DEFAULT_INIT`).
-Rounds, objective, secure smoothing, defaults: docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm.
 """
 
 from __future__ import annotations
@@ -30,13 +29,9 @@ DEFAULT_SMOOTHING = 1e-6  # nu.
 DEFAULT_WEIGHT_BOUND = 1e4
 DEFAULT_MAX_WEIGHT_RATIO = 1e3
 INITS = ('mean', 'zero')
-# Where Weiszfeld starts, chosen from the Weiszfeld-start study (docs/rfa_start_study.md: digits, 20 clients,
-# omniscient attack, 3 passes, mean over 3 seeds, accuracy %). The paper's start, the weighted mean, is the one
-# point an omniscient attacker places (at minus the honest mean), and 3 passes from it do not get back:
-# rho = 0.4, all 20 clients per round: mean start 0.3 (logistic) / 9.9 (CNN), zero start 90.2 / 92.3 (the
-# coordinate median 90.5 / 89.0); 10 of 20 per round: 0.1 / 9.9 vs 72.0 / 44.0. Without corruption both starts
-# are equal to within 0.1 point, and under data poisoning and Gaussian updates at rho = 0.4 the zero start is as
-# good or better. The zero update is the current model, which no client can move.
+# Where Weiszfeld starts. The paper's start, the weighted mean, is the one point an omniscient attacker places (at
+# minus the honest mean), and a few passes from it do not get back. The zero update is the current model, which no
+# client can move.
 DEFAULT_INIT = 'zero'
 
 
@@ -272,7 +267,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
   distance d_i = ||v_{k-1} - w_i|| and its weight b_i = a_i / max(nu, d_i), and the server receives only the
   weighted mean of the w_i with weights b_i. The clients also send a_i d_i, for the objective D(v) (the weighted
   mean distance), in the same round. Bad input: dropped clients get zero weight in every pass; a round with zero
-  total weight returns a zero update. Details: docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm.
+  total weight returns a zero update.
 
   Measurements (all at SERVER):
     objective: float32[num_passes] (+1 with `report_final_objective`), entry k = D(v_k): the objective at the

@@ -2,7 +2,7 @@
 
 The weighted mean times a mask of the clients' sign agreement (GMA paper, eq. 3 and Algorithm 1), the signs
 reaching the server only as secure sums. The mask sits before the server optimizer; adaptive servers take
-`tff_gma.learning.build_gma_fed_avg`. Math, privacy, bad input, defaults: docs/methods.md#gmas-factory-and-its-math.
+`tff_gma.learning.build_gma_fed_avg`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 GMA and RFA reduce to weighted means: `weighted_mean_factory(secure, ...)` gives `FederatedMeanFactory` (one
 `federated_mean`, the values in the clear to the runtime) or `secure_mean.SecureWeightedMeanFactory` (secure sums
 only); `as_unweighted` is the converse of TFF's `as_weighted_aggregator`.
-Details: docs/methods.md#the-weighted-means-plain-and-secure.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 The RFA paper's comparisons (Sec. 5.2): the coordinate-wise median, the trimmed mean (Yin et al., 2018) and
 multi-Krum (Blanchard et al., 2017). None is a function of sums or means, so none can use secure aggregation: each
 collects every client's update at the server with `federated_aggregate`, which the audit reports as a violation.
-The rules: docs/methods.md#the-robust-baselines-not-private.
 """
 
 from __future__ import annotations

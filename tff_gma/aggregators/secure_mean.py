@@ -2,8 +2,7 @@
 
 What GMA, RFA, Elastic and FedGMA use with `secure=True`: clients clip to the bounds, normalize their weight by
 `weight_bound` before multiplying (so `u_i w_i` stays inside the value bound) and send both through TFF's quantized
-secure sum. `discretization_error_bound` and `error_bound` bound the result's error (quantization, float rounding);
-their derivation: docs/methods.md#the-weighted-means-plain-and-secure.
+secure sum. `discretization_error_bound` and `error_bound` bound the result's error (quantization, float rounding).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from tff_gma.aggregators import client_values
 from tff_gma.aggregators import context_check
 
 SECAGG_LEVELS = 2**32 - 1  # Quantization levels of TFF's float secure sum (`primitives.secure_quantized_sum`).
-QUANTIZATION_SLACK = 1 + 1e-5  # Covers the float64 arithmetic of that quantization (< 4e-6; docs/methods.md).
+QUANTIZATION_SLACK = 1 + 1e-5  # Covers the float64 arithmetic of that quantization (< 4e-6).
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -33,8 +32,7 @@ def discretization_error_bound(
 
   `s N (B + |m| / 2) / (L U - s N / 2)`: the error of the mean if the secure sums' quantization were the only
   error (`error_bound` adds float rounding). Each client adds at most `B / L` to each coordinate of the values'
-  sum and `1 / (2 L)` to the normalized weights' sum `U`, with `L = SECAGG_LEVELS` and `s = QUANTIZATION_SLACK`
-  (derivation: docs/methods.md#the-weighted-means-plain-and-secure).
+  sum and `1 / (2 L)` to the normalized weights' sum `U`, with `L = SECAGG_LEVELS` and `s = QUANTIZATION_SLACK`.
 
   Args:
     num_clients: N, the number of clients in the round.
@@ -63,7 +61,7 @@ def error_bound(
   """Worst-case per-coordinate error of `SecureWeightedMeanFactory`'s result: quantization and float rounding.
 
   Against the exact weighted mean `m` of the clipped values with the clipped weights; to first order
-  `N (B + |m| / 2) / (L U) + eps (4 M + 6 |m|)` (derivation: docs/methods.md#the-weighted-means-plain-and-secure).
+  `N (B + |m| / 2) / (L U) + eps (4 M + 6 |m|)`.
   With `U_f` the normalized total weight as the clients compute it (within `eps` of `U`), the perturbed sums'
   quotient is off by at most
 

@@ -2,7 +2,7 @@
 
 A_j = |(1/N) sum_n sign(Delta_n,j)| over the N participating clients; the mask is 1 where A_j >= tau, else A_j
 (`soft`) or 0 (`binary`). Clients send sign codes sign + 1 in {0, 1, 2}, so the server needs only their secure
-sum S_j and the count N: A_j = |S_j - N| / N (docs/methods.md#gmas-factory-and-its-math).
+sum S_j and the count N: A_j = |S_j - N| / N.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 Clients weight b_i = a_i / max(nu, ||v - w_i||) over the whole flattened update, sent scaled by the smoothing c as
 a_i c / max(c, d_i) <= a_i to fit the secure bounds; secure mode (and an inexact inner mean) floors c at max(nu, S / K).
-The derivations and the error propagation the NumPy bounds compute:
-docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm. The federated plumbing is in `geometric_median`.
+The NumPy functions bound the error this propagates in secure mode; the federated plumbing is in `geometric_median`.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def distance_bound(value_bound: float, num_elements: int) -> float:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Error propagation in secure mode (NumPy, float64; docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm).
+# Error propagation in secure mode (NumPy, float64).
 
 
 def distance_error_bound(distance, estimate_error: float, num_elements: int, eps: float = FLOAT32_ROUNDOFF):
@@ -86,8 +85,7 @@ def reweighting_error_bound(points, weights, estimate, next_estimate, smoothing:
 
   With M_i = max(c, d_i) and D_i = max(Dc, Dd_i), the clients' weights are b_i r_i up to a common factor, r_i in
   [L_i, U_i] = [(1 - eps)^2 M_i / (M_i + D_i), (1 + eps)^2 M_i / (M_i - D_i)], so their mean is within
-  P = min(sum_i b_i (U_i - 1) ||w_i - v_{k+1}|| / sum_i b_i L_i, max_i ||w_i - v_{k+1}||) of v_{k+1}
-  (derivation: docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm).
+  P = min(sum_i b_i (U_i - 1) ||w_i - v_{k+1}|| / sum_i b_i L_i, max_i ||w_i - v_{k+1}||) of v_{k+1}.
 
   Args:
     points: the clients' points w_i (clipped in secure mode), [N, n].

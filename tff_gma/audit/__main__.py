@@ -3,7 +3,7 @@
 `python -m tff_gma.audit MODULE:ATTR [--value_type float32[10]] [...]` exits 0 (PASS), 1 (violations) or 3 (cannot
 be decided), verdicts this process reaches itself and prints with the report, or 2 (no verdict: any error, in one
 `error: ...` line). It never imports the target: a child process (`loader`) sends back the computations as data
-(`isolation` says why). Arguments, exit statuses, how the verdict is protected: docs/audit.md#from-the-shell.
+(`isolation` says why); `--help` lists the arguments.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Optional
 
 from tff_gma.audit import isolation
 from tff_gma.audit import loader
+from tff_gma.audit import policy as policy_lib
 from tff_gma.audit.isolation import CommandError
 # Re-exported (`name as name`): they were this module's before the loader took them, and are still reached
 # through it (tests/tff_gma/audit/main_test.py calls parse_type as `__main__.parse_type`).
@@ -218,13 +219,14 @@ def _finish(data: bytes, args: argparse.Namespace, deadline: float) -> int:
   """Decodes the child's message, analyses it by `deadline` (`time.monotonic()`), writes and prints the report;
   the verdict's exit status."""
   static = _import_static()
+  from tff_gma.audit import walker  # pylint: disable=g-import-not-at-top  # Imported by `static`.
   try:
     loaded = isolation.decode_message(data)
   except isolation.MalformedMessage as e:
     raise CommandError(f'the audit of {args.target}: the target\'s process sent a malformed result ({e}); no '
                        'verdict') from e
-  policy = static.AuditPolicy(
-      allowed_intrinsics=static.DEFAULT_ALLOWED_INTRINSICS | frozenset(args.allow),
+  policy = policy_lib.AuditPolicy(
+      allowed_intrinsics=policy_lib.DEFAULT_ALLOWED_INTRINSICS | frozenset(args.allow),
       allow_plain_sum=args.policy == 'allow-plain-sum')
   try:
     audits = tuple(static._audit_building_block(name, block, policy, deadline)  # pylint: disable=protected-access
@@ -233,7 +235,7 @@ def _finish(data: bytes, args: argparse.Namespace, deadline: float) -> int:
                                 computations=audits, main=loaded.main)
     markdown = report.to_markdown()
     text = markdown if args.format == 'markdown' else report.to_json()
-  except static.AnalysisTimeout as e:
+  except walker.AnalysisTimeout as e:
     raise _analysis_timeout(args) from e
   except Exception as e:  # pylint: disable=broad-except
     raise CommandError(f'cannot audit {args.target}: {isolation.describe(e)}') from e

@@ -2,16 +2,15 @@
 
 For the `next` of a process composed by `tff.learning.templates.compose_learning_process`: the distributor, the
 client work, the metrics aggregator, the model aggregator or the finalizer, read from the locals of its top-level
-block (`None` for any other computation). Part of the audit's building-block walker, so it imports TFF's compiler
-internals as `walker` does. How it is read: docs/audit.md#which-part-of-the-round-a-flow-sits-in.
+block (`None` for any other computation): a flow takes the component of the local it sits in, and a client-work
+flow whose result reaches the client work's `train` or `eval` measurements is the metrics aggregator's.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.impl.compiler import building_blocks
+import tensorflow_federated as tff
 
 from tff_gma.audit.report import CLIENT_WORK
 from tff_gma.audit.report import DISTRIBUTOR
@@ -33,14 +32,14 @@ STATE_MODEL_FIELD = 'global_model_weights'  # Only the state (`LearningAlgorithm
 METRICS_MEASUREMENTS = ('train', 'eval')
 
 
-def _referenced_local(block: building_blocks.ComputationBuildingBlock) -> Optional[str]:
+def _referenced_local(block: tff.framework.ComputationBuildingBlock) -> Optional[str]:
   """The name `x` of a block that is `x` or a selection from it (`x[2]`, `x.state`), else `None`."""
-  while isinstance(block, building_blocks.Selection):
+  while isinstance(block, tff.framework.Selection):
     block = block.source
-  return block.name if isinstance(block, building_blocks.Reference) else None
+  return block.name if isinstance(block, tff.framework.Reference) else None
 
 
-def _composer_structs(top_block: building_blocks.Block) -> list[tuple[dict[str, str], building_blocks.Struct]]:
+def _composer_structs(top_block: tff.framework.Block) -> list[tuple[dict[str, str], tff.framework.Struct]]:
   """The composer's state and metrics structs in a top-level block: ({local: component field}, struct) each.
 
   `compose_learning_process`'s `next` builds `LearningAlgorithmState(global_model_weights, distributor,
@@ -54,8 +53,8 @@ def _composer_structs(top_block: building_blocks.Block) -> list[tuple[dict[str, 
   found = []
 
   def visit(block):
-    if isinstance(block, building_blocks.Struct):
-      elements = dict((n, e) for n, e in structure.iter_elements(block) if n is not None)
+    if isinstance(block, tff.framework.Struct):
+      elements = dict((n, e) for n, e in tff.structure.iter_elements(block) if n is not None)
       if all(field in elements for field in COMPOSER_FIELDS):
         mapping = {}
         for field in COMPOSER_FIELDS:
@@ -65,9 +64,9 @@ def _composer_structs(top_block: building_blocks.Block) -> list[tuple[dict[str, 
           mapping[local] = field
         found.append((mapping, block))
         return
-      for _, element in structure.iter_elements(block):
+      for _, element in tff.structure.iter_elements(block):
         visit(element)
-    elif isinstance(block, building_blocks.Call) and block.argument is not None:
+    elif isinstance(block, tff.framework.Call) and block.argument is not None:
       visit(block.argument)
 
   for _, local in top_block.locals:
@@ -76,7 +75,7 @@ def _composer_structs(top_block: building_blocks.Block) -> list[tuple[dict[str, 
   return found
 
 
-def composer_components(top_block: Optional[building_blocks.Block],
+def composer_components(top_block: Optional[tff.framework.Block],
                         evaluator: Evaluator) -> tuple[dict[str, str], frozenset[int]]:
   """({top-level local: component field}, indices of the metrics aggregator's sites) of a composed process.
 
@@ -96,7 +95,7 @@ def composer_components(top_block: Optional[building_blocks.Block],
   metric_sites = frozenset()
   if evaluator.top_scope is not None:
     for struct_mapping, struct in structs:
-      elements = dict((n, e) for n, e in structure.iter_elements(struct) if n is not None)
+      elements = dict((n, e) for n, e in tff.structure.iter_elements(struct) if n is not None)
       if STATE_MODEL_FIELD in elements:
         continue  # The state; the metrics struct is the other one.
       measurements = evaluator.evaluate(elements['client_work'], evaluator.top_scope)

@@ -1,9 +1,8 @@
 """The audit's two processes: a child imports the target and sends its computations as data; the parent checks them.
 
-The parent runs the child and bounds it in time. Importing `MODULE:ATTR` runs its code, which could forge a verdict
-reached or printed in that process; so the parent never imports it, and reads the child's one message (serialized
-TFF protos) as data. What this stops and what it does not, and how the child is bounded:
-docs/audit.md#how-the-verdict-is-protected.
+Importing `MODULE:ATTR` runs its code, which could forge a verdict reached or printed in that process; so the
+parent never imports it, and reads the child's one message (serialized TFF protos) as data. The child is bounded in
+time and memory and dies with the parent, and its output never reaches the parent's stdout.
 """
 
 from __future__ import annotations

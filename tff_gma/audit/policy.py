@@ -2,7 +2,7 @@
 
 Kept apart from the walk so that a policy (what is allowed) can be read and built without TensorFlow Federated's
 internals; `tff_gma.audit.static` checks every flow it finds against one. By default only the means and the secure
-sums may carry client data to the server, as the issue asks.
+sums may carry client data to the server.
 """
 
 from __future__ import annotations

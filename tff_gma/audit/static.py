@@ -1,9 +1,9 @@
 """Static privacy audit of TFF computations: where client data reaches the server, and how.
 
 `audit_computation` walks a computation's building blocks (a process's: every public computation) and lists every
-flow of client data to the server, checked against an `AuditPolicy`, and every place it cannot see through. This
-module holds the entry points and re-exposes the public names of `policy`, `walker`, `components` and `report`.
-What it reads, and what a PASS does not establish: docs/audit.md#how-the-walk-reads-a-computation.
+flow of client data to the server, checked against an `AuditPolicy`, and every place it cannot see through. It
+reads the compiled form TFF executes, not the Python that built it; what a PASS does not establish is in
+`report.AUDIT_SCOPE`.
 """
 
 from __future__ import annotations
@@ -14,38 +14,18 @@ from typing import Any, Optional
 
 import numpy as np
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.impl.compiler import building_blocks
 
 from tff_gma import tff_internals
-from tff_gma.audit.components import COMPOSER_FIELDS
-from tff_gma.audit.components import METRICS_MEASUREMENTS
-from tff_gma.audit.components import STATE_MODEL_FIELD
 from tff_gma.audit.components import composer_components
 from tff_gma.audit.components import site_component
 from tff_gma.audit.policy import AuditPolicy
-from tff_gma.audit.policy import DEFAULT_ALLOWED_INTRINSICS
 from tff_gma.audit.policy import DEFAULT_POLICY
-from tff_gma.audit.policy import KEYED_SELECT_INTRINSICS
-from tff_gma.audit.policy import MEAN_INTRINSICS
-from tff_gma.audit.policy import PLAIN_SUM_INTRINSICS
-from tff_gma.audit.policy import SECURE_SUM_INTRINSICS
-from tff_gma.audit.report import AUDIT_SCOPE
 from tff_gma.audit.report import AuditReport
-from tff_gma.audit.report import CLIENT_WORK
-from tff_gma.audit.report import COMPONENTS
 from tff_gma.audit.report import ComputationAudit
-from tff_gma.audit.report import DISTRIBUTOR
-from tff_gma.audit.report import DYNAMIC
-from tff_gma.audit.report import FINALIZER
 from tff_gma.audit.report import Flow
-from tff_gma.audit.report import METRICS_AGGREGATOR
-from tff_gma.audit.report import MODEL_AGGREGATOR
 from tff_gma.audit.report import Undecided
-from tff_gma.audit.report import VERDICTS
-from tff_gma.audit.report import Violation
 from tff_gma.audit.walker import FUNCTIONS
 from tff_gma.audit.walker import LEVEL_0
-from tff_gma.audit.walker import AnalysisTimeout
 from tff_gma.audit.walker import Closure
 from tff_gma.audit.walker import Env
 from tff_gma.audit.walker import Evaluator
@@ -54,43 +34,13 @@ from tff_gma.audit.walker import placed_function_types
 from tff_gma.audit.walker import typed_value
 from tff_gma.audit.walker import unreached_sites
 
-# The names this module has always offered (the audit's public API, also re-exported by `tff_gma.audit`).
-__all__ = [
-    'AUDIT_SCOPE',
-    'AnalysisTimeout',
-    'CLIENT_WORK',
-    'COMPONENTS',
-    'COMPOSER_FIELDS',
-    'DEFAULT_ALLOWED_INTRINSICS',
-    'DEFAULT_POLICY',
-    'DISTRIBUTOR',
-    'DYNAMIC',
-    'FINALIZER',
-    'KEYED_SELECT_INTRINSICS',
-    'MEAN_INTRINSICS',
-    'METRICS_AGGREGATOR',
-    'METRICS_MEASUREMENTS',
-    'MODEL_AGGREGATOR',
-    'PLAIN_SUM_INTRINSICS',
-    'SECURE_SUM_INTRINSICS',
-    'STATE_MODEL_FIELD',
-    'VERDICTS',
-    'AuditPolicy',
-    'AuditReport',
-    'ComputationAudit',
-    'Flow',
-    'Undecided',
-    'Violation',
-    'audit_computation',
-]
-
 # The Python recursion limit the walk needs (`audit_computation` raises the interpreter's to it, as does the CLI).
 _MIN_RECURSION_LIMIT = 20000
 # A process's computations that come first in a report, in this order; its other public ones follow by name.
 PROCESS_COMPUTATIONS = ('initialize', 'next')
 
 
-def _call_computation(evaluator: Evaluator, block: building_blocks.ComputationBuildingBlock, value: Any) -> None:
+def _call_computation(evaluator: Evaluator, block: tff.framework.ComputationBuildingBlock, value: Any) -> None:
   """Calls the computation on its (level-0) parameter, as its caller does: a computation is a function."""
   type_signature = block.type_signature
   if isinstance(value, Closure):
@@ -99,9 +49,9 @@ def _call_computation(evaluator: Evaluator, block: building_blocks.ComputationBu
     # A bare intrinsic or opaque function: a call of its own, so that a flow through it has a call site.
     parameter_type = type_signature.parameter
     if parameter_type is None:
-      evaluator.call(value, None, building_blocks.Call(block))
+      evaluator.call(value, None, tff.framework.Call(block))
     else:
-      call = building_blocks.Call(block, building_blocks.Reference('arg', parameter_type))
+      call = tff.framework.Call(block, tff.framework.Reference('arg', parameter_type))
       evaluator.call(value, typed_value(parameter_type, LEVEL_0, 'arg'), call)
 
 
@@ -112,13 +62,13 @@ def _undecided_result(evaluator: Evaluator, result_type: tff.Type) -> None:
                        'audit cannot know')
 
 
-def _audit_building_block(name: str, block: building_blocks.ComputationBuildingBlock, policy: AuditPolicy,
+def _audit_building_block(name: str, block: tff.framework.ComputationBuildingBlock, policy: AuditPolicy,
                           deadline: Optional[float] = None) -> ComputationAudit:
   """Audits one computation's building block: its flows (reached ones in pass order, then unreached), passes, notes.
 
   `deadline` (`time.monotonic()`): past it, `AnalysisTimeout`."""
-  top_block = (block.result if isinstance(block, building_blocks.Lambda)
-               and isinstance(block.result, building_blocks.Block) else None)
+  top_block = (block.result if isinstance(block, tff.framework.Lambda)
+               and isinstance(block.result, tff.framework.Block) else None)
   evaluator = Evaluator(name, top_block, deadline)
   value = evaluator.evaluate(block, Env())
   _call_computation(evaluator, block, value)
@@ -158,8 +108,8 @@ def _audit_building_block(name: str, block: building_blocks.ComputationBuildingB
   )
 
 
-def _to_building_block(comp: Any, name: str) -> building_blocks.ComputationBuildingBlock:
-  if isinstance(comp, building_blocks.ComputationBuildingBlock):
+def _to_building_block(comp: Any, name: str) -> tff.framework.ComputationBuildingBlock:
+  if isinstance(comp, tff.framework.ComputationBuildingBlock):
     return comp
   to_building_block = getattr(comp, 'to_building_block', None)
   if to_building_block is None:
@@ -227,7 +177,7 @@ def _subject_computations(subject: Any, value_type: Any,
     # every computation it runs; the first after `initialize` is the main one.
     computations = list(subject.computations())
     return type(subject).__name__, computations, computations[1][0]
-  if isinstance(subject, (tff.Computation, building_blocks.ComputationBuildingBlock)):
+  if isinstance(subject, (tff.Computation, tff.framework.ComputationBuildingBlock)):
     return ('computation', [('computation', subject)], 'computation')
   raise TypeError('audit_computation takes a tff.Computation, a tff.templates.AggregationProcess or other '
                   'IterativeProcess (e.g. a tff.learning.templates.LearningProcess), or an aggregation factory with '

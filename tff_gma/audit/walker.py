@@ -2,8 +2,8 @@
 
 Every value is replaced by its aggregation level (the longest chain of client-to-server aggregations it depends
 on), so a flow's pass and each call site's static count follow; what it cannot see through is an undecided place.
-With `components` and `static`'s entry points it reads TFF's compiled form by design, so it imports TFF's compiler
-internals directly (the one exception to `tff_gma.tff_internals`). docs/audit.md#how-the-walk-reads-a-computation.
+It reads TFF's building blocks through `tff.framework`'s public names; which intrinsics TFF defines, and which are
+secure, only TFF's internals say (`tff_gma.tff_internals`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Union
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.impl.compiler import building_blocks
-from tensorflow_federated.python.core.impl.compiler import intrinsic_defs
-from tensorflow_federated.python.core.impl.types import type_analysis
-from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
+from tff_gma import tff_internals
 from tff_gma.audit.policy import KEYED_SELECT_INTRINSICS
 from tff_gma.audit.report import DYNAMIC
 from tff_gma.audit.report import json_default
@@ -68,13 +65,13 @@ class StructValue:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Closure:
-  function: building_blocks.Lambda
+  function: tff.framework.Lambda
   env: 'Env'
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _IntrinsicFunction:
-  intrinsic: building_blocks.Intrinsic
+  intrinsic: tff.framework.Intrinsic
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -84,7 +81,7 @@ class _OpaqueFunction:
 
   type_signature: tff.Type
   what: str
-  block: Optional[building_blocks.ComputationBuildingBlock] = None
+  block: Optional[tff.framework.ComputationBuildingBlock] = None
 
 
 _Value = Union[_Data, StructValue, Closure, _IntrinsicFunction, _OpaqueFunction]
@@ -164,7 +161,7 @@ def contains_placement(type_spec: tff.Type, placement) -> bool:
   if isinstance(type_spec, tff.FederatedType):
     return type_spec.placement is placement
   if isinstance(type_spec, tff.StructType):
-    return any(contains_placement(t, placement) for _, t in structure.iter_elements(type_spec))
+    return any(contains_placement(t, placement) for _, t in tff.structure.iter_elements(type_spec))
   return False
 
 
@@ -173,7 +170,7 @@ def mentions_placement(type_spec: tff.Type) -> bool:
   if isinstance(type_spec, tff.FederatedType):
     return True
   if isinstance(type_spec, tff.StructType):
-    return any(mentions_placement(t) for _, t in structure.iter_elements(type_spec))
+    return any(mentions_placement(t) for _, t in tff.structure.iter_elements(type_spec))
   if isinstance(type_spec, tff.FunctionType):
     return ((type_spec.parameter is not None and mentions_placement(type_spec.parameter))
             or mentions_placement(type_spec.result))
@@ -188,7 +185,7 @@ def placed_function_types(type_spec: tff.Type) -> list[tff.FunctionType]:
   if isinstance(type_spec, tff.FunctionType):
     return [type_spec] if mentions_placement(type_spec) else []
   if isinstance(type_spec, tff.StructType):
-    return [f for _, t in structure.iter_elements(type_spec) for f in placed_function_types(t)]
+    return [f for _, t in tff.structure.iter_elements(type_spec) for f in placed_function_types(t)]
   return []
 
 
@@ -196,7 +193,7 @@ def _holds_function(type_spec: tff.Type) -> bool:
   if isinstance(type_spec, tff.FunctionType):
     return True
   return isinstance(type_spec, tff.StructType) and any(
-      _holds_function(t) for _, t in structure.iter_elements(type_spec))
+      _holds_function(t) for _, t in tff.structure.iter_elements(type_spec))
 
 
 def typed_value(type_spec: tff.Type, data: _Data, label: str) -> _Value:
@@ -206,7 +203,7 @@ def typed_value(type_spec: tff.Type, data: _Data, label: str) -> _Value:
   if isinstance(type_spec, tff.StructType) and _holds_function(type_spec):
     return StructValue(tuple(
         (name, typed_value(element, data, f'{label}.{name}' if name else f'{label}[{i}]'))
-        for i, (name, element) in enumerate(structure.iter_elements(type_spec))))
+        for i, (name, element) in enumerate(tff.structure.iter_elements(type_spec))))
   return data
 
 
@@ -237,13 +234,13 @@ def _is_client_to_server(function_type: tff.Type) -> bool:
 
 def _carries_data(function_type: tff.FunctionType) -> bool:
   """Whether the client-placed argument holds any tensor: aggregating `<>` (TFF's null aggregations) moves nothing."""
-  return type_analysis.contains_tensor_types(_client_part_type(function_type.parameter))
+  return tff.types.contains(_client_part_type(function_type.parameter), lambda t: isinstance(t, tff.TensorType))
 
 
 def _client_part_type(parameter_type: tff.Type) -> tff.Type:
   """The client-placed part of an intrinsic's parameter: the element itself, or the struct's first such element."""
   if isinstance(parameter_type, tff.StructType):
-    for _, element in structure.iter_elements(parameter_type):
+    for _, element in tff.structure.iter_elements(parameter_type):
       if contains_placement(element, tff.CLIENTS):
         return element
   return parameter_type
@@ -253,18 +250,21 @@ def _client_part_type(parameter_type: tff.Type) -> tff.Type:
 # Constants.
 
 
-def _literal_const(block: building_blocks.Literal) -> _Const:
+def _literal_const(block: tff.framework.Literal) -> _Const:
   return _Const(np.asarray(block.value).tolist())
 
 
-def _compiled_const(block: building_blocks.CompiledComputation) -> Optional[_Const]:
+def _compiled_const(block: tff.framework.CompiledComputation) -> Optional[_Const]:
   """Value of a parameterless TensorFlow computation whose outputs are `Const` ops, else `None`."""
   proto = block.proto
   if proto.WhichOneof('computation') != 'tensorflow' or block.type_signature.parameter is not None:
     return None
+  graph_def = tf.compat.v1.GraphDef()
   try:
-    graph_def = serialization_utils.unpack_graph_def(proto.tensorflow.graph_def)
+    unpacked = proto.tensorflow.graph_def.Unpack(graph_def)
   except Exception:  # pylint: disable=broad-except
+    unpacked = False
+  if not unpacked:
     return None  # Not a graph we can read: the value is reported as dynamic.
   nodes = {node.name: node for node in graph_def.node}
 
@@ -275,7 +275,6 @@ def _compiled_const(block: building_blocks.CompiledComputation) -> Optional[_Con
       if node is None:
         return None
       if node.op == 'Const':
-        import tensorflow as tf  # pylint: disable=g-import-not-at-top
         return tf.make_ndarray(node.attr['value'].tensor).tolist()
       if node.op not in ('Identity', 'IdentityN') or not node.input:
         return None
@@ -376,7 +375,7 @@ def _format_local(name: str) -> str:
 class Evaluator:
   """Evaluates a building block over `_Value`s, recording each client-to-server call."""
 
-  def __init__(self, root_name: str, top_block: Optional[building_blocks.Block] = None,
+  def __init__(self, root_name: str, top_block: Optional[tff.framework.Block] = None,
                deadline: Optional[float] = None):
     """`deadline`: a `time.monotonic()` time past which the walk raises `AnalysisTimeout`."""
     self._path: list[str] = [root_name]
@@ -417,26 +416,26 @@ class Evaluator:
         and time.monotonic() > self._deadline):
       raise AnalysisTimeout(f'the walk did not finish by its deadline ({self._steps} steps taken)')
 
-  def evaluate(self, block: building_blocks.ComputationBuildingBlock, env: Env) -> _Value:
+  def evaluate(self, block: tff.framework.ComputationBuildingBlock, env: Env) -> _Value:
     self._tick()
-    if isinstance(block, building_blocks.Reference):
+    if isinstance(block, tff.framework.Reference):
       value = env.lookup(block.name)
       if value is not None:
         return value
       if isinstance(block.type_signature, tff.FunctionType):
         return _OpaqueFunction(block.type_signature, f'the unbound name `{block.name}`', block)
       return LEVEL_0
-    if isinstance(block, building_blocks.Selection):
+    if isinstance(block, tff.framework.Selection):
       source = self.evaluate(block.source, env)
       if isinstance(source, StructValue):
         return source.elements[block.as_index()][1]
       return source
-    if isinstance(block, building_blocks.Struct):
+    if isinstance(block, tff.framework.Struct):
       return StructValue(
-          tuple((name, self.evaluate(element, env)) for name, element in structure.iter_elements(block)))
-    if isinstance(block, building_blocks.Lambda):
+          tuple((name, self.evaluate(element, env)) for name, element in tff.structure.iter_elements(block)))
+    if isinstance(block, tff.framework.Lambda):
       return Closure(block, env)
-    if isinstance(block, building_blocks.Block):
+    if isinstance(block, tff.framework.Block):
       scope = Env(env)
       top = block is self._top_block and self.top_scope is None
       if top:
@@ -452,25 +451,25 @@ class Evaluator:
           if top:
             self._top_local = None
       return self.evaluate(block.result, scope)
-    if isinstance(block, building_blocks.Call):
+    if isinstance(block, tff.framework.Call):
       function = self.evaluate(block.function, env)
       argument = None if block.argument is None else self.evaluate(block.argument, env)
       return self.call(function, argument, block)
-    if isinstance(block, building_blocks.Intrinsic):
+    if isinstance(block, tff.framework.Intrinsic):
       return _IntrinsicFunction(block)
-    if isinstance(block, building_blocks.CompiledComputation):
+    if isinstance(block, tff.framework.CompiledComputation):
       return _OpaqueFunction(block.type_signature, 'a TensorFlow computation', block)
-    if isinstance(block, building_blocks.Literal):
+    if isinstance(block, tff.framework.Literal):
       return _Data(0, _literal_const(block))
-    if isinstance(block, building_blocks.Data):
+    if isinstance(block, tff.framework.Data):
       if isinstance(block.type_signature, tff.FunctionType):
         return _OpaqueFunction(block.type_signature, 'a `Data` block', block)
       return LEVEL_0
-    if isinstance(block, building_blocks.Placement):
+    if isinstance(block, tff.framework.Placement):
       return LEVEL_0
     raise TypeError(f'unsupported building block {type(block).__name__}: {block.compact_representation()}')
 
-  def call(self, function: _Value, argument: Optional[_Value], call: Optional[building_blocks.Call]) -> _Value:
+  def call(self, function: _Value, argument: Optional[_Value], call: Optional[tff.framework.Call]) -> _Value:
     """Applies an abstract function; `call` is the `Call` node when there is one (it identifies the site)."""
     if isinstance(function, Closure):
       return self._call_closure(function, argument)
@@ -524,7 +523,7 @@ class Evaluator:
 
   def _call_opaque(self, function: _OpaqueFunction, argument: Optional[_Value]) -> _Value:
     """A call into what the walk cannot see: undecided unless its type rules out a flow."""
-    if argument is None and isinstance(function.block, building_blocks.CompiledComputation):
+    if argument is None and isinstance(function.block, tff.framework.CompiledComputation):
       return _Data(0, _compiled_const(function.block))
     if mentions_placement(function.type_signature):
       self.undecide(f'calls {function.what} of type `{function.type_signature}`, which the audit cannot see into; '
@@ -536,8 +535,8 @@ class Evaluator:
                       'into; what it does with the function, the audit cannot know')
     return _join([argument] if argument is not None else [])
 
-  def _call_intrinsic(self, intrinsic: building_blocks.Intrinsic, argument: Optional[_Value],
-                      call: Optional[building_blocks.Call]) -> _Value:
+  def _call_intrinsic(self, intrinsic: tff.framework.Intrinsic, argument: Optional[_Value],
+                      call: Optional[tff.framework.Call]) -> _Value:
     uri = intrinsic.uri
     arguments = list(argument.elements) if isinstance(argument, StructValue) else [(None, argument)]
     values = [v for _, v in arguments if v is not None]
@@ -570,12 +569,12 @@ class Evaluator:
       site = self._record(call, uri, _client_part_type(intrinsic_type.parameter), secure=_is_secure(intrinsic),
                           parameters=parameters, inputs=inputs)
       return _join(inputs, extra=1, site=site)
-    if intrinsic_defs.uri_to_intrinsic_def(uri) is None and mentions_placement(intrinsic_type):
+    if not tff_internals.is_known_intrinsic(uri) and mentions_placement(intrinsic_type):
       # Not a flow by its type, but the walk does not know what it does with the federated values it touches.
       self.undecide(f'calls the intrinsic `{uri}` of type `{intrinsic_type}`, which the audit does not know')
     return _join(inputs)
 
-  def _record(self, call: building_blocks.Call, uri: str, value_type: tff.Type, secure: bool,
+  def _record(self, call: tff.framework.Call, uri: str, value_type: tff.Type, secure: bool,
               parameters: dict[str, Any], inputs: Sequence[Optional[_Value]]) -> int:
     """Counts one run of a flow site; returns the site's index."""
     self.reached_calls.add(id(call))
@@ -591,28 +590,24 @@ class Evaluator:
     return site.index
 
 
-def _is_secure(intrinsic: building_blocks.Intrinsic) -> bool:
-  definition = intrinsic_defs.uri_to_intrinsic_def(intrinsic.uri)
-  if definition is None:
-    return False
-  return (definition.aggregation_kind is intrinsic_defs.AggregationKind.SECURE
-          or definition.broadcast_kind is intrinsic_defs.BroadcastKind.SECURE)
+def _is_secure(intrinsic: tff.framework.Intrinsic) -> bool:
+  return tff_internals.is_secure_intrinsic(intrinsic.uri)
 
 
-def unreached_sites(root: building_blocks.ComputationBuildingBlock, reached: set[int], root_name: str,
-                    top_block: Optional[building_blocks.Block] = None) -> list[Site]:
+def unreached_sites(root: tff.framework.ComputationBuildingBlock, reached: set[int], root_name: str,
+                    top_block: Optional[tff.framework.Block] = None) -> list[Site]:
   """Client-to-server intrinsic calls in the tree that the evaluation never reached (count 0)."""
   sites = []
 
   def visit(block, path, top_local):
-    if (isinstance(block, building_blocks.Call) and isinstance(block.function, building_blocks.Intrinsic)
+    if (isinstance(block, tff.framework.Call) and isinstance(block.function, tff.framework.Intrinsic)
         and id(block) not in reached):
       intrinsic = block.function
       if ((intrinsic.uri in KEYED_SELECT_INTRINSICS or _is_client_to_server(intrinsic.type_signature))
           and _carries_data(intrinsic.type_signature)):
         sites.append(Site(intrinsic.uri, str(_client_part_type(intrinsic.type_signature.parameter)),
                           _is_secure(intrinsic), {}, 0, ' > '.join(path), count=0, top_local=top_local))
-    if isinstance(block, building_blocks.Block):
+    if isinstance(block, tff.framework.Block):
       for name, local in block.locals:
         visit(local, path + [_format_local(name)], name if block is top_block else top_local)
       visit(block.result, path, top_local)

@@ -3,7 +3,7 @@
 Grey digits are painted with a colour that predicts the label with probability p under a client's own class ->
 colour permutation (`Coloring.create`) or, as colored MNIST, one permutation shared by the train clients
 (`Coloring.create_shared`); held-out test clients get permutations the train clients never saw, so a model that
-learnt colours fails on them. The construction and its correlations: docs/experiments.md#the-librarys-data-modules.
+learnt colours fails on them.
 """
 
 from __future__ import annotations

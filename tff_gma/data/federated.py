@@ -3,7 +3,7 @@
 `from_arrays` handles every partition over a labelled pool (digits, the TFDS images, pooled EMNIST): those of
 `partition` and the colourings of `colored`, which add held-out OOD test clients. `train_subset_fraction` < 1
 partitions a class-stratified subset drawn with a fixed seed (`SUBSET_SEED`), so every seed, method and partition
-of a study trains on the same examples; the test split stays whole. More: docs/experiments.md#the-librarys-data-modules.
+of a study trains on the same examples; the test split stays whole.
 """
 
 from __future__ import annotations

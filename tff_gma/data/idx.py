@@ -3,7 +3,6 @@
 `read_idx` reads the header first and then at most the values it announces (refused above `MAX_VALUES`, gzip
 decompressed in bounded chunks, regular files only), so a file cannot make it allocate more than it promised; every
 error names the file. `fashion_mnist_arrays` reads and cross-checks the four files of Fashion-MNIST. No TensorFlow.
-The format and the checks: docs/experiments.md#the-librarys-data-modules.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 `digits` (embedded), `fashion_mnist` (Debian's IDX files, never the network; TFDS only when asked), `mnist`,
 `cifar10`, `cifar100` (TFDS), `emnist` and `shakespeare` (TFF's, their natural clients with `by_writer`). The
 loaders of TFF data sets take TFF's loading function as an argument (`load_fn`), so tests inject synthetic data.
-Each data set's source, splits and partitions: docs/experiments.md#the-librarys-data-modules.
 """
 
 from __future__ import annotations

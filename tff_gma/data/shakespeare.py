@@ -3,7 +3,6 @@
 The tokenisation of TFF's baseline (`tff.simulation.baselines.shakespeare`): 86 characters, padding, OOV, begin
 and end of snippet, 90 ids. Snippets are cut into chunks of `sequence_length + 1` (x = c[:-1], y = c[1:]) padded
 with PAD, which losses and metrics skip (`tff_gma.models.model_fn(..., pad_id=PAD)`).
-Details: docs/experiments.md#the-librarys-data-modules.
 """
 
 from __future__ import annotations

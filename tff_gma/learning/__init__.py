@@ -3,7 +3,7 @@
 Each builder composes TFF's broadcast, a client work, an aggregator and a finalizer with
 `tff.learning.templates.compose_learning_process`: GMA with any server optimizer, Elastic FedAvg, FedGMA, SCAFFOLD,
 FedProx with the paper's sign and personalized RFA; client data reach the server only through means and secure
-sums. Each builder in a line: docs/methods.md#the-packages-exports.
+sums.
 """
 
 from tff_gma.learning.client_lib import DEFAULT_LOOP_IMPLEMENTATION

@@ -3,7 +3,6 @@
 Every composed method trains locally through one function, `local_pass`, so the methods differ only in what they do
 around it. As TFF's model-delta client work: the update is `initial - trained`, the weight the number of examples
 trained on, and a non-finite update is sent as zeros with weight 0 and the client's metrics reset.
-More: docs/methods.md#the-composed-processes-shared-pieces.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ BATCHES = 'batches'  # The key of a client's batches in the client data of a pro
 # The training loop of TFF's client works built by the library (`build_gma_fed_avg`) and by the harness (which
 # imports this): TFF's DATASET_ITERATOR (a while loop over the client dataset's iterator) rather than TFF's default
 # DATASET_REDUCE (`Dataset.reduce`). Both train on the same batches in the same order and give identical weights;
-# the iterator loop costs about half the worker CPU per round (measured by the harness benchmark's loop comparison).
+# the iterator loop costs less worker CPU per round (the harness benchmark compares the two loops).
 DEFAULT_LOOP_IMPLEMENTATION = tff.learning.LoopImplementation.DATASET_ITERATOR
 
 

@@ -3,7 +3,7 @@
 Each client measures its parameters' sensitivity Omega_k on its round's first batches, trains as FedAvg on the
 rest and sends both; the server scales the mean update by the sensitivity (`tff_gma.aggregators.ElasticFactory`).
 Unlike the paper, the sensitivity batches are re-drawn each round from the round's stream, so the process takes
-TFF's FedAvg client datasets. The client work in detail: docs/methods.md#elastic-aggregation.
+TFF's FedAvg client datasets.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 Every local step uses grad F_k(w) + mu * (w - w_t), which pulls the client back toward the server model w_t. TFF
 0.87's own FedProx adds mu * (w_t - w) and pushes it away, the more so the larger mu; these pieces replace its
-client work with the same types. Reproducer: docs/methods.md#fedprox-the-proximal-terms-sign; the pieces:
-docs/methods.md#fedproxs-pieces. tests/tff_gma/learning/fed_prox_test.py pins TFF's sign to notice a fix upstream.
+client work with the same types. tests/tff_gma/learning/fed_prox_test.py pins TFF's sign to notice a fix upstream.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each client sends its model update and its loss gradient at the round's starting model (the text's reading of the
 paper, computed before training); the server averages the models and steps along the AND-masked mean gradient
-(`tff_gma.aggregators.FedGMAFactory`). The rule and the threshold p: docs/methods.md#fedgma.
+(`tff_gma.aggregators.FedGMAFactory`).
 """
 
 from __future__ import annotations

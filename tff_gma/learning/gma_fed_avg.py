@@ -3,7 +3,7 @@
 The server optimizer's state sees the unmasked weighted mean and the GMA mask scales its step, w + m * (w_opt - w),
 where `GradientMaskedFactory` as a model aggregator masks the optimizer's input (the same for SGD; an adaptive
 optimizer largely cancels a soft mask). The mask rides beside the mean in the aggregator's result, so the process
-keeps `build_weighted_fed_avg`'s state and metrics. Details: docs/methods.md#gma-with-any-server-optimizer.
+keeps `build_weighted_fed_avg`'s state and metrics.
 """
 
 from __future__ import annotations

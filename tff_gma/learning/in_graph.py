@@ -2,8 +2,8 @@
 
 For small models TFF's dataset loop over `tf.Variable`s costs more than the arithmetic; this computes the same
 update (the same batches in order, bit for bit) with the examples read once into tensors, a functional model and
-one `tf.while_loop`, and keeps TFF's client work's state, metrics and intrinsics. What it takes, and what it is
-measured to give: docs/methods.md#the-in-graph-client-loop.
+one `tf.while_loop`, and keeps TFF's client work's state, metrics and intrinsics. Which models it takes:
+`in_graph_support`.
 """
 
 from __future__ import annotations

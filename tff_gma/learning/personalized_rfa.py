@@ -2,7 +2,7 @@
 
 A client predicts with w + v_k and trains its personal v_k, then the shared w, each on the other's residual; the
 server aggregates the shared updates (RFA by default). v_k comes in with the client's data and goes out through
-`next_with_client_state`, since TFF has no client state. Round and state: docs/methods.md#personalized-rfa.
+`next_with_client_state`, since TFF has no client state.
 """
 
 from __future__ import annotations

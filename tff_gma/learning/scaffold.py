@@ -3,7 +3,6 @@
 Clients step on the corrected gradient g - c_i + c with the optimizer they are given (SGD, with momentum or not);
 their new control variate is the mean of their minibatch gradients (option II exactly without momentum, still what
 it estimates with). c_i comes in with the client's data and goes out through `next_with_client_state`.
-Round, state and why: docs/methods.md#scaffolds-process.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def allow_unconfined(worker, setting: str) -> None:
   _logger.warning(
       'TFF worker NOT confined (%s). It listens on all interfaces of its port without authentication: any host '
       'that can reach this machine, and any local process, can run TensorFlow graphs in it as uid %d. '
-      'Set %s=require to refuse to run instead (docs/runtime.md: "The TFF worker process").',
+      'Set %s=require to refuse to run instead.',
       reason, os.geteuid(), confinement.ENV_VAR)
 
 

@@ -53,11 +53,10 @@ def worker_binary_path() -> str:
 
 INTRA_OP_THREADS_ENV = 'TFF_GMA_WORKER_INTRA_OP_THREADS'
 # One intra-op thread per op in the worker. The worker runs a round's client computations side by side on its
-# inter-op pool, so splitting each small op over the cores as well makes them contend. Measured on this 2-core
-# machine (one run each, interleaved, the study paused): LeNet on Fashion-MNIST, 10 clients of 600 a round, 0.69 s
-# a round's training against 0.86-1.05 s with TensorFlow's default (a thread per core); the digits CNN 0.31-0.38 s
-# against 0.40-0.41 s. Like the core count under the default, the count changes how some kernels split their
-# sums, so results differ in the last bits between settings; with 1, they no longer depend on the machine's cores.
+# inter-op pool, so splitting each small op over the cores as well makes them contend, and a small round trains
+# faster with one thread than with TensorFlow's default (a thread per core). Like the core count under the default,
+# the count changes how some kernels split their sums, so results differ in the last bits between settings; with 1,
+# they do not depend on the machine's cores.
 DEFAULT_INTRA_OP_THREADS = 1
 MAX_INTRA_OP_THREADS = 1024  # A pool the worker creates at start: a larger count is a typo, not a setting.
 

@@ -2,4 +2,4 @@
 
 `python -m training.bench` (`cli`), what a run measures (`presets`), its entries (`candidates`), its sections
 (`sections`, `small_rounds`, `runner_runs`), the in-graph floor (`floor`) and timing tools (`timing`).
-Sections, keys and method: docs/benchmark.md#sections-keys-and-method"""
+Sections, keys and method: docs/research/benchmark.md#sections-keys-and-method"""

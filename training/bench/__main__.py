@@ -3,7 +3,7 @@
     python -m training.bench [--quick | --smoke] [--sections=...] [--aggregators=mean,gma+secure,rfa+num_passes=5]
 
 --quick: a few minutes; none: the full benchmark (a quiet machine); --smoke: every key on tiny sizes (`cli`). Writes
---output (outputs/bench/bench.json) and bench.md. Entries, sections, keys: docs/benchmark.md#sections-keys-and-method"""
+--output (outputs/bench/bench.json) and bench.md. Entries, sections, keys: docs/research/benchmark.md"""
 
 from training import command_line
 from training.bench import cli

@@ -2,7 +2,7 @@
 
 An entry is `NAME+setting=value+...` (`parse_candidate`): NAME as `registry.resolve` names a method, the settings
 fields of `config_lib.AggregatorParams` or `config_lib.MethodParams`. `build_method` is the process a round section
-times, `probe_factory` the aggregation alone, `round_target` the issue's limit on the entry's round.
+times, `probe_factory` the aggregation alone, `round_target` the limit on the entry's round.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def build_method(candidate: Candidate, model_fn, num_clients: int) -> methods.Me
 
 
 def round_target(candidate: Candidate) -> Optional[float]:
-  """The issue's limit on the candidate's round time ratio to the mean, if it has one."""
+  """The limit on the candidate's round time ratio to the mean, if it has one."""
   if candidate.algorithm != 'fedavg':
     return None
   if candidate.aggregator == 'rfa' and candidate.aggregator_params.num_passes != 3:

@@ -2,7 +2,7 @@
 
 The same client work as a FedAvg round written as plain TF in one `tf.compat.v1.Session` graph in this process (no
 dataset, variable or TFF runtime: what a round cannot go below here); `build_floor_in_worker` runs that graph in
-TFF's worker. How it is built: docs/benchmark.md#sections-keys-and-method
+TFF's worker. How it is built: docs/research/benchmark.md#sections-keys-and-method
 """
 
 from __future__ import annotations

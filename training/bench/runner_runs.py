@@ -1,8 +1,8 @@
-"""The runner end to end (issue 37's run-level targets): `python -m training.run` started as a user starts it.
+"""The runner end to end, against run-level targets: `python -m training.run` started as a user starts it.
 
 `defaults`: start-up to the first round and saving against training at the runner's defaults; `study`: a
 label500-shaped study run against its in-graph floor. Needs Fashion-MNIST's files (skips without them).
-What each measures: docs/benchmark.md#sections-keys-and-method
+What each measures: docs/research/benchmark.md#sections-keys-and-method
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _RUN = ('--dataset=fashion_mnist', '--model=lenet', '--partition=label_skew', '-
         '--num_clients=500', '--clients_per_round=10', '--client_lr=0.01')
 _STUDY = ('--local_epochs=1', '--batch_size=16', '--eval_every=5', '--eval_last_rounds=10',
           '--participation_eval=false')
-# Issue 37's limits.
+# The limits: seconds from process start to the first round, saving's share of training, the study run / its floor.
 START_UP_TARGET, SAVING_TARGET, STUDY_TARGET = 8.0, 0.10, 1.3
 
 
@@ -109,7 +109,7 @@ def bench_runner(settings: presets.Settings) -> dict[str, Any]:
 
 
 def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-  """The issue's run-level targets, met or not (never asserted)."""
+  """The run-level targets, met or not (never asserted)."""
   ratios = result.get('runner_ratios')
   if not ratios:
     return []

@@ -2,7 +2,7 @@
 
 `rounds`, `aggregation`, `client_execution`, `scaling` and `floor`, each as ratios in one process; `breakdown` and
 `peers` are in `training.bench.small_rounds`, `runner` in `training.bench.runner_runs`, the command line in
-`training.bench.cli`. What each measures: docs/benchmark.md#sections-keys-and-method
+`training.bench.cli`. What each measures: docs/research/benchmark.md#sections-keys-and-method
 """
 
 from __future__ import annotations
@@ -305,18 +305,18 @@ def bench_scaling(settings: presets.Settings, worker: runtime.WorkerProcess) -> 
 # ----------------------------------------------------------------------------------------------------------------
 # Section: a round against its in-graph floor.
 
-FLOOR_TARGET = 1.5  # Issue 26: a round within 1.5x its in-graph floor.
-LOOP_SPEEDUP_TARGET = 2.0  # and twice the throughput of the loop before (datasets sent every round, TFF's loop).
+FLOOR_TARGET = 1.5  # A round within 1.5x its in-graph floor,
+LOOP_SPEEDUP_TARGET = 2.0  # and twice the throughput of the sent-datasets loop (datasets sent every round, TFF's loop).
 FLOOR_ENTRIES = ('floor', 'floor_in_worker', 'project_worker_datasets', 'project_default_threads',
                  'project_iterator', 'project_sent_datasets_iterator', 'stock_fedavg_iterator', 'project_one_batch')
-# On a second worker with TensorFlow's default intra-op threads (one per core), as every worker ran before
-# 2026-11-24 (runtime.DEFAULT_INTRA_OP_THREADS): project_default_threads (the default round otherwise) and the loop
-# before. The others run on the bench's worker (runtime's default, one thread).
+# On a second worker with TensorFlow's default intra-op threads (one per core) instead of the runtime's
+# (worker_process.DEFAULT_INTRA_OP_THREADS): project_default_threads (the default round otherwise) and the sent-datasets
+# loop. The others run on the bench's worker (runtime's default, one thread).
 _DEFAULT_THREADS_ENTRIES = ('project_default_threads', 'project_sent_datasets_iterator')
 # floor_in_worker: the floor's graph as one TFF computation run by the worker (what the worker's way of running TF
 # costs apart from any round). project_worker_datasets: the runner's default (datasets built in the worker, the
 # in-graph client loop); project_iterator: the same with TFF's iterator loop; project_sent_datasets_iterator: the
-# loop before (datasets sent every round, TFF's iterator loop, the worker's default threads).
+# sent-datasets loop (datasets sent every round, TFF's iterator loop, the worker's default threads).
 # project_one_batch: the project's round with each client holding one batch of examples: what a round costs beyond
 # its clients' epochs (state to and from the worker, broadcast, aggregation, the server update, metrics, dataset
 # set-up), so that `round - one batch` is the part that grows with the examples, comparable to the floor.

@@ -1,8 +1,8 @@
-"""Small rounds against the speed of their math (issue 37): two sections of `python -m training.bench`.
+"""Small rounds against the speed of their math: two sections of `python -m training.bench`.
 
 `breakdown`: where a small FedAvg/mean round's time goes, one TFF invocation at a time; `peers`: the round against
 the same round as plain TensorFlow in this process (`PlainTFRound`) and against its in-graph floor.
-What each measures: docs/benchmark.md#sections-keys-and-method
+What each measures: docs/research/benchmark.md#sections-keys-and-method
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ PARTS = (('aggregation', 'client_work_and_aggregation', 'client_work'),
          ('client_training', 'client_work', 'client_data'),
          ('python_round_overhead', 'round_step', 'next'))
 PEER_ENTRIES = ('plain_tf', 'project', 'floor')
-# Issue 37's limits: (model, clients, examples per client) -> (the entry the project's round is divided by, limit).
+# The limits: (model, clients, examples per client) -> (the entry the project's round is divided by, limit).
 TARGETS = {('lenet', 10, 120): ('plain_tf', 1.15), ('lenet', 10, 600): ('plain_tf', 1.05),
            ('cnn', 10, 144): ('floor', 1.5)}
 
@@ -109,7 +109,7 @@ def build_generated_round(model: str, clients: int, examples: int, *, batch_size
 
 
 class PlainTFRound:
-  """FedAvg's round written as a plain TensorFlow program in this process, the peer the issue measured.
+  """FedAvg's round written as a plain TensorFlow program in this process: the peer the project's round is held to.
 
   An eager Python driver calls, for each client in turn, one `tf.function` (traced once, when built, for every client:
   the examples' count is a dimension of its signature) that runs the client's local epoch as a loop over its batches:
@@ -331,7 +331,7 @@ def bench_breakdown(settings: presets.Settings, worker_pids: Sequence[int]) -> d
 
   `next` and `state_in_out` send the state from Python and bring it back; `client_work` and
   `client_work_and_aggregation` send the model weights and bring back scalars; `dispatch` and `client_data` send
-  the clients' sources. Worker CPU is read from /proc in clock ticks (10 ms here).
+  the clients' sources. Worker CPU counts in the kernel's clock ticks (usually 10 ms).
   """
   return _by_case(settings, settings.breakdown_cases, 'round_parts', 'parts',
                   lambda model, examples: _breakdown_case(settings, model, examples, worker_pids))
@@ -398,7 +398,7 @@ def bench_peers(settings: presets.Settings, worker_pids: Sequence[int]) -> dict[
 
 
 def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-  """Issue 37's targets (`TARGETS`) for the peers cases measured."""
+  """The targets (`TARGETS`) of the peers cases measured."""
   targets = []
   for name, case in result.get('details', {}).get('peers', {}).get('cases', {}).items():
     setup = case['setup']

@@ -1,15 +1,14 @@
 """Measuring the cost of aggregators in TFF's runtime: interleaved timing, process memory and CPU, probes.
 
-Built for ratios measured in one process: `interleaved_times` (rotating order, medians), `ProcessStats` (memory and
-CPU of this process and the TFF worker, from /proc) and `aggregation_probe` (client values generated in the worker).
-Why each: docs/benchmark.md#sections-keys-and-method
+Built for ratios measured in one process: `interleaved_times` (rotating order, medians), `PeakMemory` and
+`process_cpu_seconds` (memory and CPU of this process and the TFF worker, by psutil) and `aggregation_probe` (client
+values generated in the worker). Why each: docs/research/benchmark.md
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import statistics
 import threading
 import time
@@ -17,13 +16,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
+import psutil
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import checks
 
-_CLOCK_TICKS = os.sysconf('SC_CLK_TCK') if hasattr(os, 'sysconf') else 100
 _KIB = 1024
+_UNREADABLE = (psutil.NoSuchProcess, psutil.AccessDenied)  # A process gone (a zombie too), or another user's.
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -111,30 +111,27 @@ def ratios_to(baseline: str, medians: Mapping[str, float]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# /proc readings (Linux).
-
-
-def _status_kib(pid: int, field: str) -> Optional[int]:
-  try:
-    with open(f'/proc/{pid}/status') as f:
-      for line in f:
-        if line.startswith(field + ':'):
-          return int(line.split()[1])
-  except (FileNotFoundError, ProcessLookupError, PermissionError):
-    return None
-  return None
+# Process readings: psutil, and Linux's /proc for the resident high-water mark, which psutil does not read.
 
 
 def resident_bytes(pid: int) -> Optional[int]:
-  """Current resident set size (VmRSS) of `pid`; None if it cannot be read."""
-  kib = _status_kib(pid, 'VmRSS')
-  return None if kib is None else kib * _KIB
+  """Current resident set size of `pid`; None if it cannot be read."""
+  try:
+    return psutil.Process(pid).memory_info().rss
+  except _UNREADABLE:
+    return None
 
 
 def peak_resident_bytes(pid: int) -> Optional[int]:
   """High-water mark of the resident set (VmHWM) of `pid` since it started or since `reset_peak_resident`."""
-  kib = _status_kib(pid, 'VmHWM')
-  return None if kib is None else kib * _KIB
+  try:
+    with open(f'/proc/{pid}/status') as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) * _KIB
+  except (FileNotFoundError, ProcessLookupError, PermissionError):
+    return None
+  return None
 
 
 def reset_peak_resident(pid: int) -> bool:
@@ -148,14 +145,12 @@ def reset_peak_resident(pid: int) -> bool:
 
 
 def process_cpu_seconds(pid: int) -> float:
-  """User + system CPU seconds `pid` has used (all its threads); 0 if it cannot be read."""
+  """User + system CPU seconds `pid` has used (all its threads, not its children); 0 if it cannot be read."""
   try:
-    with open(f'/proc/{pid}/stat') as f:
-      # The command name (field 2) may hold spaces; the fields after its closing parenthesis are fixed.
-      fields = f.read().rsplit(')', 1)[1].split()
-  except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+    times = psutil.Process(pid).cpu_times()
+  except _UNREADABLE:
     return 0.0
-  return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (fields 14 and 15 of stat).
+  return times.user + times.system
 
 
 class PeakMemory:
@@ -163,8 +158,8 @@ class PeakMemory:
 
   Two readings, because each alone can miss something: the kernel's high-water mark VmHWM (reset on entry
   where the kernel allows it, so it covers this block only; exact, but per process, so the peaks of two
-  processes need not coincide), and the peak of the *sum* of VmRSS sampled every `interval` seconds by a
-  background thread (what the machine had to hold at once; a peak shorter than the interval can be missed).
+  processes need not coincide), and the peak of the *sum* of the resident sets sampled every `interval` seconds by
+  a background thread (what the machine had to hold at once; a peak shorter than the interval can be missed).
   """
 
   def __init__(self, pids: Mapping[str, int], interval: float = 0.02):

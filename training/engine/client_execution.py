@@ -71,7 +71,7 @@ def local_devices(devices: Optional[Sequence[str]] = None) -> list[str]:
     return gpus
   # One trainer per core, each training its clients in turn and the trainers at the same time: the worker trains a
   # round's clients concurrently on its thread pool too, and one client's small ops do not keep two cores busy
-  # (measured: one trainer made the digits CNN round 1.22x the worker's on 2 cores).
+  # (one trainer makes a small round slower than the worker's).
   cpu = [tf.config.list_logical_devices('CPU')[0].name] * max(1, min(_MAX_CPU_TRAINERS, len(os.sched_getaffinity(0))))
   with _warn_lock:
     if not _warned_cpu:

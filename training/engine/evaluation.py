@@ -59,15 +59,15 @@ class CentralEvaluator:
     model = self._keras_model(x)
     model_weights.assign_weights_to(model)
     # One compiled forward pass (traced once per model, then for any batch length): the same logits as calling the
-    # model eagerly, about 1.5x faster on Fashion-MNIST's 10,000 test images with LeNet here.
+    # model eagerly, and faster on a test split of thousands of images.
     return np.concatenate([
         self._predict(x[i:i + self.batch_size]).numpy()
         for i in range(0, len(x), self.batch_size)
     ])
 
   def _keras_model(self, x: np.ndarray) -> tf.keras.Model:
-    # One Keras copy, reused while it is valid: building one per call cost ~0.13 s for the digits CNN, more than a
-    # round's training in the 10-of-100 GMA study settings, which evaluate three times a round. It is valid until a
+    # One Keras copy, reused while it is valid: building one per call can cost more than a small round's training,
+    # and the GMA study settings evaluate three times a round. It is valid until a
     # Keras model is made inside a graph (TFF traces its models in graphs): Keras then swaps the layer classes to
     # their TF1 bases, and every model made before fails ("Your Layer or Model is in an invalid state"). The
     # classes' MROs as of the build tell; a fresh build made eagerly swaps them back.

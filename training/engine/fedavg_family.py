@@ -73,8 +73,7 @@ def build_server_processes(
 
 # TFF's loop where the iterator loop trains (`--client_loop=iterator`, or a model the in-graph loop cannot take),
 # in the worker and in the driver (`training.engine.client_execution`): the library's default (DATASET_ITERATOR;
-# TFF's DATASET_REDUCE costs about twice the worker CPU per round for identical weights, measured by the
-# benchmark's loop comparison).
+# TFF's DATASET_REDUCE costs more worker CPU per round for identical weights: the benchmark compares the two).
 LOOP_IMPLEMENTATION = learning.DEFAULT_LOOP_IMPLEMENTATION
 CLIENT_WEIGHTING = tff.learning.ClientWeighting.NUM_EXAMPLES
 
@@ -103,7 +102,7 @@ def client_loop(model_fn: Callable[[], tff.learning.models.VariableModel], algor
   (`training.engine.client_execution` runs the in-graph update in a TF1 session of its own in `local` mode)."""
   if algorithm_config.client_loop == 'iterator':
     return ClientLoop('iterator')
-  try:  # The answer for this model, if asked before (building its functional twin took ~0.5 s).
+  try:  # The answer for this model, if asked before (building its functional twin costs a model build).
     return _in_graph_loops[model_fn]
   except KeyError:
     _in_graph_loops[model_fn] = loop = _in_graph_loop(model_fn)

@@ -2,8 +2,8 @@
 
 A dataset handed to a TFF computation is serialized and sent every round; here only a file prefix and a seed pair
 cross per client, and the worker builds the same dataset bit for bit (`client_pipeline`). For the FedAvg family's
-own client work in the worker only (`applies`). docs/experiments.md#client-datasets-built-in-the-worker;
-measurements: docs/benchmark.md#client-datasets-sent-or-built-in-the-worker-2026-11-23"""
+own client work in the worker only (`applies`). docs/experiments.md#client-datasets-built-in-the-worker; what it
+saves: docs/research/benchmark.md"""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 import numpy as np
+import psutil
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -44,20 +45,14 @@ def applies(*, algorithm: str, aggregator: str, corruption: str, client_executio
 
 
 # Copies of a client's examples the worker holds while it trains the client: the file's bytes, the parsed tensor,
-# the shuffle buffer, and with the in-graph client loop the batches read into tensors and their concatenation.
-# Measured, 10 clients of 6,000 Fashion-MNIST examples (18.8 MB each, 179 MiB in all), two rounds of LeNet: the
-# worker peaked at 630 MiB with the in-graph loop and 398 MiB with the iterator loop, against 160 MiB with clients
-# of 60 examples: 2.6 and 1.3 copies a client (the iterator loop with datasets sent: 2,093 MiB). 3 is an upper
-# bound for either loop.
+# the shuffle buffer, and with the in-graph client loop the batches read into tensors and their concatenation. Not
+# all at once: the worker's peak memory stays under 3 copies a client with either loop.
 COPIES_PER_CLIENT = 3
 
 
 def _available_bytes() -> int:
-  with open('/proc/meminfo') as f:
-    for line in f:
-      if line.startswith('MemAvailable:'):
-        return int(line.split()[1]) * 1024
-  raise OSError('no MemAvailable in /proc/meminfo')
+  """Memory available to start new work without swapping (the kernel's MemAvailable)."""
+  return psutil.virtual_memory().available
 
 
 def check_memory(train, clients_per_round: int, available: Optional[int] = None) -> None:
@@ -106,8 +101,8 @@ class ClientSources:
     The shuffle's order depends only on the element count and the seeds, never on the elements: the round's
     shuffle runs over the example indices, its epochs are read as one tensor, one gather takes the examples in that
     order, and the batches' boundaries are every `batch_size` examples of the epochs' stream (`round_pipeline`
-    batches after repeating). The same batches, bit for bit, at a third of the time a client's data took through
-    the dataset and `read_batches`' per-batch reads (measured in the worker, ten clients of 120 LeNet examples).
+    batches after repeating). The same batches, bit for bit, in less time than a client's data takes through the
+    dataset and `read_batches`' per-batch reads.
     """
     source = sources.get_single_element()
     examples = self._examples(source)

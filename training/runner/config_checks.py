@@ -15,7 +15,7 @@ import numpy as np
 
 from tff_gma import checks
 from tff_gma import models
-from tff_gma import runtime
+from tff_gma.runtime import worker_process
 from tff_gma.data import loaders
 from training import config as config_lib
 from training import safe_files
@@ -62,7 +62,7 @@ def _check_names(config: config_lib.ExperimentConfig) -> None:
     raise ConfigError(f'dataset_placement: unknown placement {config.dataset_placement!r}; expected one of '
                       f'{worker_datasets.PLACEMENTS}')
   try:
-    runtime.intra_op_threads(config.worker_intra_op_threads)
+    worker_process.intra_op_threads(config.worker_intra_op_threads)
   except ValueError as e:
     raise ConfigError(f'worker_{e}') from None  # runtime names it intra_op_threads.
   if config.workers is not None:

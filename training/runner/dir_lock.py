@@ -14,7 +14,7 @@ from typing import Optional
 
 from absl import logging
 
-from tff_gma import runtime
+from tff_gma.runtime import files as runtime_files
 
 LOCK_FILE = '.run.lock'
 _RETRIES = 50
@@ -47,7 +47,7 @@ def _describe(holder: dict[str, str]) -> str:
     return text + ', this process'
   if host and host != socket.gethostname():
     return f'{text} on host {host}'
-  if not runtime.pid_exists(int(pid)):
+  if not runtime_files.pid_exists(int(pid)):
     # The flock is held, so someone holds it: a process of another PID namespace, or a child that inherited it.
     return f'{text}, not running in this PID namespace (another container, or a child process holds the lock)'
   return text

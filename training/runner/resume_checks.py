@@ -55,15 +55,15 @@ _VALUE_BEFORE_SETTING_EXISTED = {
 }
 # Runs written before a setting existed that no flags can resume, since today's code no longer computes what they
 # computed: (the setting, which runs lacking it, why; the refusal names the directory).
-# fedprox: adaptive_optimizer arrived with the corrected FedProx client work (issue 36; docs/methods.md): a fedprox
+# fedprox: adaptive_optimizer arrived with the corrected FedProx client work (`tff_gma.learning.fed_prox`): a fedprox
 # run whose config.json lacks it trained with TFF 0.87's proximal client work, whose term has the wrong sign.
 _NOT_RESUMABLE_BEFORE_SETTING_EXISTED = (
     ('adaptive_optimizer', lambda saved: saved.get('algorithm') == 'fedprox',
      'its FedProx rounds were trained with TFF 0.87\'s proximal client work, whose term has the wrong sign (it pushes '
      'each client away from the server model; FedProx now pulls towards it), and cannot be continued with the '
      'corrected one: start the run again in a new --output_dir'),
-    # scaffold: its clients now honour --client_momentum (issue 36, in the same change as adaptive_optimizer); a run
-    # written before trained with plain SGD whatever its client_momentum said.
+    # scaffold: its clients honour --client_momentum since the same change as adaptive_optimizer; a run written
+    # before trained with plain SGD whatever its client_momentum said.
     ('adaptive_optimizer', lambda saved: saved.get('algorithm') == 'scaffold' and saved.get('client_momentum') != 0,
      'its SCAFFOLD clients ignored --client_momentum (plain SGD) and now apply it, so it cannot be continued with the '
      'same settings: start the run again in a new --output_dir'),

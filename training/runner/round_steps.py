@@ -104,7 +104,7 @@ def stop_if_non_finite(training: Training, done: round_loop.Round) -> None:
 
 def trainable_weights(training: Training, state: Any) -> list:
   """The trainable weights of `state`'s model: read off a TFF learning state's `global_model_weights` (what its
-  `get_model_weights` returns) where it has one, since a TFF call costs 10-20 ms, a tenth of a small round; else
+  `get_model_weights` returns) where it has one, since a TFF call costs a noticeable part of a small round; else
   through `get_model_weights`."""
   weights = getattr(state, 'global_model_weights', None)
   if not isinstance(weights, tff.learning.models.ModelWeights):
@@ -270,7 +270,8 @@ def _run_round_within_deadline(training: Training) -> Optional[round_loop.RunRou
 
 
 def process_age() -> Optional[float]:
-  """Seconds since this process started (Linux's /proc; None where there is none)."""
+  """Seconds since this process started (Linux's /proc; None where there is none). Not psutil's `create_time`:
+  that adds the start to the boot time in whole seconds, and this is to the clock tick."""
   try:
     with open('/proc/self/stat') as f:
       start_ticks = int(f.read().rpartition(')')[2].split()[19])  # Field 22, starttime, after the command name.

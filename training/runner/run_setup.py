@@ -19,6 +19,7 @@ import tensorflow_federated as tff
 
 from tff_gma import models
 from tff_gma import runtime
+from tff_gma.runtime import contexts as runtime_contexts
 from tff_gma.data import idx
 from tff_gma.data import loaders
 from training import config as config_lib
@@ -146,7 +147,7 @@ def install_context(config: config_lib.ExperimentConfig, process: tff.learning.t
       targets = lambda: listed
     except (RuntimeError, ValueError) as e:  # No worker answers at an address: a flag error, nothing written.
       raise ConfigError(f'workers: {e}') from None
-  elif runtime.simulation_context_applies():
+  elif runtime_contexts.simulation_context_applies():
     try:
       worker = runtime.set_simulation_context(intra_op_threads=config.worker_intra_op_threads)
       targets = lambda: [worker.target]  # Read when asked: a worker that died is restarted at another address.

@@ -3,7 +3,7 @@
     python -m training.studies.gma [--stage=all|tune|final] [--settings=...] [--shard=i/n] [--output_dir=...]
 
 Tunes each method on a validation split, then runs the winners on `FINAL_SEEDS`; writes results.md/json/png.
-Settings, protocol, budget, commands: docs/gma_study.md#settings-protocol-and-budget"""
+Settings, protocol, budget, commands: docs/research/gma_study.md#settings-protocol-and-budget"""
 
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ SERVER_LRS = {'fedavg': (1.0, 1.5), 'fedprox': (1.0, 1.5), 'fedadam': (0.01, 0.1
 STAGE1_TAU = 0.4  # The paper's default threshold.
 TAUS = (0.2, 0.6)  # Stage 2, besides STAGE1_TAU.
 TIE_POINTS = 0.5  # A GMA-AVG difference of the mean best accuracies within this many points counts as a tie.
-# Why 0.5: one of the 359 test digits is 0.28 points, so 0.5 is under two examples, and the seed-to-seed std of
-# the tuned cells' best accuracy is 0.1-1 point (most 0.3-0.5): a smaller gap is not a measured difference.
-# Runs save their state every 10th round (and after the last): the runner's default `checkpoint_every`, which this
-# study set before it was the default (saving TFF's state every round cost ~0.2 s of a ~0.6 s 10-of-100 CNN round).
+# Why 0.5: one of the 359 test digits is 0.28 points, so 0.5 is under two examples, and the seed-to-seed spread of
+# the tuned cells' best accuracy is of that order: a smaller gap is not a measured difference.
+# Runs save their state every 10th round (and after the last), the runner's default `checkpoint_every`: saving TFF's
+# state every round would cost a large part of a small CNN round.
 
 ALL_METHODS = (('fedavg', 'mean'), ('fedavg', 'gma'), ('fedavg', 'gma_binary'), ('fedprox', 'mean'),
                ('fedprox', 'gma'), ('fedadam', 'mean'), ('fedadam', 'gma'), ('fedyogi', 'mean'), ('fedyogi', 'gma'))
@@ -56,8 +56,8 @@ class Setting(NamedTuple):
 
 _CNN = dict(dataset='digits', model='cnn', local_epochs=1, batch_size=16, eval_every=1)
 _CONVEX = dict(_CNN, model='logistic', batch_size=1000)  # One full-batch step per round (<= 1,000 examples).
-# One gradient step per round: at 100 rounds every convex tuning run was still rising (best, client lr 0.1: +1.4
-# points in its last 10 rounds, 87.7%); the paper runs them "until convergence" (App. E). Rounds are cheap here.
+# One gradient step per round: 100 rounds leave the convex tuning runs still rising, and the paper runs them "until
+# convergence" (App. E). Rounds are cheap here.
 CONVEX_ROUNDS = 500
 SETTINGS = {
     'label10': Setting('label skew k=2, 10 clients, 10 per round',

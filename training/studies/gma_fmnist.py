@@ -3,7 +3,7 @@
     python -m training.studies.gma_fmnist [--stage=all|tune|final|collect] [--settings=...] [--shard=i/n]
 
 Learning rates tuned on two partitions with the edge rule, then tau; paired 95% t intervals of GMA - AVG over
-`FINAL_SEEDS`; writes results.md/json/png under --output_dir. Protocol: docs/gma_fmnist_study.md#the-protocol-in-full"""
+`FINAL_SEEDS`; writes results.md/json/png under --output_dir. Protocol: docs/research/gma_fmnist_study.md"""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""GMA where the paper says it helps most (issue 38): Table 3's OOD skew, Table 9's epochs, re-runs, on Fashion-MNIST.
+"""GMA where the paper says it helps most: Table 3's OOD skew, Table 9's epochs and re-runs, on Fashion-MNIST.
 
     python -m training.studies.gma_fmnist_claims [--stage=all|tune|final|collect] [--settings=...] [--shard=i/n]
 
 `gma_fmnist`'s protocol plus mu tuned, Reddi's servers, GMA at tau 0.4; `--check_construction` checks that the colour
-bites. Cells, measured rounds, budget, commands: docs/gma_fmnist_claims.md#cells-and-budget"""
+bites. Cells, rounds, budget, commands: docs/research/gma_fmnist_claims.md"""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from training.studies.shared import study_runs
 
 TUNE_SEEDS = fmnist_protocol.TUNE_SEEDS
 FINAL_SEEDS = fmnist_protocol.FINAL_SEEDS
-FINAL_SEEDS_LONG_EPOCHS = FINAL_SEEDS[:3]  # The issue's floor, for E >= 10 if the budget forces it.
+FINAL_SEEDS_LONG_EPOCHS = FINAL_SEEDS[:3]  # The fewest seeds a cell may have, for E >= 10 if the budget forces it.
 STAGE1_TAU = fmnist_protocol.STAGE1_TAU
 TAUS = fmnist_protocol.TAUS
 FEDPROX_MU = 0.01  # Stage 1's mu (the runner's default), then the rest of FedProx's grid at the lr winner.
@@ -105,30 +105,32 @@ def _methods(algorithms: Sequence[str], dropin: bool = True, tau_fixed: bool = F
 
 
 ALL_ALGORITHMS = ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
-RERUN_METHODS = _methods(('fedprox', 'fedadam', 'fedyogi'))  # Item 1: the rows the trust issue changed.
+# The re-runs: the rows that FedProx's corrected sign and Reddi et al.'s adaptive servers change.
+RERUN_METHODS = _methods(('fedprox', 'fedadam', 'fedyogi'))
 # Table 3: AVG and GMA (Algorithm 2 for the adaptive ones), GMA also at the paper's tau 0.4 (App. D.1: "Throughout
 # the experiments we have maintained tau = 0.4"): tau is tuned on the training clients' own validation split, which
 # cannot see what masking does out of distribution (in cfm100_mixed every algorithm took the grid's smallest, 0.2).
 # The variant shares GMA's learning-rate (and mu) tuning runs, which run at tau 0.4: it adds only its finals.
 OOD_METHODS = _methods(ALL_ALGORITHMS, dropin=False, tau_fixed=True)
 EPOCH_METHODS = _methods(('fedavg',), tau_fixed=True)
-# Item 1's cells and the archived study's cells they re-run (whose results are in docs/gma_fmnist_study.json).
+# The re-run cells and the archived study's cells they re-run (its results: docs/research/gma_fmnist_study.json).
 ARCHIVED = {'rerun_label500': 'fmnist_label500', 'rerun_label100': 'fmnist_label100', 'rerun_iid100': 'fmnist_iid100'}
 _LABEL = dict(fmnist_protocol.LENET, partition='label_skew', classes_per_client=2)
-# The 10-client cells train a tenth of the training split: 60,000 examples a round (~17 s a round, days a cell) do not
-# fit the budget. One class-stratified subset (6,000 examples, 600 of each class, drawn from a fixed seed:
-# `federated.SUBSET_SEED`) for both arms, every seed and every E, as the issue allows ("one stated stratified
-# subset"); the test split and the OOD test clients stay whole. The cells at 100 and 500 clients train all of it.
+# The 10-client cells train a tenth of the training split: 60,000 examples a round (days a cell) do not fit the
+# budget. One stated class-stratified subset (6,000 examples, 600 of each class, drawn from a fixed seed:
+# `federated.SUBSET_SEED`) for both arms, every seed and every E; the test split and the OOD test clients stay
+# whole. The cells at 100 and 500 clients train all of it.
 TEN_CLIENT_SUBSET = 0.1
 _FULL10 = dict(num_clients=10, clients_per_round=10, train_subset_fraction=TEN_CLIENT_SUBSET)
-# The archived study's fmnist_label100 choices (docs/gma_fmnist_study.json) for the horizon and batch cells' FedAvg.
+# The archived study's fmnist_label100 choices (docs/research/gma_fmnist_study.json), for the horizon and batch
+# cells' FedAvg.
 _LABEL100_FEDAVG = {'fedavg/mean': Point(0.01, 1.0, STAGE1_TAU, None), 'fedavg/gma': Point(0.01, 1.5, 0.2, None)}
 
 
 def _settings() -> dict[str, Setting]:
-  """The cells in the issue's order (its budget cuts from the end: batch, horizon, E = 20, ...)."""
+  """The cells in priority order (the budget cuts from the end: batch, horizon, E = 20, ...)."""
   out = {}
-  for name, source in ARCHIVED.items():  # Item 1.
+  for name, source in ARCHIVED.items():  # The re-runs.
     archived = fmnist_protocol.SETTINGS[source]
     config = {k: v for k, v in archived.config.items() if k != 'worker_intra_op_threads'}
     out[name] = Setting(archived.label + ' (FedProx / adaptive re-run)', config, RERUN_METHODS, archived.rounds,
@@ -139,18 +141,18 @@ def _settings() -> dict[str, Setting]:
                                    dict(extra, **_FULL10), OOD_METHODS, 100, True, ('table3', (mixed, 10)))
     out[f'cfm100_{skew}'] = Setting(f'coloured FMNIST, {skew} skew, 100 clients, 10 per round',
                                     dict(extra, num_clients=100), OOD_METHODS, 100, True, ('table3', (mixed, 100)))
-  # Item 3: Table 9's axis; learning rates from E = 1, checked at the long E (the issue's "checked at E = 20"; E = 10
-  # checks too, so that the check stands when the budget cuts E = 20, as it did: docs/gma_fmnist_claims.md).
+  # Table 9's axis; learning rates from E = 1, checked at the long E: at E = 20 and at E = 10, so that the check
+  # stands when the budget cuts E = 20.
   for epochs in (1, 3, 5, 10, 20):
     out[f'epochs{epochs}'] = Setting(
         f'label skew k=2, 10 clients, all per round, E={epochs}', dict(_LABEL, **_FULL10, local_epochs=epochs),
         EPOCH_METHODS, 100, False, ('table9', epochs), None if epochs == 1 else 'epochs1', epochs >= 10,
         FINAL_SEEDS_LONG_EPOCHS if epochs >= 10 else None)
   label100 = dict(_LABEL, num_clients=100)
-  out['horizon_label100'] = Setting(  # Item 4: FedAvg at the archived choices, FedYogi at the re-run's.
+  out['horizon_label100'] = Setting(  # The horizon: FedAvg at the archived choices, FedYogi at the re-run's.
       'label skew k=2, 100 clients, 10 per round, 300 rounds', label100, _methods(('fedavg', 'fedyogi'), False), 300,
       False, ('table2', 'non-iid 100'), 'rerun_label100', fixed=_LABEL100_FEDAVG)
-  # Item 5: batch 16 is the archived study's fmnist_label100 FedAvg rows (the same configs); batch 64 is new, at
+  # The batch: batch 16 is the archived study's fmnist_label100 FedAvg rows (the same configs); batch 64 is new, at
   # the batch-16 choices (a retuning at batch 64 would cost a cell's tuning: the first thing the budget cuts).
   out['batch64_label100'] = Setting('label skew k=2, 100 clients, 10 per round, batch 64',
                                     dict(label100, batch_size=64), _methods(('fedavg',)), 100, False,
@@ -319,7 +321,8 @@ class Study(fmnist_protocol.PartitionTuning):
 # Results.
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ARCHIVED_RESULTS = os.path.join(_ROOT, 'docs', 'gma_fmnist_study.json')  # The archived study's collected results.
+# The archived study's collected results.
+ARCHIVED_RESULTS = os.path.join(_ROOT, 'docs', 'research', 'gma_fmnist_study.json')
 _ACCURACIES = {'test': 'test/accuracy', 'ood': 'ood_test/accuracy'}  # A record's prefix -> its metrics.csv column.
 
 FMNIST_TRAIN_EXAMPLES = 60_000

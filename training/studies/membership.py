@@ -3,7 +3,7 @@
     python -m training.studies.membership [--seeds=0,1,2] [--rounds=30] [--model=cnn] [--output_dir=...]
 
 One runner run per aggregator (mean, gma) and seed, then a logistic-regression attacker on the final model's outputs
-for members and non-members; writes results.md, results.json. Protocol: docs/results.md#how-the-membership-study-runs"""
+for members and non-members; writes results.md, results.json. Protocol: docs/research/results.md"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     python -m training.studies.rfa [--models=logistic,cnn] [--corruptions=...] [--fractions=...] [--aggregators=...]
 
 An entry may carry settings (`rfa+rfa_init=zero+num_passes=5`); one runner run per cell, in shards (`--shard=i/n`);
-writes results.md, results.json, results.png. Grid, defaults, flagfiles: docs/rfa_study.md#how-the-study-runs"""
+writes results.md, results.json, results.png. Grid, defaults, flagfiles: docs/research/rfa_study.md"""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def define_flags() -> None:
   flags.DEFINE_integer('rounds', 10, 'Rounds per run.')
   flags.DEFINE_integer('eval_every', 1, 'Evaluate every this many rounds (and at the last).')
   flags.DEFINE_integer('last_evals', 3, 'Final accuracy: mean over this many last evaluated rounds.')
-  # 5, not the flagfiles' 1: with 1 epoch (72 examples per client, batch 16) 10 rounds leave the models at 65-80%.
+  # 5, not the flagfiles' 1: 10 rounds of 1 epoch (72 examples per client, batch 16) leave the models undertrained.
   flags.DEFINE_integer('local_epochs', 5, "Client epochs per round (0: the flagfile's).")
   flags.DEFINE_list('models', list(BASE_CONFIGS), f'Models, each with its base flagfile {BASE_CONFIGS}.')
   flags.DEFINE_list('corruptions', list(CORRUPTIONS), 'Corruptions.')
@@ -247,7 +247,7 @@ def check_claims(results: list[dict], fractions: list[float]) -> list[str]:
 
 def check_start_goals(results: list[dict], fractions: list[float], baseline: str = 'median',
                       tolerance: float = 5.0) -> list[str]:
-  """The goals of the Weiszfeld-start comparison, per RFA entry and seed (issue: 'a start the attack cannot place').
+  """The goals of the Weiszfeld-start comparison (a start the attack cannot place), per RFA entry and seed.
 
   With full participation: accuracy at rho = 0.25 and 0.4 within `tolerance` points of the same seed's
   uncorrupted accuracy. With partial participation: at every rho > 0, no seed below the `baseline` aggregator's

@@ -3,7 +3,7 @@
     python -m training.studies.rfa_spread --local_epochs=1 --trajectory=rfa|honest --output=outputs/rfa_spread/e1_rfa
 
 Replays the RFA-limit run (digits CNN, 20 of 20 clients, 40% omniscient) as the runner trains it; writes per round
-where Weiszfeld's passes and the geometric median land. Columns: docs/results.md#what-rfa_spread-measures"""
+where Weiszfeld's passes and the geometric median land. Columns: docs/research/results.md#what-rfa_spread-measures"""
 
 from __future__ import annotations
 

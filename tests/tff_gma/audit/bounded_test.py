@@ -17,7 +17,6 @@ from tests.tff_gma.audit.main_test import _run_cli
 from tff_gma import audit
 from tff_gma.audit import __main__ as cli
 from tff_gma.audit import isolation
-from tff_gma.audit import static
 
 
 def _flows(report):
@@ -46,7 +45,7 @@ def test_the_walk_stops_at_its_deadline():
   # 2**40 places of its own (see `lambda_chain`): no memo shortens it; the deadline does.
   block = targets.lambda_chain(40, block_bodies=True)
   start = time.monotonic()
-  with pytest.raises(static.AnalysisTimeout):
+  with pytest.raises(audit.AnalysisTimeout):
     audit.audit_computation(block, timeout_s=0.5)
   assert time.monotonic() - start < 3
 

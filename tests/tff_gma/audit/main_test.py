@@ -310,14 +310,14 @@ def test_an_exception_inside_the_audit_exits_two(capsys, monkeypatch):
 def test_report_states_the_scope_of_a_pass(capsys):
   # The slotted mean passes (only federated_mean carries client data) although the server reads every client's
   # value off it; the report says what its PASS does and does not establish.
-  from tff_gma.audit import static  # pylint: disable=g-import-not-at-top
+  from tff_gma import audit  # pylint: disable=g-import-not-at-top
   assert _in_process(['tests.tff_gma.audit.targets:slotted_mean']) == cli.EXIT_OK
   out = capsys.readouterr().out
   assert '**Verdict: PASS.**' in out
-  assert f'**Scope.** {static.AUDIT_SCOPE}' in out
+  assert f'**Scope.** {audit.AUDIT_SCOPE}' in out
   assert 'its own coordinate of a `federated_mean`' in out
   assert _in_process(['tests.tff_gma.audit.targets:slotted_mean', '--format', 'json']) == cli.EXIT_OK
-  assert json.loads(capsys.readouterr().out)['scope'] == static.AUDIT_SCOPE
+  assert json.loads(capsys.readouterr().out)['scope'] == audit.AUDIT_SCOPE
 
 
 @pytest.mark.parametrize('spec, expected', [

@@ -6,10 +6,11 @@ from google.protobuf import any_pb2
 import numpy as np
 import pytest
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.impl.compiler import building_blocks
 
 from tests.tff_gma.audit import targets
 from tff_gma import audit
+from tff_gma.audit import policy as audit_policy
+from tff_gma.audit import report as audit_report
 
 
 def _intrinsics(report):
@@ -109,10 +110,10 @@ def test_policy_can_allow_plain_sums_and_other_intrinsics():
   plain = audit.AuditPolicy(allow_plain_sum=True)
   assert audit.audit_computation(targets.plain_sum, policy=plain).ok
   assert _violating(audit.audit_computation(targets.client_max, policy=plain)) == ['federated_max']
-  with_max = audit.AuditPolicy(allowed_intrinsics=audit.DEFAULT_ALLOWED_INTRINSICS | {'federated_max'})
+  with_max = audit.AuditPolicy(allowed_intrinsics=audit_policy.DEFAULT_ALLOWED_INTRINSICS | {'federated_max'})
   assert audit.audit_computation(targets.client_max, policy=with_max).ok
   assert not audit.audit_computation(targets.plain_sum, policy=with_max).ok
-  sums_only = audit.AuditPolicy(allowed_intrinsics=audit.SECURE_SUM_INTRINSICS)
+  sums_only = audit.AuditPolicy(allowed_intrinsics=audit_policy.SECURE_SUM_INTRINSICS)
   assert _violating(audit.audit_computation(targets.weighted_mean, policy=sums_only)) == ['federated_weighted_mean']
 
 
@@ -129,7 +130,7 @@ def test_invalid_policy_arguments_raise():
 @pytest.mark.parametrize('target, intrinsic, parameters', [
     ('secure_sum_bitwidth', 'federated_secure_sum_bitwidth', {'bitwidth': 8}),
     ('secure_sum_compiled_bound', 'federated_secure_sum', {'max_input': 1000}),
-    ('secure_sum_dynamic_bound', 'federated_secure_sum', {'max_input': audit.DYNAMIC}),
+    ('secure_sum_dynamic_bound', 'federated_secure_sum', {'max_input': audit_report.DYNAMIC}),
     ('secure_modular_sum', 'federated_secure_modular_sum', {'modulus': 64}),
 ])
 def test_secure_sum_parameters_are_read_from_the_building_block(target, intrinsic, parameters):
@@ -193,17 +194,17 @@ _SUM_TYPE = tff.FunctionType(_CLIENT_FLOAT, tff.FederatedType(np.float32, tff.SE
 
 
 def _sum_lambda():
-  return building_blocks.Lambda(
+  return tff.framework.Lambda(
       'x', _CLIENT_FLOAT,
-      building_blocks.Call(building_blocks.Intrinsic('federated_sum', _SUM_TYPE),
-                           building_blocks.Reference('x', _CLIENT_FLOAT)))
+      tff.framework.Call(tff.framework.Intrinsic('federated_sum', _SUM_TYPE),
+                           tff.framework.Reference('x', _CLIENT_FLOAT)))
 
 
 def test_a_function_called_twice_runs_twice():
-  f = building_blocks.Reference('f', _SUM_TYPE)
-  arg = building_blocks.Reference('arg', _CLIENT_FLOAT)
-  comp = building_blocks.Lambda('arg', _CLIENT_FLOAT, building_blocks.Block(
-      [('f', _sum_lambda())], building_blocks.Struct([building_blocks.Call(f, arg), building_blocks.Call(f, arg)])))
+  f = tff.framework.Reference('f', _SUM_TYPE)
+  arg = tff.framework.Reference('arg', _CLIENT_FLOAT)
+  comp = tff.framework.Lambda('arg', _CLIENT_FLOAT, tff.framework.Block(
+      [('f', _sum_lambda())], tff.framework.Struct([tff.framework.Call(f, arg), tff.framework.Call(f, arg)])))
   report = audit.audit_computation(comp, policy=audit.AuditPolicy(allow_plain_sum=True))
   (flow,) = report.flows  # One call site ...
   assert flow.count == 2  # ... that runs twice per call.
@@ -211,8 +212,8 @@ def test_a_function_called_twice_runs_twice():
 
 
 def test_an_aggregate_that_is_never_reached_is_still_reported():
-  comp = building_blocks.Lambda('arg', _CLIENT_FLOAT, building_blocks.Block(
-      [('unused', _sum_lambda())], building_blocks.Reference('arg', _CLIENT_FLOAT)))
+  comp = tff.framework.Lambda('arg', _CLIENT_FLOAT, tff.framework.Block(
+      [('unused', _sum_lambda())], tff.framework.Reference('arg', _CLIENT_FLOAT)))
   report = audit.audit_computation(comp)
   (flow,) = report.flows
   assert (flow.intrinsic, flow.count, flow.aggregation_pass) == ('federated_sum', 0, None)
@@ -225,9 +226,9 @@ def test_an_aggregate_that_is_never_reached_is_still_reported():
 def test_an_opaque_function_from_clients_to_server_cannot_be_decided():
   # What a `Data` block does is not in the computation: neither a violation nor a flow, a place that cannot be
   # decided (tests/tff_gma/audit/undecided_test.py has the other such places).
-  opaque = building_blocks.Data(any_pb2.Any(), _SUM_TYPE)
-  comp = building_blocks.Lambda(
-      'arg', _CLIENT_FLOAT, building_blocks.Call(opaque, building_blocks.Reference('arg', _CLIENT_FLOAT)))
+  opaque = tff.framework.Data(any_pb2.Any(), _SUM_TYPE)
+  comp = tff.framework.Lambda(
+      'arg', _CLIENT_FLOAT, tff.framework.Call(opaque, tff.framework.Reference('arg', _CLIENT_FLOAT)))
   report = audit.audit_computation(comp, policy=audit.AuditPolicy(allow_plain_sum=True))
   assert (report.verdict, report.ok, report.flows) == ('UNDECIDED', False, [])
   (place,) = report.undecided
@@ -236,12 +237,12 @@ def test_an_opaque_function_from_clients_to_server_cannot_be_decided():
 
 def test_aggregating_an_empty_structure_is_not_a_flow():
   empty_at_clients = tff.FederatedType([], tff.CLIENTS)
-  comp = building_blocks.Lambda(
+  comp = tff.framework.Lambda(
       'arg', empty_at_clients,
-      building_blocks.Call(
-          building_blocks.Intrinsic(
+      tff.framework.Call(
+          tff.framework.Intrinsic(
               'federated_sum', tff.FunctionType(empty_at_clients, tff.FederatedType([], tff.SERVER))),
-          building_blocks.Reference('arg', empty_at_clients)))
+          tff.framework.Reference('arg', empty_at_clients)))
   assert audit.audit_computation(comp).flows == []
 
 
@@ -339,9 +340,9 @@ def test_the_report_names_the_component_of_each_stock_fed_avg_violation(default_
   components = sorted((v.component, v.intrinsic) for v in report.violations)
   assert components == [('metrics aggregator', 'federated_sum'), ('model aggregator', 'federated_sum'),
                         ('model aggregator', 'federated_sum')]
-  (metric_violation,) = [v for v in report.violations if v.component == audit.METRICS_AGGREGATOR]
+  (metric_violation,) = [v for v in report.violations if v.component == audit_report.METRICS_AGGREGATOR]
   assert 'aggregator_computation' in metric_violation.where
-  model_flows = [f for f in report.flows if f.component == audit.MODEL_AGGREGATOR]
+  model_flows = [f for f in report.flows if f.component == audit_report.MODEL_AGGREGATOR]
   assert sorted(f.value_type for f in model_flows) == ['{<float32[64,10],float32[10]>}@CLIENTS', '{float32}@CLIENTS']
   markdown = report.to_markdown()
   assert '**Verdict: FAIL (3 violations: 1 in the metrics aggregator, 2 in the model aggregator).**' in markdown
@@ -357,17 +358,18 @@ def test_the_report_names_the_component_of_each_stock_fed_avg_violation(default_
 def test_every_flow_of_a_secure_learning_process_has_its_component():
   report = audit.audit_computation(targets.rfa_secure_learning_process())
   assert report.ok
-  assert {f.component for f in report.flows} == {audit.METRICS_AGGREGATOR, audit.MODEL_AGGREGATOR}
+  assert {f.component for f in report.flows} == {audit_report.METRICS_AGGREGATOR, audit_report.MODEL_AGGREGATOR}
   # The metrics' secure sums are TFF's secure_sum_then_finalize; RFA's passes and counts the model aggregator.
-  assert all('aggregator_computation' in f.where for f in report.flows if f.component == audit.METRICS_AGGREGATOR)
+  metric_flows = [f for f in report.flows if f.component == audit_report.METRICS_AGGREGATOR]
+  assert all('aggregator_computation' in f.where for f in metric_flows)
   estimate_sums = [f for f in report.flows if 'int64[64,10],int64[10]' in f.value_type]
-  assert {f.component for f in estimate_sums} == {audit.MODEL_AGGREGATOR}
+  assert {f.component for f in estimate_sums} == {audit_report.MODEL_AGGREGATOR}
 
 
 def test_a_distributor_flow_is_named_distributor():
   report = audit.audit_computation(targets.fed_avg_counting_distributor())
   (violation,) = report.violations
-  assert (violation.intrinsic, violation.component) == ('federated_sum', audit.DISTRIBUTOR)
+  assert (violation.intrinsic, violation.component) == ('federated_sum', audit_report.DISTRIBUTOR)
   assert '(1 violation: 1 in the distributor)' in report.to_markdown()
 
 
@@ -375,7 +377,7 @@ def test_federated_evaluation_metrics_are_the_metrics_aggregator():
   # build_fed_eval keeps the metrics in the client work's state too; they are still its `eval` measurements.
   report = audit.audit_computation(targets.fed_eval_default())
   (violation,) = report.violations
-  assert (violation.intrinsic, violation.component) == ('federated_sum', audit.METRICS_AGGREGATOR)
+  assert (violation.intrinsic, violation.component) == ('federated_sum', audit_report.METRICS_AGGREGATOR)
 
 
 def test_client_work_aggregates_that_are_not_metrics_are_client_work():
@@ -388,11 +390,11 @@ def test_client_work_aggregates_that_are_not_metrics_are_client_work():
   for computation in (process.next, process.next_with_client_state):
     report = audit.audit_computation(computation)
     by_component = sorted((f.component, f.intrinsic) for f in report.flows
-                          if f.component in (audit.CLIENT_WORK, audit.METRICS_AGGREGATOR))
+                          if f.component in (audit_report.CLIENT_WORK, audit_report.METRICS_AGGREGATOR))
     assert by_component == [('client work', 'federated_mean'), ('client work', 'federated_secure_sum'),
                             ('metrics aggregator', 'federated_sum')], report.to_markdown()
     assert {f.component for f in report.flows} == {
-        audit.CLIENT_WORK, audit.METRICS_AGGREGATOR, audit.MODEL_AGGREGATOR}
+        audit_report.CLIENT_WORK, audit_report.METRICS_AGGREGATOR, audit_report.MODEL_AGGREGATOR}
 
 
 def test_computations_that_are_not_composed_processes_have_no_components():
@@ -425,7 +427,7 @@ def test_rfa_runs_one_estimate_mean_per_pass_in_sequence(num_passes):
 def test_secure_rfa_uses_only_secure_sums():
   report = audit.audit_computation(targets.secure_rfa(3), value_type=_MODEL_LIKE)
   assert report.ok
-  assert {f.intrinsic for f in report.flows} <= audit.SECURE_SUM_INTRINSICS
+  assert {f.intrinsic for f in report.flows} <= audit_policy.SECURE_SUM_INTRINSICS
   estimate_sums = [f for f in report.flows if 'int64[3],int64[2]' in f.value_type]
   assert [f.aggregation_pass for f in estimate_sums] == [1, 2, 3]
   assert report.aggregation_passes == 3

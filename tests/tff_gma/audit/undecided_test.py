@@ -7,10 +7,11 @@ from google.protobuf import any_pb2
 import numpy as np
 import pytest
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.impl.compiler import building_blocks
 
 from tests.tff_gma.audit import targets
 from tff_gma import audit
+from tff_gma.audit import policy as audit_policy
+from tff_gma.audit import report as audit_report
 
 _CLIENT_FLOAT = tff.FederatedType(np.float32, tff.CLIENTS)
 _SERVER_FLOAT = tff.FederatedType(np.float32, tff.SERVER)
@@ -88,31 +89,31 @@ def test_a_violation_with_an_undecided_place_is_a_fail_listing_both():
 
 
 def _argument():
-  return building_blocks.Reference('arg', _CLIENT_FLOAT)
+  return tff.framework.Reference('arg', _CLIENT_FLOAT)
 
 
 def _computation_with_local(name, local):
   """`(arg -> let name=local in name)`: the place is named by the local, as a flow's is."""
-  return building_blocks.Lambda('arg', _CLIENT_FLOAT, building_blocks.Block(
-      [(name, local)], building_blocks.Reference(name, local.type_signature)))
+  return tff.framework.Lambda('arg', _CLIENT_FLOAT, tff.framework.Block(
+      [(name, local)], tff.framework.Reference(name, local.type_signature)))
 
 
 def _unknown_intrinsic_call():
-  return building_blocks.Call(building_blocks.Intrinsic('custom_gather', _GATHER_TYPE), _argument())
+  return tff.framework.Call(tff.framework.Intrinsic('custom_gather', _GATHER_TYPE), _argument())
 
 
 def _call_of_a_selected_data_value():
   # A `Data` block holding a struct of one function: the walk has no function to call, only data.
-  holder = building_blocks.Data(any_pb2.Any(), tff.StructType([('f', _SUM_TYPE)]))
-  return building_blocks.Call(building_blocks.Selection(holder, index=0), _argument())
+  holder = tff.framework.Data(any_pb2.Any(), tff.StructType([('f', _SUM_TYPE)]))
+  return tff.framework.Call(tff.framework.Selection(holder, index=0), _argument())
 
 
 def _call_of_an_unbound_name():
-  return building_blocks.Call(building_blocks.Reference('g', _SUM_TYPE), _argument())
+  return tff.framework.Call(tff.framework.Reference('g', _SUM_TYPE), _argument())
 
 
 def _call_of_a_data_block():
-  return building_blocks.Call(building_blocks.Data(any_pb2.Any(), _SUM_TYPE), _argument())
+  return tff.framework.Call(tff.framework.Data(any_pb2.Any(), _SUM_TYPE), _argument())
 
 
 @pytest.mark.parametrize('make_call, words', [
@@ -130,25 +131,25 @@ def test_what_the_walk_cannot_resolve_cannot_be_decided_and_is_named(make_call, 
 
 def test_an_unknown_intrinsic_over_unplaced_values_is_no_undecided_place():
   unplaced = tff.TensorType(np.float32)
-  comp = building_blocks.Lambda('x', unplaced, building_blocks.Call(
-      building_blocks.Intrinsic('custom_op', tff.FunctionType(unplaced, unplaced)),
-      building_blocks.Reference('x', unplaced)))
+  comp = tff.framework.Lambda('x', unplaced, tff.framework.Call(
+      tff.framework.Intrinsic('custom_op', tff.FunctionType(unplaced, unplaced)),
+      tff.framework.Reference('x', unplaced)))
   assert audit.audit_computation(comp).verdict == 'PASS'
 
 
 def test_an_unknown_intrinsic_from_clients_to_server_is_a_flow_the_policy_decides():
   # Its type says that it moves client data to the server: a flow like any other, allowed only by name.
-  comp = building_blocks.Lambda('arg', _CLIENT_FLOAT, building_blocks.Call(
-      building_blocks.Intrinsic('custom_sum', _SUM_TYPE), _argument()))
+  comp = tff.framework.Lambda('arg', _CLIENT_FLOAT, tff.framework.Call(
+      tff.framework.Intrinsic('custom_sum', _SUM_TYPE), _argument()))
   report = audit.audit_computation(comp)
   assert (report.verdict, [v.intrinsic for v in report.violations], report.undecided) == ('FAIL', ['custom_sum'], [])
-  allowed = audit.AuditPolicy(allowed_intrinsics=audit.DEFAULT_ALLOWED_INTRINSICS | {'custom_sum'})
+  allowed = audit.AuditPolicy(allowed_intrinsics=audit_policy.DEFAULT_ALLOWED_INTRINSICS | {'custom_sum'})
   assert audit.audit_computation(comp, policy=allowed).verdict == 'PASS'
 
 
 def test_a_bare_intrinsic_is_called_as_a_computation_is():
   # The computation is the intrinsic itself: its caller calls it on client data, a plain sum.
-  report = audit.audit_computation(building_blocks.Intrinsic('federated_sum', _SUM_TYPE))
+  report = audit.audit_computation(tff.framework.Intrinsic('federated_sum', _SUM_TYPE))
   assert not report.ok and report.verdict == 'FAIL'
   assert [(v.intrinsic, v.where, v.count) for v in report.violations] == [('federated_sum', 'computation', 1)]
 
@@ -204,8 +205,8 @@ def test_the_processes_with_client_state_are_audited_in_next_with_client_state(b
   # The same round as `next`: the same components, and the default metrics' plain sum in each.
   assert {f.component for f in with_client_state.flows} == {f.component for f in report.computation('next').flows}
   assert sorted((v.computation, v.intrinsic, v.component) for v in report.violations) == [
-      ('next', 'federated_sum', audit.METRICS_AGGREGATOR),
-      ('next_with_client_state', 'federated_sum', audit.METRICS_AGGREGATOR)]
+      ('next', 'federated_sum', audit_report.METRICS_AGGREGATOR),
+      ('next_with_client_state', 'federated_sum', audit_report.METRICS_AGGREGATOR)]
   assert '### `next_with_client_state`' in report.to_markdown()
   for name in ('get_model_weights', 'set_model_weights', 'get_hparams', 'set_hparams'):
     assert report.computation(name).flows == ()

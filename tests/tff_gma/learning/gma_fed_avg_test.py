@@ -16,6 +16,7 @@ import tensorflow_federated as tff
 from tff_gma import aggregators
 from tff_gma import audit
 from tff_gma.aggregators import gradient_masked
+from tff_gma.audit import policy as audit_policy
 from tff_gma.learning import build_gma_fed_avg
 from tff_gma.learning import gma_fed_avg
 
@@ -363,8 +364,8 @@ def test_only_means_and_secure_sums_move_client_data():
   assert report.ok, report.to_markdown()
   intrinsics = {f.intrinsic for f in report.flows}
   assert 'federated_secure_sum' in intrinsics  # The sign codes and the client counts.
-  assert intrinsics & audit.MEAN_INTRINSICS  # The model update's weighted mean.
-  assert intrinsics <= audit.DEFAULT_ALLOWED_INTRINSICS
+  assert intrinsics & audit_policy.MEAN_INTRINSICS  # The model update's weighted mean.
+  assert intrinsics <= audit_policy.DEFAULT_ALLOWED_INTRINSICS
 
 
 @pytest.mark.parametrize('kwargs, name', [

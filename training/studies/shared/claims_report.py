@@ -39,7 +39,7 @@ class Cell(NamedTuple):
   paper_table: Optional[str]  # 'table2', 'table3' or 'table9'.
   paper: dict[str, Optional[tuple[float, float]]]  # Algorithm -> the paper's (AVG, GMA), where it gives them.
   epochs: int  # Local epochs (Table 9's axis).
-  archived: Optional[str] = None  # The archived study's cell that this cell re-runs (item 1).
+  archived: Optional[str] = None  # The archived study's cell that this cell re-runs.
   note: str = ''  # How the cell differs from the paper's, printed under its heading (e.g. the subset's local steps).
   beside: Optional[Beside] = None
 
@@ -112,7 +112,7 @@ def side_by_side(rows: list[dict[str, Any]], setting: str, cell: Cell) -> str:
 
 
 def convergence_table(records: list[dict[str, Any]], setting: str, cell: Cell) -> str:
-  """Item 4, a cell's final runs by the convergence rule (`gma_protocol.converged`, on each accuracy's evaluations):
+  """A cell's final runs by the convergence rule (`gma_protocol.converged`, on each accuracy's evaluations):
   per method, how many converged, and the rise (last 10 evaluations' mean minus the 10 before's, mean over seeds);
   beside, the runs that ended badly: stopped early (non-finite updates; scored on the rounds they ran) and at chance
   over their last 10 evaluations (`gma_protocol.at_chance`: collapsed), each of which weighs on an interval."""
@@ -135,7 +135,7 @@ def _of(flags: Sequence[bool]) -> str:
 
 def against_archived(records: list[dict[str, Any]], rows: list[dict[str, Any]], cells: Mapping[str, Cell],
                      archived: dict[str, Any]) -> list[dict[str, Any]]:
-  """Item 1: each re-run row beside the archived study's row of its cell and method (`archived`: that study's
+  """Each re-run row beside the archived study's row of its cell and method (`archived`: that study's
   results.json): test accuracy, re-run - archived per metric (`intervals.change`), and for a GMA method its verdict
   against AVG in the archived study and in the re-run."""
   old = {(r['setting'], r['algorithm'], r['aggregator']): r for r in archived['records']}
@@ -325,8 +325,8 @@ def _cell_section(setting: str, records: list[dict[str, Any]], rows: list[dict[s
   text += ['Convergence of the final runs (the rule: `gma_protocol.converged`):', '',
            convergence_table(records, setting, cell), '']
   if cell.archived:
-    text += [f'Test accuracy against the archived `{cell.archived}` rows (docs/gma_fmnist_study.json; intervals '
-             'paired by seed):', '', archived_table(archived, setting), '']
+    text += [f'Test accuracy against the archived `{cell.archived}` rows (docs/research/gma_fmnist_study.json; '
+             'intervals paired by seed):', '', archived_table(archived, setting), '']
   if cell.beside:
     text += [f'GMA - AVG here beside the same methods\' in the cells whose runs had {cell.beside.differs} (test split; '
              'a source cell not collected here is left out):', '', beside_table(compared, setting), '']

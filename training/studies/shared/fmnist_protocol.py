@@ -1,8 +1,8 @@
 """The tuning protocol of the Fashion-MNIST GMA studies, and the first study's cells, which the second re-runs.
 
-Both tune learning rates on the paper's grid less `GRID_CUTS`, with the edge rule along `CLIENT_LR_LADDER` and
-`SERVER_LR_LADDER`, on a validation split and `TUNE_SEEDS` partitions, then tau in `TAUS`; finals on `FINAL_SEEDS`.
-The protocol: docs/gma_fmnist_study.md#the-protocol-in-full
+Both tune learning rates on `GRIDS`, with the edge rule along `CLIENT_LR_LADDER` and `SERVER_LR_LADDER`, on a
+validation split and `TUNE_SEEDS` partitions, then tau in `TAUS`; finals on `FINAL_SEEDS`. The protocol in full:
+docs/research/gma_fmnist_study.md
 """
 
 from __future__ import annotations
@@ -27,19 +27,13 @@ CLIENT_LR_LADDER = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.2)
 SERVER_LR_LADDER = (0.001, 0.01, 0.1, 1.0, 1.5, 2.0, 3.0)
 SGD_SERVERS = ('fedavg', 'fedprox')
 ADAPTIVE_SERVERS = ('fedadam', 'fedyogi')
-# The starting grids: the paper's less GRID_CUTS.
+# The starting grids: the paper's (App. D.4) less the values a pilot on fmnist_label500 showed never win
+# (archives/gma_fmnist_pilot.csv): client lr 0.001; server lr 0.01 and 0.1 for SGD servers, 1, 1.5 and 2 for
+# adaptive ones. The edge rule brings a cut value back when a winner sits next to it.
 GRIDS = {
     'sgd': ((0.01, 0.05, 0.1), (1.0, 1.5, 2.0)),
     'adaptive': ((0.01, 0.05, 0.1), (0.01, 0.1)),
 }
-GRID_CUTS = (
-    'Cut from the paper\'s grid where a measurement showed the value never wins: a pilot on fmnist_label500 '
-    '(seed 0, batch 32, 100 rounds, validation every 5th round; archives/gma_fmnist_pilot.csv: the full 4 x 5 '
-    'grid for FedAvg and FedAdam with mean, 14 and 6 points with gma). Client lr 0.001: best 58.0% (FedAvg-mean) '
-    'and 74.4% (FedAdam-mean) against their winners\' 74.5% and 78.9%. SGD servers, server lr 0.01 and 0.1: at '
-    'most 25.3% and 65.2% (mean; gma 21.7% and 62.9%) against 74.5%. Adaptive servers, server lr 1, 1.5, 2: '
-    '10.0-10.2% (chance) in every FedAdam-mean run and in FedAdam-gma\'s but one (client lr 0.001, server lr 1: '
-    '58.0%). The edge rule brings a cut value back when a winner sits next to it.')
 
 
 def grid(algorithm: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -116,15 +110,14 @@ METHODS = (('fedavg', 'mean'), ('fedavg', 'gma'), ('fedprox', 'mean'), ('fedprox
            ('fedyogi', 'mean'), ('fedyogi', 'gma'), ('fedyogi', 'gma_dropin'))
 # Evaluated every EVAL_EVERY-th round and in each of the last LAST_EVALS rounds: the best over rounds is the best of
 # those evaluations, the last-10 mean is over 10 consecutive rounds. Why not every round: evaluating the 12,000
-# validation (10,000 test) examples costs 0.32-0.48 s, more than training a 500-client round (0.40-0.81 s, the first
-# 30 runs with eval_every=1, with other work on the machine); every 5th round keeps the part of a round that is not
-# training under a quarter.
+# validation (10,000 test) examples costs about as much as training a 500-client round; every 5th round keeps the
+# part of a round that is not training small.
 EVAL_EVERY = 5
 LENET = dict(dataset='fashion_mnist', model='lenet', local_epochs=1, batch_size=16, eval_every=EVAL_EVERY,
              eval_last_rounds=gma_protocol.LAST_EVALS, participation_eval=False, clients_per_round=10)
 SETTINGS = {
     # Pinned to TensorFlow's default thread count in the worker: this cell started before the runner's default
-    # became 1 (2026-11-24), and one cell runs with one setting, so its runs differ only in what the study varies.
+    # became 1, and one cell runs with one setting, so its runs differ only in what the study varies.
     'fmnist_label500': Setting('label skew k=2, 500 clients, 10 per round',
                                dict(LENET, partition='label_skew', classes_per_client=2, num_clients=500,
                                     worker_intra_op_threads=0),

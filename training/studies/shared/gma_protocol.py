@@ -25,8 +25,8 @@ LAST_EVALS = experiment.LAST_EVALS_FOR_FINAL  # 10: the paper's "last 10 rounds"
 PLATEAU_POINTS = 0.5
 # Ten classes: a model that predicts one class scores 10% on a balanced split (exactly on Fashion-MNIST's test split,
 # 1,000 images a class; within a point on digits and on the validation splits). An accuracy within CHANCE_POINTS of
-# that is chance: a tuning point where the model did not learn, or a final run that collapsed (measured on
-# Fashion-MNIST's: most ReLU units dead, one class predicted for every image; docs/gma_fmnist_study.md).
+# that is chance: a tuning point where the model did not learn, or a final run that collapsed (on Fashion-MNIST:
+# most ReLU units dead, one class predicted for every image; docs/research/gma_fmnist_study.md).
 CHANCE_ACCURACY = 0.1
 CHANCE_POINTS = 1.0
 # App. D.6's claim in the paper's words, and the setting of the Table 10 it rests on.

@@ -27,7 +27,7 @@ def finished_summary(config: config_lib.ExperimentConfig) -> Optional[dict[str, 
   """The summary of a run already completed with exactly `config`, else None.
 
   Lets a rerun of the study (e.g. after its cells were run by several processes into one --output_dir) collect
-  the finished cells from their summary.json in milliseconds instead of rebuilding each run's process (~2 s each).
+  the finished cells from their summary.json instead of rebuilding each run's process.
   """
   path = os.path.join(config.output_dir, 'summary.json')
   if not os.path.exists(path):
