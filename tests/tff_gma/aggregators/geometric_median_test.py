@@ -116,11 +116,11 @@ def rfa_reference(values, weights, num_passes, one_step=False, secure=False, fin
 
 def secure_error_bounds(values, weights, num_passes, one_step=False, final_objective=False,
                         init=geometric_median.DEFAULT_INIT):
-  """(estimate, objectives, smoothings) error bounds in secure mode: the propagation documented in docs/methods.md.
+  """(estimate, objectives, smoothings) error bounds in secure mode: the propagation derived in the research record.
 
-  Composed along the NumPy reference, step by step as docs/methods.md#rfas-factory-and-the-smoothed-weiszfeld-algorithm
-  derives it: the estimate's error e_k (a bound on the Euclidean norm of the error of v_k), each measured
-  objective's and each smoothing's. Every secure mean's own error is `secure_mean.error_bound` with all the round's
+  Composed along the NumPy reference, step by step as docs/research/results.md#rfas-error-in-secure-mode derives
+  it: the estimate's error e_k (a bound on the Euclidean norm of the error of v_k), each measured objective's and
+  each smoothing's. Every secure mean's own error is `secure_mean.error_bound` with all the round's
   clients counted in N.
   """
   eps = weiszfeld.FLOAT32_ROUNDOFF
