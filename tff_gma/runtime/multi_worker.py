@@ -9,9 +9,9 @@ blocks. `start_local_workers` starts owned workers on this host for it.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from typing import Optional
@@ -51,8 +51,6 @@ class _MergeableContext(tff.framework.SyncContext):
     self._forms = {}  # Each computation's mergeable form, compiled once.
     self._merged_afters = {}  # (id of a form, partials) -> (the form, `_merge_then_after_merge` of it).
     self._runners = [tff_internals.async_thread_runner() for _ in self._workers]
-    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self._workers),
-                                                       thread_name_prefix='tff_gma_worker_call')
     # The last invocation's wall seconds by stage (split, up_to_merge, merge_and_after_merge, result_containers,
     # invoke): what the benchmark's breakdown reads (`training.bench.multi_worker`).
     self.last_stages = {}
@@ -88,8 +86,26 @@ class _MergeableContext(tff.framework.SyncContext):
     """`comp` on worker i with `args[i]`, side by side; the results in the workers' order."""
     if len(args) == 1:
       return [self._on(0, comp, args[0])]
-    futures = [self._pool.submit(self._on, i, comp, a) for i, a in enumerate(args)]
-    return [f.result() for f in futures]
+    # Daemon threads, not a ThreadPoolExecutor: its threads are joined at exit, so a call blocked on a stopped worker
+    # would keep the process from exiting after the caller gave up on it (the runner's worker deadline).
+    outcomes = [{} for _ in args]
+
+    def call(i: int, arg) -> None:
+      try:
+        outcomes[i]['value'] = self._on(i, comp, arg)
+      except BaseException as e:  # pylint: disable=broad-except
+        outcomes[i]['error'] = e
+
+    threads = [threading.Thread(target=call, args=(i, a), name=f'tff_gma_worker_call_{i}', daemon=True)
+               for i, a in enumerate(args)]
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join()
+    for outcome in outcomes:
+      if 'error' in outcome:
+        raise outcome['error']
+    return [outcome['value'] for outcome in outcomes]
 
   def _merged_after(self, form, parts: int):
     """`form`'s merge of `parts` partial aggregates, in their order, then its `after_merge`: one computation."""
