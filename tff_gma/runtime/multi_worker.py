@@ -49,7 +49,7 @@ class _MergeableContext(tff.framework.SyncContext):
     self._workers = list(async_contexts)
     self._compile = compiler_fn
     self._forms = {}  # Each computation's mergeable form, compiled once.
-    self._merged_afters = {}  # (id of a form, partials) -> (the form, `_merge_then_after_merge` of it).
+    self._merged_afters = {}  # (form, partials) -> `_merge_then_after_merge` of it.
     self._runners = [tff_internals.async_thread_runner() for _ in self._workers]
     # The last invocation's wall seconds by stage (split, up_to_merge, merge_and_after_merge, result_containers,
     # invoke): what the benchmark's breakdown reads (`training.bench.multi_worker`).
@@ -109,10 +109,10 @@ class _MergeableContext(tff.framework.SyncContext):
 
   def _merged_after(self, form, parts: int):
     """`form`'s merge of `parts` partial aggregates, in their order, then its `after_merge`: one computation."""
-    key = (id(form), parts)
+    key = (form, parts)  # A form hashes by identity, and the key keeps it alive.
     if key not in self._merged_afters:
-      self._merged_afters[key] = (form, _merge_then_after_merge(form, parts))  # The form kept: its id stays its.
-    return self._merged_afters[key][1]
+      self._merged_afters[key] = _merge_then_after_merge(form, parts)
+    return self._merged_afters[key]
 
   def _in_order(self, form, slices):
     """`form` on the argument's slices, one a worker, merged and joined in the slices' order."""
