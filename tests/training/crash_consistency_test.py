@@ -223,7 +223,12 @@ def _landed(out, sig, where: str) -> str:
     round_num = int(where.rpartition(' ')[2])
     if _partial_saves(out, round_num):
       return f'writing checkpoint {round_num}'
-    return f'between metrics.csv and checkpoint {round_num}'
+    if max(loss_bound_test._metrics_rounds(out), default=0) > _resumable(out):  # pylint: disable=protected-access
+      return f'between metrics.csv and checkpoint {round_num}'
+    # TFF's CSV release of a round first rewrites the file without the rows from that round on (through a
+    # temporary file), then appends the round's row: a kill between the two leaves neither a partial release nor
+    # rows ahead of the newest checkpoint.
+    return f'between the rewrite and the append of a metrics.csv release for checkpoint {round_num}'
   return where
 
 
