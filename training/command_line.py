@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,7 @@ def one_line_usage_errors(main: Callable[[list[str]], Any], resume_hint: str = '
         if fault is None:
           raise
         print(f'error: {fault}' + (f' ({resume_hint})' if resume_hint else ''), file=sys.stderr, flush=True)
+        _silence_stderr()
         sys.exit(1)
       settings = isinstance(e, ValueError)  # A setting or the data: the same command would be refused again.
       print(f'error: {e}' + (f' ({resume_hint})' if resume_hint and not settings else ''), file=sys.stderr,
@@ -63,6 +65,18 @@ def one_line_usage_errors(main: Callable[[list[str]], Any], resume_hint: str = '
       sys.exit(1)
 
   return wrapped
+
+
+def _silence_stderr() -> None:
+  """Points fd 2 at /dev/null once a resource fault's line is out. A process at its address-space limit can fail
+  anything its exit allocates for (an allocation in a finalizer or an atexit handler), each failure one more
+  `MemoryError` line after the line that already names the cause; the exit's cleanup still runs."""
+  try:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+  except OSError:
+    return
+  os.dup2(devnull, 2)
+  os.close(devnull)
 
 
 THREAD_FAULT = ("cannot start a thread (the process's thread or address-space limit: ulimit -u / -v, or the "

@@ -42,9 +42,11 @@ runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
 '''
 
 # A command whose thread cannot start: the address space limited to 1 MiB above its use (a thread's stack is 8).
+# Its exit allocates, as a finalizer may, and fails at the limit: what that prints must not follow the one line.
 _NO_THREAD = _VM_SIZE + '''
-import resource, threading
+import atexit, resource, threading
 from training import command_line
+atexit.register(lambda: bytearray(64 << 20))
 
 def main(argv):
   resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (1 << 20), resource.RLIM_INFINITY))
