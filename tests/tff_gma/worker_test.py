@@ -83,6 +83,26 @@ def test_each_clients_result_comes_back_to_it_whichever_worker_finishes_first(tw
   np.testing.assert_array_equal(doubled, [2.0, 4.0, 6.0, 8.0, 10.0, 12.0])
 
 
+def test_each_computation_is_compiled_once_for_all_the_workers(two_workers, monkeypatch):
+  """The workers' contexts share one compilation of each computation (each worker's own would compile it again)."""
+  from tff_gma.runtime import contexts  # pylint: disable=g-import-not-at-top
+  compiled = []
+  compile_for_simulation = contexts.compile_for_simulation
+  monkeypatch.setattr(contexts, 'compile_for_simulation',
+                      lambda comp: compiled.append(comp) or compile_for_simulation(comp))
+  comp = _doubled_slowly_on_the_first_worker()
+  runtime.set_multi_worker_context(two_workers)
+  try:
+    for _ in range(2):
+      total, _ = comp([1.0, 2.0, 3.0, 4.0])
+  finally:
+    runtime.set_simulation_context()
+  assert total == 10.0
+  # `up_to_merge`, then the merges with `after_merge`, each on both workers (the result holds the clients' values):
+  # two computations, each compiled once, and not again in the second call.
+  assert len(compiled) == 2 and compiled[0] is not compiled[1], compiled
+
+
 def test_multi_stage_aggregator_is_refused_before_running():
   data = loaders.load_federated_data('digits', 'iid', 2, 0)
   build_keras = models.keras_builder('logistic', data.input_shape, data.num_classes)

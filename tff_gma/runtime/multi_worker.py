@@ -9,6 +9,7 @@ blocks. `start_local_workers` starts owned workers on this host for it.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -280,6 +281,21 @@ def _connect_probe(target: str, timeout: float) -> None:
         f'no TFF worker answers at {target}: {reason} (start one there with `python -m tff_gma.worker`)') from e
 
 
+class _SharedCompiler:
+  """One compilation of each computation for all the workers' contexts. Each context compiles what it is given
+  (its own TFF `CompilerPipeline`, which caches per context), so N workers would compile every new computation N
+  times, side by side under one interpreter lock: the driver's largest cost in a round's first call. The lock
+  makes a second worker wait for the first one's compilation and take it from the cache."""
+
+  def __init__(self, compiler_fn):
+    self._cached = functools.lru_cache(maxsize=128)(compiler_fn)  # TFF's pipeline caches as many.
+    self._lock = threading.Lock()
+
+  def __call__(self, comp):
+    with self._lock:
+      return self._cached(comp)
+
+
 def _compile_for_workers(comp):
   """The multi-worker context's compiler (TFF caches its result per computation)."""
   # A computation that aggregates in several sequential stages (multi-pass RFA) cannot take TFF's mergeable form:
@@ -325,10 +341,11 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
                          f'(something listens there, but no gRPC service answered)') from e
     finally:
       channel.close()
+  compiler = _SharedCompiler(contexts.compile_for_simulation)
   async_contexts = [
       tff.framework.AsyncExecutionContext(
           executor_fn=contexts.executor_factory(None, default_num_clients, target=target),
-          compiler_fn=contexts.compile_for_simulation,
+          compiler_fn=compiler,
           transform_args=tff.tensorflow.transform_args,
           transform_result=tff.tensorflow.transform_result,
       ) for target in targets
