@@ -1,4 +1,5 @@
-"""Test set-up: quiet TF logs, one TFF simulation context (and worker) for the whole session, the slow tier."""
+"""Test set-up: quiet TF logs, one TFF simulation context (and worker) for the whole session, the slow tier, the
+modules longest first (`tests/schedule.py`)."""
 
 import inspect
 import os
@@ -6,6 +7,8 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import pytest  # pylint: disable=g-import-not-at-top
+
+from tests import schedule  # pylint: disable=g-import-not-at-top
 
 # A test that trains through the runner or starts processes (itself, through a function of its module, or through a
 # fixture) is end-to-end: it joins the `slow` tier even without an explicit marker, so that `-m "not slow"` stays a
@@ -40,6 +43,11 @@ def _process_helpers(module) -> tuple[str, ...]:
 
 
 def pytest_collection_modifyitems(items):
+  _mark_end_to_end_tests_slow(items)
+  items[:] = schedule.longest_first(items, schedule.load_seconds())
+
+
+def _mark_end_to_end_tests_slow(items):
   helpers = {}
   for item in items:
     function = getattr(item, 'function', None)
@@ -53,6 +61,19 @@ def pytest_collection_modifyitems(items):
     if (_starts_processes(source) or any(call in source for call in helpers[module.__name__])
         or any(_starts_processes(f) for f in fixtures)):
       item.add_marker(pytest.mark.slow)
+
+
+_RECORDER = schedule.SecondsRecorder(os.environ[schedule.RECORD_ENV]) if os.environ.get(schedule.RECORD_ENV) else None
+
+
+def pytest_runtest_logreport(report):
+  if _RECORDER is not None:  # Under xdist, the controlling process sees every worker's reports.
+    _RECORDER.add(report.nodeid, report.duration)
+
+
+def pytest_sessionfinish(session):
+  if _RECORDER is not None and not hasattr(session.config, 'workerinput'):  # The controller (or a plain run).
+    _RECORDER.write()
 
 
 @pytest.fixture(scope='session', autouse=True)
