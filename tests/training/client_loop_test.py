@@ -22,6 +22,11 @@ _MODELS = {'logistic': dict(model='logistic'), 'cnn': dict(model='cnn'),
            'lenet': dict(model='lenet', dataset='fashion_mnist', num_clients=500)}
 _METHODS = [('fedavg', 'mean'), ('fedavg', 'gma'), ('fedavg', 'rfa'), ('fedprox', 'mean'), ('fedadam', 'mean'),
             ('fedadam', 'gma')]
+# The loop is the clients' work; the aggregator takes the updates it returns. So every model runs under each
+# algorithm's client work (FedAvg's, FedProx's proximal term, FedAdam's), and the aggregators on the logistic model
+# (all 18 pairs were measured to end bit for bit; a LeNet case costs some 12 s).
+_CASES = [(model, algorithm, aggregator) for model in _MODELS for algorithm, aggregator in _METHODS
+          if model == 'logistic' or aggregator == 'mean']
 
 
 def _weights(result):
@@ -34,8 +39,7 @@ def _config(model: str, algorithm: str, aggregator: str, **changes) -> config_li
                              server_lr=0.01 if algorithm == 'fedadam' else 1.0, **changes)
 
 
-@pytest.mark.parametrize('model', list(_MODELS))
-@pytest.mark.parametrize('algorithm,aggregator', _METHODS)
+@pytest.mark.parametrize('model,algorithm,aggregator', _CASES, ids=['-'.join(case) for case in _CASES])
 def test_in_graph_loop_trains_as_the_iterator_loop(tmp_path, model, algorithm, aggregator):
   if model == 'lenet' and not os.path.exists(_FMNIST):
     pytest.skip('Fashion-MNIST is not installed (scripts/setup.sh --data=fashion_mnist)')
@@ -44,7 +48,7 @@ def test_in_graph_loop_trains_as_the_iterator_loop(tmp_path, model, algorithm, a
              for loop in config_lib.CLIENT_LOOPS}
   assert results['in_graph'].summary['client_loop'] == 'in_graph'
   assert results['iterator'].summary['client_loop'] == 'iterator'
-  # Bit for bit, as measured for all 18 cases here (TFF's worker, TF 2.14): the functional model runs the Keras
+  # Bit for bit, as measured for all 18 pairs (TFF's worker, TF 2.14): the functional model runs the Keras
   # layers' own ops on the same batches in the same order, so the rounding is the same. The issue's bound (float32
   # rounding) is looser; equality is what this loop gives, so equality is what is asserted.
   for a, b in zip(_weights(results['in_graph']), _weights(results['iterator'])):
