@@ -200,6 +200,20 @@ def test_simulation_context_applies_to_tffs_native_context_only():
     assert not runtime_contexts.simulation_context_applies()  # A context the caller chose, that runs the secure sums.
 
 
+def test_reinstalling_the_default_context_collects_nothing_and_replacing_it_collects_the_old_one(monkeypatch):
+  import gc  # pylint: disable=g-import-not-at-top
+  collections = []
+  monkeypatch.setattr(gc, 'collect', lambda *args: collections.append(args) or 0)
+  runtime.set_simulation_context()  # The default already (the suite's): nothing replaced, nothing to collect.
+  assert not collections
+  try:
+    runtime_contexts.install_default(tff.backends.test.create_sync_test_cpp_execution_context())
+    assert len(collections) == 1
+  finally:
+    runtime.set_simulation_context()  # Back to the suite's, the test context collected.
+  assert len(collections) == 2
+
+
 _JOB_SCRIPT = textwrap.dedent(r"""
     import time
     import tensorflow_federated as tff
