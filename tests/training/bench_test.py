@@ -284,12 +284,19 @@ def test_invalid_flags_end_in_a_usage_message_and_write_nothing(tmp_path):
   assert not (tmp_path / 'out').exists()
 
 
-@pytest.mark.slow
-def test_smoke_run_writes_json_and_markdown(tmp_path):
-  output = tmp_path / 'bench.json'
-  code = _run_bench(tmp_path, '--smoke', '--output', str(output), timeout=300)
+@pytest.fixture(scope='module')
+def smoke_run(tmp_path_factory):
+  """`scripts/bench.sh --smoke`, run once: (its JSON, its directory). Every section at the smoke settings, which
+  the section tests below read rather than run each section again."""
+  tmp_path = tmp_path_factory.mktemp('smoke')
+  code = _run_bench(tmp_path, '--smoke', '--output', str(tmp_path / 'bench.json'), timeout=300)
   assert code == 0, (tmp_path / 'stderr').read_text()[-3000:]
-  result = json.loads(output.read_text())
+  return json.loads((tmp_path / 'bench.json').read_text()), tmp_path
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_json_and_markdown(smoke_run):
+  result, tmp_path = smoke_run
   assert list(result) == ['environment', 'round_time_ratio', 'aggregation_time_ratio', 'scaling', 'details',
                           'round_cpu_ratio', 'pipeline_throughput_ratio', 'iterator_loop_speedup',
                           'compile_seconds', 'client_execution_time_ratio', 'round_to_floor',
@@ -390,8 +397,8 @@ def test_the_floor_computes_the_round_tffs_fedavg_computes(simulation_context, m
 
 
 @pytest.mark.slow  # A whole benchmark section, timed.
-def test_floor_section_times_every_entry_as_a_ratio_to_the_floor(simulation_context):
-  section = sections.bench_floor(presets.SMOKE, [simulation_context.pid])
+def test_floor_section_times_every_entry_as_a_ratio_to_the_floor(smoke_run):
+  section = smoke_run[0]['details']['floor']
   assert set(section['round_to_floor']['logistic']) == {*sections.FLOOR_ENTRIES[1:], 'project_beyond_one_batch'}
   assert all(math.isfinite(r) for r in section['round_to_floor']['logistic'].values())
   detail = section['models']['logistic']
@@ -486,8 +493,8 @@ def test_issue_37_targets_are_checked_for_their_cases():
 
 
 @pytest.mark.slow
-def test_runner_section_measures_the_runner_end_to_end():
-  section = runner_runs.bench_runner(presets.SMOKE)  # The digits' runner runs (two subprocesses).
+def test_runner_section_measures_the_runner_end_to_end(smoke_run):
+  section = smoke_run[0]['details']['runner']  # The digits' runner runs (two subprocesses).
   ratios = section['runner_ratios']
   assert set(ratios) == {'start_up_seconds', 'saving_share', 'saving_waited_share', 'study_to_floor',
                          'study_training_to_floor'}
@@ -505,9 +512,9 @@ def test_runner_section_measures_the_runner_end_to_end():
 # Several workers per round.
 
 
-@pytest.mark.slow  # Starts two pinned workers and times a round on one and on both.
-def test_multi_worker_section_times_each_worker_count_and_its_stages():
-  section = multi_worker.bench_multi_worker(presets.SMOKE)
+@pytest.mark.slow  # Two pinned workers, a round timed on one and on both.
+def test_multi_worker_section_times_each_worker_count_and_its_stages(smoke_run):
+  section = smoke_run[0]['details']['multi_worker']
   assert list(section['multi_worker_efficiency']) == ['logistic 4x20']
   case = section['cases']['logistic 4x20']
   assert list(case['efficiency']) == ['workers_1', 'workers_2']
