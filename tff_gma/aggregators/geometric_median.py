@@ -437,9 +437,10 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     num_elements = client_values.num_elements(value_type)
     # One objective per pass: D(v_0), ..., D(v_{R-1}) alongside the passes, D(v_R) in the optional last round.
     point_type = client_values.compute_type(value_type)
-    pass_processes = [self._mean_factory.create(point_type, scalar) for _ in range(self._num_passes)]
-    objective_factory = self._objective_factory(num_elements)
-    objective_processes = [objective_factory.create(scalar, scalar) for _ in range(self._num_objectives)]
+    # One inner process for every pass (and one for every objective): a process holds no state of its own (each
+    # pass's is its entry of the state's `passes`), so creating it once, tracing its computations once, is enough.
+    pass_processes = [self._mean_factory.create(point_type, scalar)] * self._num_passes
+    objective_processes = [self._objective_factory(num_elements).create(scalar, scalar)] * self._num_objectives
     computations = _build_computations(value_type, weight_type, self._secure, self._value_bound,
                                        self._weight_bound, self._smoothing, self._max_weight_ratio)
 
