@@ -135,12 +135,7 @@ def _traced_warnings(default_context, monkeypatch, factories=None) -> list[warni
 
 def _multi_worker_context():
   """The multi-worker context as `set_multi_worker_context` builds it, over one address nothing is asked of."""
-  worker = tff.framework.AsyncExecutionContext(
-      executor_fn=contexts.executor_factory(None, 0, target='127.0.0.1:9'),
-      compiler_fn=contexts.compile_for_simulation,
-      transform_args=tff.tensorflow.transform_args, transform_result=tff.tensorflow.transform_result)
-  return multi_worker._MergeableContext(  # pylint: disable=protected-access
-      async_contexts=[worker], compiler_fn=multi_worker._compile_for_workers)  # pylint: disable=protected-access
+  return multi_worker.create_context(['127.0.0.1:9'])
 
 
 def test_tffs_native_context_warns_once_for_every_factory_and_names_the_fix(monkeypatch):

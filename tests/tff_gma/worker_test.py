@@ -6,9 +6,12 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
 
 from tff_gma import aggregators
 from tff_gma import models
@@ -101,6 +104,67 @@ def test_each_computation_is_compiled_once_for_all_the_workers(two_workers, monk
   # `up_to_merge`, then the merges with `after_merge`, each on both workers (the result holds the clients' values):
   # two computations, each compiled once, and not again in the second call.
   assert len(compiled) == 2 and compiled[0] is not compiled[1], compiled
+
+
+def _counting(monkeypatch, method: str, fail_first: Optional[BaseException] = None) -> list:
+  """The calls of `tff.framework.RemoteExecutor.<method>` from now on, as (argument's type) entries; the first one
+  raises `fail_first` instead, where it is given."""
+  calls = []
+  original = getattr(tff.framework.RemoteExecutor, method)
+
+  async def counted(self, *args, **kwargs):
+    calls.append(getattr(args[0], 'type_signature', None) if args else None)
+    if fail_first is not None and len(calls) == 1:
+      raise fail_first
+    return await original(self, *args, **kwargs)
+
+  monkeypatch.setattr(tff.framework.RemoteExecutor, method, counted)
+  return calls
+
+
+def test_each_computation_is_sent_to_each_worker_once(two_workers, monkeypatch):
+  """TFF's own context sends the computation with every call; a worker here keeps it for the next call."""
+  comp = _doubled_slowly_on_the_first_worker()
+  runtime.set_multi_worker_context(two_workers)
+  sent = _counting(monkeypatch, 'create_value')
+  try:
+    for _ in range(3):
+      total, doubled = comp([tf.constant(1.0), 2.0, 3.0, 4.0])  # An eager tensor goes as TFF's contexts send it.
+  finally:
+    runtime.set_simulation_context()
+  assert total == 10.0
+  np.testing.assert_array_equal(doubled, [2.0, 4.0, 6.0, 8.0])
+  # The computations sent are the values of a function type.
+  functions = [t for t in sent if isinstance(t, tff.FunctionType)]
+  assert len(functions) == 4, sent  # `up_to_merge`, and the merges with `after_merge`, on each of the two workers.
+
+
+def test_a_worker_found_unreachable_retries_the_whole_call(two_workers, monkeypatch):
+  comp = _doubled_slowly_on_the_first_worker()
+  runtime.set_multi_worker_context(two_workers)
+  calls = _counting(monkeypatch, 'create_call', fail_first=tff.framework.RetryableError('unreachable'))
+  try:
+    total, doubled = comp([1.0, 2.0, 3.0, 4.0])
+  finally:
+    runtime.set_simulation_context()
+  assert total == 10.0
+  np.testing.assert_array_equal(doubled, [2.0, 4.0, 6.0, 8.0])
+  # `up_to_merge` on both workers (one of them failed), then the whole call again: `up_to_merge` and `after_merge`
+  # on each worker.
+  assert len(calls) == 2 + 4, calls
+
+
+def test_a_call_that_fails_raises_its_error_and_the_next_call_runs(two_workers, monkeypatch):
+  comp = _doubled_slowly_on_the_first_worker()
+  runtime.set_multi_worker_context(two_workers)
+  _counting(monkeypatch, 'create_call', fail_first=ValueError('the first call fails'))
+  try:
+    with pytest.raises(ValueError, match='the first call fails'):
+      comp([1.0, 2.0, 3.0, 4.0])
+    total, _ = comp([1.0, 2.0, 3.0, 4.0])
+  finally:
+    runtime.set_simulation_context()
+  assert total == 10.0
 
 
 def test_multi_stage_aggregator_is_refused_before_running():

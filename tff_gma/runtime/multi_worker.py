@@ -1,21 +1,22 @@
-"""Several TFF workers per round: TFF's mergeable-computation context over workers this process may not own.
+"""Several TFF workers per round: TFF's mergeable-computation runtime over workers this process may not own.
 
-Each round's clients are split over the workers at the given targets (one asynchronous context per worker, the
-secure intrinsics lowered before the split). TFF's mergeable form runs one aggregation stage per computation:
-a multi-pass aggregate runs as one computation per pass (`GeometricMedianFactory.create_staged`), and a
-computation of several stages is refused by name, before TFF would fail on it with a dump of its building
-blocks. `start_local_workers` starts owned workers on this host for it.
+Each round's clients are split over the workers at the given targets (TFF's mergeable form, run through TFF's
+executor interface on each worker, the secure intrinsics lowered before the split). TFF's mergeable form runs one
+aggregation stage per computation: a multi-pass aggregate runs as one computation per pass
+(`GeometricMedianFactory.create_staged`), and a computation of several stages is refused by name, before TFF would
+fail on it with a dump of its building blocks. `start_local_workers` starts owned workers on this host for it.
 """
 
 from __future__ import annotations
 
-import functools
+import collections
+import dataclasses
 import os
 import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import grpc
 import tensorflow_federated as tff
@@ -29,29 +30,93 @@ from tff_gma.runtime.worker_process import WorkerProcess
 CONNECT_TIMEOUT_S = 10.0  # For workers this process does not own (`set_multi_worker_context`).
 
 
-class _MergeableContext(tff.framework.SyncContext):
-  """TFF's mergeable-computation context (the computation compiled to TFF's `MergeableCompForm`, run over the
-  workers' async contexts), with each worker's results kept in the order of its clients.
+class _WorkerCalls:
+  """One worker, driven through TFF's executor interface: its executors (TFF's factory keeps one per client
+  count) on an event loop in a thread of its own, and the computations already sent to each executor.
 
-  TFF's `MergeableCompExecutionContext` merges the workers' partial aggregates, and concatenates their
-  CLIENTS-placed results (SCAFFOLD's and personalized RFA's client state), in the order the workers finish: a later
-  worker finishing first gives its clients' results to the first worker's clients, and with three workers or more
-  the merge order changes the sums' last bits from run to run. Not built on it (it would start an event loop and a
-  compiler pipeline this never uses). Here the workers' slices run side by side, and their results are merged and
-  joined in the slices' order. Results come back in the Python containers of the computation's result type (TFF's
-  lose them: a learning process's `next` would return an OrderedDict instead of a `LearningProcessOutput`).
-
-  Each worker's context runs on an event loop of its own, in a thread of its own: TFF's `RemoteExecutor` makes
-  blocking gRPC calls inside its coroutines, so the workers' coroutines gathered on one loop would run one after
-  the other (each worker's whole share, then the next's), never side by side.
+  TFF's `AsyncExecutionContext` sends a computation with every call and fetches every result into this process;
+  here a computation is sent once to an executor, and a value a later call on the same worker takes (its share of
+  the argument, its partial aggregate) stays on the worker. TFF's `RemoteExecutor` makes blocking gRPC calls
+  inside its coroutines, so each worker's coroutines run on a loop of their own: gathered on one loop they would
+  run one after the other.
   """
 
-  def __init__(self, async_contexts, compiler_fn):
-    self._workers = list(async_contexts)
-    self._compile = compiler_fn
-    self._forms = {}  # Each computation's mergeable form, compiled once.
-    self._merged_afters = {}  # (form, partials) -> `_merge_then_after_merge` of it.
-    self._runners = [tff_internals.async_thread_runner() for _ in self._workers]
+  SENT_COMPUTATIONS = 64  # Per worker; an evicted one is disposed of on the worker (its value's finalizer).
+
+  def __init__(self, factory):
+    self._factory = factory
+    self._runner = tff_internals.async_thread_runner()
+    self._sent = collections.OrderedDict()  # (id(executor), id(comp)) -> (executor, comp, its value there)
+    self._cardinalities = []  # Those of the executors in use since the last reset.
+
+  def run(self, coro):
+    return self._runner.run_coro_and_return_result(coro)
+
+  def executor(self, clients: Optional[int]):
+    cardinalities = {} if clients is None else {tff.CLIENTS: clients}
+    if cardinalities not in self._cardinalities:
+      self._cardinalities.append(cardinalities)
+    return self._factory.create_executor(dict(cardinalities))
+
+  async def computation(self, executor, comp):
+    """`comp`'s value in `executor`, sent there on its first use (keyed by identity: a computation's hash
+    serializes it)."""
+    key = (id(executor), id(comp))
+    if key in self._sent:
+      self._sent.move_to_end(key)
+      return self._sent[key][2]
+    value = await executor.create_value(comp, comp.type_signature)
+    self._sent[key] = (executor, comp, value)
+    while len(self._sent) > self.SENT_COMPUTATIONS:
+      self._sent.popitem(last=False)
+    return value
+
+  def reset(self) -> None:
+    """Forgets this worker's executors and what was sent to them (after a failed call, as TFF's context does)."""
+    self._sent.clear()
+    for cardinalities in self._cardinalities:
+      self._factory.clean_up_executor(dict(cardinalities))
+    self._cardinalities = []
+
+
+@dataclasses.dataclass
+class _Share:
+  """What one worker holds of a call: its executor, its share of the argument and its partial aggregate (values
+  on the worker), and the partial fetched into this process where another worker takes it."""
+  executor: Any
+  arg: Any
+  partial: Any
+  fetched: Any = None
+
+
+class _MergeableContext(tff.framework.SyncContext):
+  """TFF's mergeable-computation runtime over several workers: a computation compiled to TFF's `MergeableCompForm`,
+  its `up_to_merge` run on every worker on a contiguous share of the clients, the partial aggregates merged in the
+  shares' order and `after_merge` run once (or on every worker, for a result with per-client values, joined in
+  the shares' order).
+
+  Not TFF's `MergeableCompExecutionContext`, which merges the partials and concatenates the workers' per-client
+  results in the order the workers finish (a later worker finishing first gives its clients' results to the
+  first worker's clients; with three workers or more the sums' last bits change from run to run), sends the
+  argument again to `after_merge`, and loses the result's Python containers (a learning process's `next` would
+  return an OrderedDict instead of a `LearningProcessOutput`).
+
+  The workers take their shares one after the other (each share's serialization holds this process's interpreter
+  lock, so sent side by side they would all arrive as late as the last), and each starts as soon as its share has
+  arrived. A worker that fails with TFF's `RetryableError` (unreachable) fails the call, which is retried whole,
+  as TFF's own contexts retry a call: without end, waits doubling from 1 ms to 30 s (the runner bounds it with
+  its worker deadline, `training.runner.worker_deadline`).
+  """
+
+  RETRY_WAIT_MAX_S = 30.0
+
+  def __init__(self, executor_factories, mergeable_compiler_fn, native_compiler_fn):
+    self._workers = [_WorkerCalls(f) for f in executor_factories]
+    self._to_mergeable = mergeable_compiler_fn
+    self._to_native = native_compiler_fn
+    self._forms = {}  # id(computation) -> (computation, its mergeable form)
+    self._natives = {}  # id(computation) -> (computation, compiled for the workers)
+    self._merged_afters = {}  # (id(form), partials) -> (form, `_merge_then_after_merge` of it)
     # The last invocation's wall seconds by stage (split, up_to_merge, merge_and_after_merge, result_containers,
     # invoke): what the benchmark's breakdown reads (`training.bench.multi_worker`).
     self.last_stages = {}
@@ -59,16 +124,12 @@ class _MergeableContext(tff.framework.SyncContext):
   def invoke(self, comp, arg=None):
     began = time.perf_counter()
     self.last_stages = {}
-    form = comp
-    if isinstance(comp, tff.Computation):
-      if comp not in self._forms:
-        self._forms[comp] = self._compile(comp)
-      form = self._forms[comp]
+    form = self._form(comp) if isinstance(comp, tff.Computation) else comp
     slices = [None] * len(self._workers)
     if arg is not None:
-      slices = _split(arg, form.up_to_merge.type_signature.parameter, len(self._workers))
+      slices = _split(_to_numpy(arg), form.up_to_merge.type_signature.parameter, len(self._workers))
     self._stage('split', began)
-    result = self._in_order(form, slices)
+    result = self._retried(form, slices)
     converted = time.perf_counter()
     result_type = (comp if isinstance(comp, tff.Computation) else form.after_merge).type_signature.result
     result = tff.types.type_to_py_container(_as_structs(result, result_type), result_type)
@@ -79,26 +140,118 @@ class _MergeableContext(tff.framework.SyncContext):
   def _stage(self, name: str, began: float) -> None:
     self.last_stages[name] = self.last_stages.get(name, 0.0) + time.perf_counter() - began
 
-  def _on(self, index: int, comp, arg):
-    """`comp(arg)` on worker `index`, on that worker's event loop."""
-    return self._runners[index].run_coro_and_return_result(self._workers[index].invoke(comp, arg))
+  def _form(self, comp):
+    if id(comp) not in self._forms:
+      self._forms[id(comp)] = (comp, self._to_mergeable(comp))
+    return self._forms[id(comp)][1]
 
-  def _on_each(self, comp, args: list) -> list:
-    """`comp` on worker i with `args[i]`, side by side; the results in the workers' order."""
-    if len(args) == 1:
-      return [self._on(0, comp, args[0])]
+  def _native(self, comp):
+    """`comp` compiled for the workers once, for all of them."""
+    if id(comp) not in self._natives:
+      self._natives[id(comp)] = (comp, self._to_native(comp))
+    return self._natives[id(comp)][1]
+
+  def _merged_after(self, form, parts: int):
+    """`form`'s merge of `parts` partial aggregates, in their order, then its `after_merge`: one computation."""
+    if parts == 1:
+      return form.after_merge
+    key = (id(form), parts)
+    if key not in self._merged_afters:
+      self._merged_afters[key] = (form, _merge_then_after_merge(form, parts))
+    return self._merged_afters[key][1]
+
+  def _retried(self, form, slices):
+    wait = 0.001
+    while True:
+      try:
+        return self._in_order(form, slices)
+      except tff.framework.RetryableError:
+        time.sleep(wait)
+        wait = min(self.RETRY_WAIT_MAX_S, 2 * wait)
+
+  def _in_order(self, form, slices):
+    """`form` on the argument's slices, one a worker, merged and joined in the slices' order."""
+    try:
+      return self._run_form(form, slices)
+    except BaseException:
+      for worker in self._workers[:len(slices)]:
+        worker.reset()
+      raise
+
+  def _run_form(self, form, slices):
+    began = time.perf_counter()
+    up_to_merge = self._native(form.up_to_merge)
+    result_type = form.after_merge.type_signature.result
+    per_client = _has_client_values(result_type)
+    after = self._native(self._merged_after(form, len(slices)))
+    turns = [threading.Event() for _ in range(len(slices) + 1)]
+    turns[0].set()
+    # A partial crosses to the worker that runs `after_merge` (the first), or to every worker where each runs it.
+    crosses = lambda i: len(slices) > 1 and (per_client or i > 0)
+
+    def share_on(i: int) -> _Share:
+      try:
+        return self._workers[i].run(
+            self._up_to_merge(self._workers[i], up_to_merge, slices[i], turns[i], turns[i + 1], crosses(i)))
+      finally:
+        turns[i + 1].set()  # Also where the call failed before its share was sent: the next worker goes on.
+
+    shares = self._on_each(share_on, len(slices))
+    self._stage('up_to_merge', began)
+    began = time.perf_counter()
+    partial_type = form.up_to_merge.type_signature.result
+    after_on = lambda i: self._workers[i].run(self._after_merge(self._workers[i], after, shares, i, partial_type))
+    if per_client:
+      result = _joined(self._on_each(after_on, len(slices)), result_type)
+    else:
+      # Nothing placed at the clients comes back, so it runs once, where its share of the argument already is.
+      result = after_on(0)
+    self._stage('merge_and_after_merge', began)
+    return result
+
+  @staticmethod
+  async def _up_to_merge(worker, comp, arg, turn, next_turn, fetch: bool) -> _Share:
+    turn.wait()  # This worker's event loop only: it waits for the previous worker's share to be sent.
+    try:
+      executor = worker.executor(None if arg is None else _client_count(arg, comp.type_signature.parameter))
+      comp_value = await worker.computation(executor, comp)
+      arg_value = None if arg is None else await executor.create_value(arg, comp.type_signature.parameter)
+    finally:
+      next_turn.set()
+    partial = await executor.create_call(comp_value, arg_value)
+    return _Share(executor, arg_value, partial, await partial.compute() if fetch else None)
+
+  @staticmethod
+  async def _after_merge(worker, comp, shares: list, index: int, partial_type):
+    """`comp` (`after_merge`, with the merges where there are several partials) on worker `index`: its own share
+    and partial as they are on it, the other workers' partials sent to it."""
+    own = shares[index]
+    executor = own.executor
+    elements = [] if own.arg is None else [own.arg]
+    for i, share in enumerate(shares):
+      elements.append(own.partial if i == index else await executor.create_value(share.fetched, partial_type))
+    arg = elements[0] if len(elements) == 1 else await executor.create_struct(tff.structure.Struct.unnamed(*elements))
+    comp_value = await worker.computation(executor, comp)
+    result = await executor.create_call(comp_value, arg)
+    return tff.tensorflow.transform_result(await result.compute())
+
+  @staticmethod
+  def _on_each(call, count: int) -> list:
+    """`call(i)` for i < count, side by side, one thread each; the results in order."""
+    if count == 1:
+      return [call(0)]
     # Daemon threads, not a ThreadPoolExecutor: its threads are joined at exit, so a call blocked on a stopped worker
     # would keep the process from exiting after the caller gave up on it (the runner's worker deadline).
-    outcomes = [{} for _ in args]
+    outcomes = [{} for _ in range(count)]
 
-    def call(i: int, arg) -> None:
+    def run(i: int) -> None:
       try:
-        outcomes[i]['value'] = self._on(i, comp, arg)
+        outcomes[i]['value'] = call(i)
       except BaseException as e:  # pylint: disable=broad-except
         outcomes[i]['error'] = e
 
-    threads = [threading.Thread(target=call, args=(i, a), name=f'tff_gma_worker_call_{i}', daemon=True)
-               for i, a in enumerate(args)]
+    threads = [threading.Thread(target=run, args=(i,), name=f'tff_gma_worker_call_{i}', daemon=True)
+               for i in range(count)]
     for thread in threads:
       thread.start()
     for thread in threads:
@@ -107,41 +260,6 @@ class _MergeableContext(tff.framework.SyncContext):
       if 'error' in outcome:
         raise outcome['error']
     return [outcome['value'] for outcome in outcomes]
-
-  def _merged_after(self, form, parts: int):
-    """`form`'s merge of `parts` partial aggregates, in their order, then its `after_merge`: one computation."""
-    key = (form, parts)  # A form hashes by identity, and the key keeps it alive.
-    if key not in self._merged_afters:
-      self._merged_afters[key] = _merge_then_after_merge(form, parts)
-    return self._merged_afters[key]
-
-  def _in_order(self, form, slices):
-    """`form` on the argument's slices, one a worker, merged and joined in the slices' order."""
-    began = time.perf_counter()
-    partials = self._on_each(form.up_to_merge, slices)
-    self._stage('up_to_merge', began)
-    began = time.perf_counter()
-    # The merges run in the worker that runs `after_merge`, in the same computation: no round trip per merge, and
-    # the merged aggregate never crosses to this process.
-    if len(partials) == 1:
-      after = form.after_merge
-      args = lambda s: partials[0] if s is None else tff.structure.Struct.unnamed(s, partials[0])
-    else:
-      after = self._merged_after(form, len(partials))
-      args = lambda s: tff.structure.Struct.unnamed(*([] if s is None else [s]), *partials)
-    result_type = form.after_merge.type_signature.result
-    if not _has_client_values(result_type):
-      # Nothing placed at the clients comes back, so the clients' part of the argument cannot reach the result
-      # (only an aggregation takes a value from the clients, and every aggregation ran before the merge): worker
-      # 0 gets none of it, rather than its clients' data sent and built again.
-      first = slices[0] if _has_placement(result_type, tff.CLIENTS) else _without_clients(
-          slices[0], form.up_to_merge.type_signature.parameter)
-      result = self._on(0, after, args(first))
-    else:
-      result = _joined(self._on_each(after, [args(s) for s in slices]), result_type)
-    self._stage('merge_and_after_merge', began)
-    return result
-
 
 def _merge_then_after_merge(form, parts: int) -> tff.Computation:
   """`<arg, partial_1, ..., partial_parts> -> form.after_merge(arg, merged)` (no `arg` where `up_to_merge` takes
@@ -220,22 +338,18 @@ def _joined(results: list, value_type):
   return results[0]
 
 
-def _without_clients(value, value_type):
-  """`value` with each CLIENTS-placed value that differs between clients cut to no clients (None stays None)."""
-  return None if value is None else _sliced(value, value_type, 0, 0)
-
-
-def _has_placement(value_type, placement) -> bool:
-  """Whether `value_type` holds a value placed at `placement` (all-equal or not)."""
-  if isinstance(value_type, tff.FederatedType):
-    return value_type.placement is placement
-  return isinstance(value_type, tff.StructType) and any(_has_placement(t, placement) for t in value_type)
-
-
 def _has_client_values(value_type) -> bool:
   """Whether `value_type` holds a CLIENTS-placed value that differs between clients."""
   return _per_client(value_type) or (
       isinstance(value_type, tff.StructType) and any(_has_client_values(t) for t in value_type))
+
+
+def _to_numpy(value):
+  """`value` with its eager tensors and variables as NumPy arrays, as TFF's contexts send them (`tff.tensorflow`'s
+  `transform_args`), inside `tff.structure.Struct`s too."""
+  if isinstance(value, tff.structure.Struct):
+    return tff.structure.Struct([(name, _to_numpy(v)) for name, v in tff.structure.iter_elements(value)])
+  return tff.tensorflow.transform_args(value)
 
 
 def _as_structs(value, value_type):
@@ -281,21 +395,6 @@ def _connect_probe(target: str, timeout: float) -> None:
         f'no TFF worker answers at {target}: {reason} (start one there with `python -m tff_gma.worker`)') from e
 
 
-class _SharedCompiler:
-  """One compilation of each computation for all the workers' contexts. Each context compiles what it is given
-  (its own TFF `CompilerPipeline`, which caches per context), so N workers would compile every new computation N
-  times, side by side under one interpreter lock: the driver's largest cost in a round's first call. The lock
-  makes a second worker wait for the first one's compilation and take it from the cache."""
-
-  def __init__(self, compiler_fn):
-    self._cached = functools.lru_cache(maxsize=128)(compiler_fn)  # TFF's pipeline caches as many.
-    self._lock = threading.Lock()
-
-  def __call__(self, comp):
-    with self._lock:
-      return self._cached(comp)
-
-
 def _compile_for_workers(comp):
   """The multi-worker context's compiler (TFF caches its result per computation)."""
   # A computation that aggregates in several sequential stages (multi-pass RFA) cannot take TFF's mergeable form:
@@ -312,7 +411,7 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
                              connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
   """Distributes each computation's clients over the TFF workers at `targets` ('host:port', ...).
 
-  TFF's own distributed runtime: one asynchronous context per worker and TFF's mergeable-computation context,
+  TFF's own distributed runtime: TFF's remote executor on each worker and TFF's mergeable-computation form,
   which compiles a computation to `MergeableCompForm` (the work before the aggregation runs on every worker
   on its share of the clients, the partial aggregates are merged, the rest runs once). Limit of that form: one
   aggregation stage per computation, so a multi-pass aggregate runs in stages, one computation each
@@ -341,17 +440,15 @@ def set_multi_worker_context(targets: Sequence[str], *, default_num_clients: int
                          f'(something listens there, but no gRPC service answered)') from e
     finally:
       channel.close()
-  compiler = _SharedCompiler(contexts.compile_for_simulation)
-  async_contexts = [
-      tff.framework.AsyncExecutionContext(
-          executor_fn=contexts.executor_factory(None, default_num_clients, target=target),
-          compiler_fn=compiler,
-          transform_args=tff.tensorflow.transform_args,
-          transform_result=tff.tensorflow.transform_result,
-      ) for target in targets
-  ]
   # Installed as the simulation contexts are: TFF's own worker stopped first, the replaced context collected.
-  contexts.install_default(_MergeableContext(async_contexts=async_contexts, compiler_fn=_compile_for_workers))
+  contexts.install_default(create_context(targets, default_num_clients=default_num_clients))
+
+
+def create_context(targets: Sequence[str], *, default_num_clients: int = 0) -> tff.framework.SyncContext:
+  """The context `set_multi_worker_context` installs, over the workers at `targets`, not installed and without
+  checking that they answer (for a caller that installs it for a block: `get_context_stack().install`)."""
+  factories = [contexts.executor_factory(None, default_num_clients, target=target) for target in targets]
+  return _MergeableContext(factories, _compile_for_workers, contexts.compile_for_simulation)
 
 
 def start_local_workers(count: int, *, log_dir: Optional[str] = None) -> list[WorkerProcess]:

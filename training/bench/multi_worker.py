@@ -20,7 +20,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_gma import runtime
-from tff_gma.runtime import contexts
 from tff_gma.runtime import multi_worker as multi_worker_lib
 from training.bench import presets
 from training.bench import small_rounds
@@ -62,20 +61,6 @@ def start_pinned_workers(count: int, cpus: Sequence[int]) -> list[runtime.Worker
   return workers
 
 
-def multi_worker_context(targets: Sequence[str]):
-  """The context `runtime.set_multi_worker_context(targets)` installs, not installed (for one entry of a run)."""
-  async_contexts = [
-      tff.framework.AsyncExecutionContext(
-          executor_fn=contexts.executor_factory(None, 0, target=target),
-          compiler_fn=contexts.compile_for_simulation,
-          transform_args=tff.tensorflow.transform_args,
-          transform_result=tff.tensorflow.transform_result,
-      ) for target in targets
-  ]
-  # pylint: disable-next=protected-access
-  return multi_worker_lib._MergeableContext(async_contexts, multi_worker_lib._compile_for_workers)
-
-
 def _weights(output) -> list[np.ndarray]:
   state, _ = output
   return [np.asarray(w) for w in tf.nest.flatten(state.global_model_weights.trainable)]
@@ -90,7 +75,8 @@ def _case(settings: presets.Settings, model: str, clients: int, examples: int, w
     state, ids, method = setup.loop.state, setup.client_ids, setup.method
     entries = {ONE_WORKER: (runtime.create_simulation_context(workers[0]), workers[:1])}
     for count in settings.multi_worker_counts:
-      entries[entry_name(count)] = (multi_worker_context([w.target for w in workers[:count]]), workers[:count])
+      entries[entry_name(count)] = (multi_worker_lib.create_context([w.target for w in workers[:count]]),
+                                    workers[:count])
 
     def round_on(context):
       def call():
