@@ -141,44 +141,35 @@ class _MergeableContext(tff.framework.SyncContext):
     self.last_stages[name] = self.last_stages.get(name, 0.0) + time.perf_counter() - began
 
   def _form(self, comp):
-    if id(comp) not in self._forms:
-      self._forms[id(comp)] = (comp, self._to_mergeable(comp))
-    return self._forms[id(comp)][1]
+    return _memo(self._forms, id(comp), comp, lambda: self._to_mergeable(comp))
 
   def _native(self, comp):
     """`comp` compiled for the workers once, for all of them."""
-    if id(comp) not in self._natives:
-      self._natives[id(comp)] = (comp, self._to_native(comp))
-    return self._natives[id(comp)][1]
+    return _memo(self._natives, id(comp), comp, lambda: self._to_native(comp))
 
   def _merged_after(self, form, parts: int):
     """`form`'s merge of `parts` partial aggregates, in their order, then its `after_merge`: one computation."""
     if parts == 1:
       return form.after_merge
-    key = (id(form), parts)
-    if key not in self._merged_afters:
-      self._merged_afters[key] = (form, _merge_then_after_merge(form, parts))
-    return self._merged_afters[key][1]
+    return _memo(self._merged_afters, (id(form), parts), form, lambda: _merge_then_after_merge(form, parts))
 
   def _retried(self, form, slices):
+    """`_run_form`, again after a `RetryableError`; after any error, the workers' executors forgotten (as TFF's
+    contexts reset their executor factory)."""
     wait = 0.001
     while True:
       try:
-        return self._in_order(form, slices)
-      except tff.framework.RetryableError:
-        time.sleep(wait)
-        wait = min(self.RETRY_WAIT_MAX_S, 2 * wait)
-
-  def _in_order(self, form, slices):
-    """`form` on the argument's slices, one a worker, merged and joined in the slices' order."""
-    try:
-      return self._run_form(form, slices)
-    except BaseException:
-      for worker in self._workers[:len(slices)]:
-        worker.reset()
-      raise
+        return self._run_form(form, slices)
+      except BaseException as e:
+        for worker in self._workers[:len(slices)]:
+          worker.reset()
+        if not isinstance(e, tff.framework.RetryableError):
+          raise
+      time.sleep(wait)
+      wait = min(self.RETRY_WAIT_MAX_S, 2 * wait)
 
   def _run_form(self, form, slices):
+    """`form` on the argument's slices, one a worker, merged and joined in the slices' order."""
     began = time.perf_counter()
     up_to_merge = self._native(form.up_to_merge)
     result_type = form.after_merge.type_signature.result
@@ -260,6 +251,14 @@ class _MergeableContext(tff.framework.SyncContext):
       if 'error' in outcome:
         raise outcome['error']
     return [outcome['value'] for outcome in outcomes]
+
+def _memo(table: dict, key, keep, make):
+  """`table[key]`'s value, made by `make()` on first use; `keep` is held beside it, so that an `id` in `key` stays
+  its object's (identity keys: a computation's hash serializes it)."""
+  if key not in table:
+    table[key] = (keep, make())
+  return table[key][1]
+
 
 def _merge_then_after_merge(form, parts: int) -> tff.Computation:
   """`<arg, partial_1, ..., partial_parts> -> form.after_merge(arg, merged)` (no `arg` where `up_to_merge` takes
