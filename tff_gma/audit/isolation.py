@@ -59,7 +59,8 @@ _INHERITED_SLACK = 64 << 20
 _running: set[int] = set()  # Children started and not reaped yet (their process group ids).
 # The stop signals `stop_on_signals` got (the first ends the run), kept because the handler's own raise can be lost:
 # run inside a garbage-collection callback (JAX registers one), it is printed as "Exception ignored" and the code
-# goes on. Its checkpoints (`raise_if_stopped`) raise it again.
+# goes on; caught where it lands, it can come out as another error. Its checkpoints (`raise_if_stopped`) and the end
+# of `stop_on_signals` raise it again.
 _stops: list[int] = []
 
 
@@ -289,6 +290,12 @@ def stop_on_signals() -> Iterator[None]:
   try:
     yield
     raise_if_stopped()  # A stop whose raise was lost after the last checkpoint: still no verdict.
+  except BaseException as e:
+    if _stops and not isinstance(e, Stopped):
+      # The handler's raise became another error where it landed (code that catches it and raises its own: an
+      # import half done leaves a module without its attributes): the run was stopped all the same.
+      raise Stopped(_stops[0]) from e
+    raise
   finally:
     for signum, old in previous.items():
       signal.signal(signum, old)

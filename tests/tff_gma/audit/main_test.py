@@ -471,6 +471,24 @@ def test_a_stop_whose_raise_is_lost_in_a_gc_callback_still_stops(monkeypatch):
   isolation.raise_if_stopped()  # Cleared once the context is left: no stale stop for a later audit.
 
 
+def test_a_stop_that_lands_in_code_raising_another_error_still_ends_the_audit_as_stopped():
+  """The handler's raise lands wherever the main thread is: in an import, TensorFlow's code caught it and raised
+  `AttributeError: 'list' object has no attribute '_type_spec'`, which read as an internal error."""
+
+  def import_cut_short():
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)
+      sum(range(1000))  # Bytecode: the handler runs here.
+    except isolation.Stopped as e:
+      raise AttributeError("'list' object has no attribute '_type_spec'") from e
+
+  with pytest.raises(isolation.Stopped, match='SIGTERM') as stopped:
+    with isolation.stop_on_signals():
+      import_cut_short()
+  assert isinstance(stopped.value.__cause__, AttributeError)
+  isolation.raise_if_stopped()  # Cleared once the context is left.
+
+
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=['sigterm', 'sigint',
                                                                                          'sigkill'])
 def test_the_target_process_dies_with_the_audit(tmp_path, signum):
