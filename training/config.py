@@ -11,12 +11,14 @@ from typing import Any, Optional
 
 from tff_gma import checks
 from tff_gma.runtime import worker_process as runtime_defaults
+from tff_gma.aggregators import centered_clipping
 from tff_gma.aggregators import geometric_median
 from tff_gma.aggregators import gradient_masked
 from tff_gma.data import federated
 from tff_gma.data import partition as partition_lib
 from tff_gma.learning import elastic as elastic_learning
 from tff_gma.learning import fedgma as fedgma_learning
+from training.engine import attacks
 
 # The FedAvg family: FedAvg with an SGD (FedAvg, FedProx) or adaptive (FedAdam, FedYogi; Reddi et al.) server.
 FEDAVG_FAMILY = ('fedavg', 'fedprox', 'fedadam', 'fedyogi')
@@ -85,6 +87,10 @@ class AggregatorParams:
   secure: bool = False  # Float sums through secure sums as well (bounded, discretized).
   secure_bound: Optional[float] = None  # Per-coordinate bound for secure float sums (None: the factory's default).
   corrupt_fraction: float = 0.0  # The corruption level rho, known to trimmed_mean and krum.
+  krum_selected: Optional[int] = None  # krum: the m updates averaged (None: n - f; 1: Krum).
+  cc_clip_radius: float = centered_clipping.DEFAULT_CLIP_RADIUS  # centered_clip: tau.
+  cc_iterations: int = centered_clipping.DEFAULT_NUM_ITERATIONS  # centered_clip: L, its sequential means.
+  bucketing: int = 0  # Bucket size s around a robust rule (0: no bucketing).
 
   def __post_init__(self):
     """The harness's one check of these values (docs/experiments.md#settings-and-their-one-check)."""
@@ -97,6 +103,11 @@ class AggregatorParams:
     if self.secure_bound is not None:
       checks.check_positive_finite(self.secure_bound, 'secure_bound')
     checks.check_fraction(self.corrupt_fraction, 'corrupt_fraction', high_open=True)
+    checks.check_positive_int(self.krum_selected, 'krum_selected', optional=True)
+    checks.check_positive_finite(self.cc_clip_radius, 'cc_clip_radius')
+    checks.check_positive_int(self.cc_iterations, 'cc_iterations')
+    if self.bucketing != 0:
+      checks.check_positive_int(self.bucketing, 'bucketing')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +128,29 @@ class MethodParams:
     checks.check_fraction(self.fedgma_threshold, 'fedgma_threshold')
 
 
+@dataclasses.dataclass(frozen=True)
+class AttackParams:
+  """Parameters of the update attacks (`training.engine.attacks`; paper defaults), read by the harness's attacker."""
+  alie_z: Optional[float] = None  # ALIE's z; None: the paper's z_max from the round's n and f.
+  ipm_epsilon: float = attacks.DEFAULT_IPM_EPSILON  # IPM's epsilon.
+  large_norm_scale: float = attacks.DEFAULT_LARGE_NORM_SCALE  # large_norm: multiples of the median honest norm.
+  minmax_perturbation: str = attacks.DEFAULT_MINMAX_PERTURBATION  # Min-Max/Min-Sum's direction p.
+  minmax_gamma_init: float = attacks.DEFAULT_MINMAX_GAMMA_INIT  # Min-Max/Min-Sum's first gamma.
+
+  def __post_init__(self):
+    """The harness's one check of these values (docs/experiments.md#settings-and-their-one-check)."""
+    if self.alie_z is not None:
+      checks.check_positive_finite(self.alie_z, 'alie_z')
+    for field in ('ipm_epsilon', 'large_norm_scale', 'minmax_gamma_init'):
+      checks.check_positive_finite(getattr(self, field), field)
+    if self.minmax_perturbation not in attacks.PERTURBATIONS:
+      raise ValueError(f'minmax_perturbation must be one of {attacks.PERTURBATIONS}, got {self.minmax_perturbation!r}')
+
+
 _ALGORITHM = AlgorithmConfig()
 _AGGREGATOR = AggregatorParams()
 _METHOD = MethodParams()
+_ATTACK = AttackParams()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +198,15 @@ class ExperimentConfig:
   tau: float = _help('gma/gma_binary: agreement threshold in [0, 1] (paper: 0.4).', _AGGREGATOR.tau)
   num_passes: int = _help('rfa: secure averages per round (paper: 3).', _AGGREGATOR.num_passes)
   smoothing: float = _help('rfa/rfa_one_step: Weiszfeld smoothing nu.', _AGGREGATOR.smoothing)
+  krum_selected: Optional[int] = _help('krum: the m lowest-score updates averaged (unset: n - f; 1: classic Krum).',
+                                      _AGGREGATOR.krum_selected)
+  cc_clip_radius: float = _help('centered_clip: the clipping radius tau of the differences to the centre.',
+                                _AGGREGATOR.cc_clip_radius)
+  cc_iterations: int = _help('centered_clip: clipping iterations L, one (secure) weighted mean each.',
+                             _AGGREGATOR.cc_iterations)
+  bucketing: int = _help('Bucket size s (0: off): median, trimmed_mean, krum and centered_clip run on the means of '
+                         'buckets of s randomly permuted clients (Karimireddy et al., 2022); collects every update at '
+                         'the server (not private).', _AGGREGATOR.bucketing)
   rfa_init: str = _help('rfa: where Weiszfeld starts: the weighted mean (RFA paper) or the zero update (the current '
                         'model; pass 1 is then one-step RFA).', _AGGREGATOR.rfa_init)
   secure: bool = _help('Aggregate the float sums through secure sums too (the model aggregator\'s, FedGMA\'s gradient '
@@ -198,9 +238,22 @@ class ExperimentConfig:
   audit: bool = _help('Write audit.md: the privacy audit of the round computation.', False)
   corruption: str = _help('Simulated corruption of a fixed seeded set of clients: poisoned data (data_negate: '
                           'x -> 1 - x; data_flip_labels: y -> C - 1 - y) or updates (gaussian noise; omniscient: '
-                          'the mean negated).', 'none')
+                          'the mean negated; alie, ipm, sign_flip, mimic, large_norm, zero_update, min_max, '
+                          'min_sum: the literature\'s attacks, docs/methods.md#attacks).', 'none')
   corrupt_fraction: float = _help('rho: round(rho * num_clients) clients are corrupted (trimmed_mean and krum are '
                                   'told rho).', _AGGREGATOR.corrupt_fraction)
+  alie_z: Optional[float] = _help('alie: the attack\'s z (every attacker sends mu - z * sigma); unset: the paper\'s '
+                                  'z_max = Phi^-1((n - s) / n), s = floor(n / 2 + 1) - f, from the round\'s n '
+                                  'participants and f corrupted ones.', _ATTACK.alie_z)
+  ipm_epsilon: float = _help('ipm: every attacker sends -epsilon times the honest mean (paper: 0.1 against '
+                             'median-type rules).', _ATTACK.ipm_epsilon)
+  large_norm_scale: float = _help('large_norm: the attack\'s norm in multiples of the median honest update norm, '
+                                  'along the negated honest mean.', _ATTACK.large_norm_scale)
+  minmax_perturbation: str = _help('min_max/min_sum: the perturbation direction p of mu + gamma * p: unit_vec '
+                                   '(-mu / ||mu||), std (-sigma, the paper\'s best) or sign (-sign(mu)).',
+                                   _ATTACK.minmax_perturbation)
+  minmax_gamma_init: float = _help('min_max/min_sum: the halving search\'s first gamma (paper: 10).',
+                                   _ATTACK.minmax_gamma_init)
   workers: Optional[str] = _help('host:port,... (or unix:/path,...) of TFF workers to split clients over '
                                  '(python -m tff_gma.worker).', None)
   first_round_deadline_s: float = _help(
@@ -252,6 +305,9 @@ class ExperimentConfig:
 
   def aggregator_params(self) -> AggregatorParams:
     return AggregatorParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AggregatorParams)})
+
+  def attack_params(self) -> AttackParams:
+    return AttackParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AttackParams)})
 
   def method_params(self) -> MethodParams:
     return MethodParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(MethodParams)})

@@ -33,6 +33,7 @@ from tff_gma.data import idx
 from tff_gma.data import loaders
 from training import command_line
 from training import config as config_lib
+from training.engine import attacks
 from training.engine import client_execution
 from training.engine import corruption
 from training.engine import registry
@@ -55,6 +56,7 @@ _ENUMS = {
     'adaptive_optimizer': list(config_lib.ADAPTIVE_OPTIMIZERS),
     'fashion_mnist_source': list(loaders.FASHION_MNIST_SOURCES),
     'corruption': list(corruption.CORRUPTIONS),
+    'minmax_perturbation': list(attacks.PERTURBATIONS),
 }
 _DEFINE = {'int': flags.DEFINE_integer, 'float': flags.DEFINE_float, 'bool': flags.DEFINE_bool,
            'str': flags.DEFINE_string}

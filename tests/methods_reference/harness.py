@@ -39,6 +39,7 @@ ADAPTIVE_SERVER_LR = 0.1
 ADAPTIVE_EPSILON = 0.01  # Reddi's tau: large enough that v's start at tau^2 shows in the result.
 PROXIMAL_STRENGTH = 0.5  # FedProx's mu: large enough that the proximal term's sign shows.
 CORRUPT_FRACTION = 0.25  # trimmed_mean trims 1 per side of 5, krum keeps 4 of 5 (f = 1).
+CC_CLIP_RADIUS = 1.0  # centered_clip's tau: between the clients' update norms here (0.4 to 2.2), so some clip.
 BETA_1, BETA_2 = config_lib.ADAPTIVE_BETA_1, config_lib.ADAPTIVE_BETA_2
 
 
@@ -89,14 +90,15 @@ class Case:
 
   def aggregator_params(self) -> config_lib.AggregatorParams:
     return config_lib.AggregatorParams(num_passes=self.num_passes, rfa_init=self.rfa_init,
-                                       corrupt_fraction=CORRUPT_FRACTION, secure=self.secure_bound is not None,
+                                       corrupt_fraction=CORRUPT_FRACTION, cc_clip_radius=CC_CLIP_RADIUS,
+                                       secure=self.secure_bound is not None,
                                        secure_bound=self.secure_bound)
 
   def reference_aggregator(self, name: Optional[str] = None) -> ref.Aggregator:
     p = self.aggregator_params()
     return ref.Aggregator(ref.AggregatorConfig(
         name or self.aggregator, tau=p.tau, num_passes=p.num_passes, rfa_init=p.rfa_init, smoothing=p.smoothing,
-        corrupt_fraction=p.corrupt_fraction))
+        corrupt_fraction=p.corrupt_fraction, cc_clip_radius=p.cc_clip_radius, cc_iterations=p.cc_iterations))
 
 
 def _datasets(clients) -> list[tf.data.Dataset]:

@@ -186,6 +186,19 @@ def coordinate_median(points: np.ndarray) -> np.ndarray:
   return np.median(points, axis=0)
 
 
+def centered_clipping(points: np.ndarray, weights: np.ndarray, tau: float, iterations: int) -> np.ndarray:
+  """Karimireddy et al. (2021), centered clipping from v = 0 (documented): L times,
+  v <- v + sum_i a_i (w_i - v) min(1, tau / ||w_i - v||) / sum_i a_i."""
+  weights = np.asarray(weights, np.float64)
+  v = np.zeros(points.shape[1])
+  for _ in range(iterations):
+    differences = points - v
+    norms = np.linalg.norm(differences, axis=1)
+    scales = np.minimum(1.0, tau / np.maximum(norms, 1e-300))
+    v = v + weighted_mean(differences * scales[:, None], weights)
+  return v
+
+
 def _round_half_up(x: float) -> int:
   return int(math.floor(x + 0.5))
 
@@ -268,6 +281,8 @@ class AggregatorConfig:
   rfa_init: str = 'zero'
   smoothing: float = 1e-6
   corrupt_fraction: float = 0.0
+  cc_clip_radius: float = 10.0
+  cc_iterations: int = 3
 
 
 class Aggregator:
@@ -300,6 +315,8 @@ class Aggregator:
       return trimmed_mean(points, c.corrupt_fraction), ones
     if c.name == 'krum':
       return multi_krum(points, weights, c.corrupt_fraction), ones
+    if c.name == 'centered_clip':
+      return centered_clipping(points, weights, c.cc_clip_radius, c.cc_iterations), ones
     if c.name == 'clip_mean':
       return clipped_mean(points, weights, self.bound), ones
     if c.name == 'zeroing_mean':

@@ -31,7 +31,7 @@ ATOL = 1e-6
 RTOL = 1e-6
 
 _FEDAVG_AGGREGATORS = ('mean', 'gma', 'gma_binary', 'gma_dropin', 'rfa', 'rfa_one_step', 'median', 'trimmed_mean',
-                       'krum', 'clip_mean', 'zeroing_mean')
+                       'krum', 'clip_mean', 'zeroing_mean', 'centered_clip')
 # RFA's other starts and pass counts (the default, zero start with 3 passes, is in every algorithm's row), under an
 # SGD server and an adaptive one.
 _RFA_VARIANTS = tuple((init, passes) for init in ('zero', 'mean') for passes in (1, 2, 3)

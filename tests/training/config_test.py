@@ -38,6 +38,8 @@ def test_every_method_parameter_reaches_its_dataclass(part, getter):
     value = {bool: True, str: 'mean', int: 7}.get(type(field.default), 0.123)
     if field.name == 'secure_bound':
       value = 0.5
+    if field.name == 'krum_selected':  # Optional[int], None by default.
+      value = 2
     experiment = dataclasses.replace(config_lib.ExperimentConfig(), **{field.name: value})
     assert getattr(getattr(experiment, getter)(), field.name) == value, field.name
 

@@ -1,20 +1,24 @@
-"""Corruption models: which clients, data poisoning, Gaussian and omniscient update poisoning, and the runner flags."""
+"""Corruption models: which clients, data poisoning, update poisoning (Gaussian, omniscient, the attacks), the flags."""
 
 import collections
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 from absl import flags
+from scipy import stats
 
 from tests.training import interrupt
 from tff_gma import models
 from tff_gma.data import client_data
 from tff_gma.data import loaders
 from training import config as config_lib
+from training.engine import attacks
 from training.engine import corruption
+from training.engine import registry
 from training.runner import experiment
 from training.runner import round_loop
 
@@ -277,5 +281,109 @@ def test_runner_flags_map_onto_the_config():
   assert (config.corruption, config.corrupt_fraction, config.aggregator) == ('omniscient', 0.25, 'krum')
   experiment.validate(config)
   with pytest.raises(flags.IllegalFlagValueError):
-    flags.FLAGS(['run', '--corruption=sign_flip'])
+    flags.FLAGS(['run', '--corruption=backdoor'])
   flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['run', '--corruption=min_sum', '--minmax_perturbation=sign', '--minmax_gamma_init=4'])
+    config = run.config_from_flags()
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert config.attack_params() == config_lib.AttackParams(minmax_perturbation='sign', minmax_gamma_init=4.0)
+  experiment.validate(config)
+  with pytest.raises(flags.IllegalFlagValueError):
+    flags.FLAGS(['run', '--minmax_perturbation=random'])
+  flags.FLAGS.unparse_flags()
+
+
+# ------------------------------------------------------------------------- the literature's attacks (harness)
+
+
+def test_every_attack_is_an_update_corruption_of_the_registry_and_the_runner():
+  assert corruption.UPDATE_CORRUPTIONS == registry.UPDATE_CORRUPTIONS
+  assert set(attacks.ATTACKS) <= set(corruption.UPDATE_CORRUPTIONS) and set(attacks.ATTACKS) <= set(
+      corruption.CORRUPTIONS)
+  for name in attacks.ATTACKS:
+    experiment.validate(dataclasses.replace(_TOY, corruption=name, corrupt_fraction=0.34))
+    with pytest.raises(ValueError, match='client_execution'):  # Inside the TFF client work, as the omniscient.
+      registry.check('fedavg', 'mean', name, 'local')
+
+
+@pytest.mark.parametrize('changes, match', [
+    (dict(alie_z=0.0), '^alie_z must be a positive finite'), (dict(ipm_epsilon=-1.0), '^ipm_epsilon must'),
+    (dict(large_norm_scale=float('inf')), '^large_norm_scale must'), (dict(minmax_gamma_init=0), '^minmax_gamma_init'),
+    (dict(minmax_perturbation='random'), '^minmax_perturbation must be one of')])
+def test_attack_settings_are_checked_once_in_one_line_naming_the_flag(changes, match):
+  with pytest.raises(ValueError, match=match):
+    config_lib.AttackParams(**changes)
+  with pytest.raises(experiment.ConfigError, match=match.lstrip('^')) as raised:
+    experiment.validate(dataclasses.replace(_TOY, corruption='alie', corrupt_fraction=0.34, **changes))
+  assert '\n' not in str(raised.value)
+
+
+@pytest.mark.parametrize('corruption_name, changes', [
+    ('alie', dict(ipm_epsilon=0.5)), ('ipm', dict(alie_z=1.0)), ('omniscient', dict(minmax_gamma_init=5.0)),
+    ('none', dict(large_norm_scale=10.0)), ('min_max', dict(alie_z=2.0))])
+def test_an_attack_setting_the_corruption_does_not_read_is_refused(corruption_name, changes):
+  (name, value), = changes.items()
+  config = dataclasses.replace(_TOY, corruption=corruption_name, corrupt_fraction=0.34, **changes)
+  with pytest.raises(experiment.ConfigError, match=f'^{name}: corruption={corruption_name} does not read it'):
+    experiment.validate(config)
+  readers = {'alie_z': 'alie', 'ipm_epsilon': 'ipm', 'large_norm_scale': 'large_norm',
+             'minmax_gamma_init': 'min_max'}
+  experiment.validate(dataclasses.replace(config, corruption=readers[name]))
+
+
+def _leaves(seed, n):
+  rng = np.random.default_rng(seed)
+  return [[rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=4).astype(np.float32)] for _ in range(n)]
+
+
+def test_harness_attack_sends_one_vector_per_attacker_from_every_participants_update():
+  updates = _leaves(0, 6)
+  corrupted = [False, True, False, False, True, False]
+  rows = np.stack([np.concatenate([leaf.astype(np.float64).ravel() for leaf in u]) for u in updates])
+  params = config_lib.AttackParams()
+  # sign_flip: each attacker its own update negated.
+  sent = corruption.harness_attack('sign_flip', updates, corrupted, params)
+  assert [v is None for v in sent] == [not c for c in corrupted]
+  np.testing.assert_array_equal(sent[1], -rows[1])
+  np.testing.assert_array_equal(sent[4], -rows[4])
+  # alie: n = 6 participants, f = 2 corrupted, statistics over all six honest updates.
+  z = stats.norm.ppf((6 - (math.floor(6 / 2 + 1) - 2)) / 6)  # Phi^-1(4 / 6).
+  alie = corruption.harness_attack('alie', updates, corrupted, params)
+  np.testing.assert_allclose(alie[1], rows.mean(axis=0) - z * rows.std(axis=0, ddof=1), rtol=1e-9)
+  assert alie[4] is alie[1] and alie[0] is None
+  # mimic: a participant that is not corrupted.
+  mimic = corruption.harness_attack('mimic', updates, corrupted, params)[1]
+  assert any(np.array_equal(mimic, rows[i]) for i in (0, 2, 3, 5))
+  np.testing.assert_array_equal(corruption.harness_attack('zero_update', updates, corrupted, params)[4], np.zeros(10))
+  ipm = corruption.harness_attack('ipm', updates, corrupted, config_lib.AttackParams(ipm_epsilon=2.0))[1]
+  np.testing.assert_allclose(ipm, -2.0 * rows.mean(axis=0), rtol=1e-12)
+  with pytest.raises(ValueError, match='one entry per participant'):
+    corruption.harness_attack('ipm', updates, corrupted[:3], params)
+
+
+def test_corrupted_rounds_send_the_alie_vector_to_the_corrupted_participants_only(digits_clients):
+  model_fn, datasets, _ = digits_clients
+  process = corruption.build_learning_process(model_fn, config_lib.AlgorithmConfig(client_lr=0.1,
+                                                                                   client_momentum=0.0))
+  ids = client_data.client_ids(4)
+  rounds = corruption.CorruptedRounds(process, 'alie', [ids[1], ids[3]], ids, seed=3,
+                                      params=config_lib.AttackParams(alie_z=1.5))
+  state = process.initialize()
+  data = rounds.client_data(state, ids, datasets, round_num=2)
+  honest = process.honest_client_results(process.get_model_weights(state), datasets)
+  rows = np.stack([np.concatenate([np.asarray(t, np.float64).ravel() for t in r.update]) for r in honest])
+  expected = rows.mean(axis=0) - 1.5 * rows.std(axis=0, ddof=1)
+  for i, cid in enumerate(ids):
+    element = next(iter(data[i][corruption.CORRUPTION]))
+    assert int(element['code']) == (corruption.ATTACK if i in (1, 3) else corruption.HONEST)
+    sent = np.concatenate([np.asarray(t).ravel() for t in element['attack']])
+    assert sent.dtype == np.float32
+    if i in (1, 3):
+      np.testing.assert_allclose(sent, expected, rtol=1e-5, atol=1e-6)
+      np.testing.assert_array_equal(element['seed'], corruption._client_seed(3, 2, i))
+    else:
+      assert not sent.any()
+  output = rounds.run_round(state, ids, datasets, 2)
+  assert output.metrics['client_work']['corrupted_clients'] == 2

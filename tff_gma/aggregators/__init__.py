@@ -1,10 +1,13 @@
 """Aggregators beyond plain averaging, as `tff.aggregators` factories built only from mean and secure-sum intrinsics.
 
-GMA (`GradientMaskedFactory`), RFA (`GeometricMedianFactory`), `ElasticFactory`, `FedGMAFactory` and the weighted
-means they are built from; the non-private robust baselines stay in `robust_baselines`. They use secure sums, so
+GMA (`GradientMaskedFactory`), RFA (`GeometricMedianFactory`), Centered Clipping (`CenteredClippingFactory`),
+`ElasticFactory`, `FedGMAFactory` and the weighted means they are built from; the non-private robust baselines stay in
+`robust_baselines`, and bucketing around them in `bucketing`. They use secure sums, so
 they need a context that runs them (`tff_gma.runtime.set_simulation_context()`).
 """
 
+from tff_gma.aggregators.centered_clipping import CenteredClippingFactory
+from tff_gma.aggregators.centered_clipping import UnweightedCenteredClippingFactory
 from tff_gma.aggregators.elastic import ElasticFactory
 from tff_gma.aggregators.fedgma import FedGMAFactory
 from tff_gma.aggregators.geometric_median import GeometricMedianFactory
@@ -19,6 +22,7 @@ from tff_gma.aggregators.staged import from_process
 from tff_gma.aggregators.staged import StagedAggregationProcess
 
 __all__ = [
+    'CenteredClippingFactory',
     'ElasticFactory',
     'FedGMAFactory',
     'FederatedMeanFactory',
@@ -26,6 +30,7 @@ __all__ = [
     'GradientMaskedFactory',
     'SecureWeightedMeanFactory',
     'StagedAggregationProcess',
+    'UnweightedCenteredClippingFactory',
     'UnweightedGeometricMedianFactory',
     'UnweightedGradientMaskedFactory',
     'as_unweighted',

@@ -52,6 +52,47 @@ def trimmed_mean(points: tf.Tensor, trim_fraction: float) -> tuple[tf.Tensor, tf
   return mean, k
 
 
+def _sorted_columns(points: tf.Tensor, weights: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """(each coordinate's values sorted, [d, n]; their clients' weights in that order, float64 [d, n])."""
+  columns = tf.transpose(points)
+  order = tf.argsort(columns, axis=1, stable=True)
+  return tf.gather(columns, order, batch_dims=1), tf.gather(tf.cast(weights, tf.float64), order)
+
+
+def weighted_coordinate_median(points: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
+  """Per coordinate, the smallest value whose cumulative weight reaches half the total weight A, or the mean of it
+  and the next value when its cumulative weight is exactly A / 2 (`np.median` for equal weights); zeros for n = 0."""
+  n = tf.shape(points)[0]
+
+  def median():
+    values, ordered_weights = _sorted_columns(points, weights)
+    cumulative = tf.cumsum(ordered_weights, axis=1)
+    half = cumulative[:, -1] / 2
+    index = tf.minimum(tf.reduce_sum(tf.cast(cumulative < half[:, None], tf.int32), axis=1), n - 1)
+    at = lambda tensor, i: tf.gather(tensor, i[:, None], batch_dims=1)[:, 0]
+    exact = tf.equal(at(cumulative, index), half)
+    upper = at(values, tf.minimum(index + 1, n - 1))
+    return tf.where(exact, (at(values, index) + upper) / 2, at(values, index))
+
+  return tf.cond(n > 0, median, lambda: tf.zeros([points.shape[1]], points.dtype))
+
+
+def weighted_trimmed_mean(points: tf.Tensor, weights: tf.Tensor, trim_fraction: float) -> tuple[tf.Tensor, tf.Tensor]:
+  """(per-coordinate weighted mean after trimming weight beta * A from each side, beta * A as float32).
+
+  Per coordinate, with the values sorted and c_j their cumulative weight, value j keeps the weight of
+  [c_{j-1}, c_j] inside [beta A, (1 - beta) A]: a value across a boundary keeps a fraction of its weight. Zeros for
+  n = 0.
+  """
+  values, ordered_weights = _sorted_columns(points, weights)
+  cumulative = tf.cumsum(ordered_weights, axis=1)
+  total = tf.reduce_sum(ordered_weights, axis=1, keepdims=True)
+  cut = trim_fraction * total
+  kept = tf.maximum(tf.minimum(cumulative, total - cut) - tf.maximum(cumulative - ordered_weights, cut), 0)
+  mean = tf.math.divide_no_nan(tf.reduce_sum(kept * tf.cast(values, tf.float64), axis=1), tf.reduce_sum(kept, axis=1))
+  return tf.cast(mean, points.dtype), tf.cast(trim_fraction * tf.reduce_sum(tf.cast(weights, tf.float64)), tf.float32)
+
+
 def krum_scores(points: tf.Tensor, num_byzantine: tf.Tensor) -> tf.Tensor:
   """Each row's sum of squared distances to its n - f - 2 nearest other rows (clamped to [1, n - 1])."""
   n = tf.shape(points)[0]
@@ -129,23 +170,35 @@ def collect_at_server(pairs, size: int):
   return tff.federated_aggregate(pairs, zero(), accumulate, merge, report)
 
 
-class _CollectingFactory(tff.aggregators.WeightedAggregationFactory):
+class CollectingFactory(tff.aggregators.WeightedAggregationFactory):
   """Base: collects the clients' flattened updates at the server and applies `_rule` there (NOT PRIVATE).
 
   The rule sees the n clients with a finite update and a positive finite weight; the others are dropped. A round
   without clients returns zeros. Measurements (at SERVER): `participating_clients` (n), `dropped_clients`, and the
-  rule's own.
+  rule's own. State: none, or with `_counts_rounds` the int32 number of calls so far (`_round_rule` gets it).
   """
+
+  _counts_rounds = False
 
   def _rule(self, points: tf.Tensor, weights: tf.Tensor) -> tuple[tf.Tensor, collections.OrderedDict]:
     """(aggregate [d], extra measurements) of the kept clients' points [n, d] and weights [n]."""
     raise NotImplementedError
 
+  def _round_rule(self, points: tf.Tensor, weights: tf.Tensor,
+                  round_num: tf.Tensor) -> tuple[tf.Tensor, collections.OrderedDict]:
+    """`_rule`, in a call that knows its round (0, 1, ... with `_counts_rounds`, else always 0)."""
+    del round_num
+    return self._rule(points, weights)
+
+  def stacked_rule(self, points: tf.Tensor, weights: tf.Tensor) -> tuple[tf.Tensor, collections.OrderedDict]:
+    """The rule on stacked clients at the server (what `bucketing` applies to buckets)."""
+    return self._rule(points, weights)
+
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     client_values.check_float_structure(value_type)
     client_values.check_weight_type(weight_type)
     size = _flat_size(value_type)
-    rule = self._rule
+    rule, counts_rounds = self._round_rule, self._counts_rounds
 
     @tff.tensorflow.computation(value_type, weight_type)
     def flatten(value, weight):
@@ -153,12 +206,12 @@ class _CollectingFactory(tff.aggregators.WeightedAggregationFactory):
       flat = tf.concat([tf.reshape(tf.cast(x, tf.float32), [-1]) for x in tf.nest.flatten(value)], axis=0)
       return flat, tf.cast(weight, tf.float32)
 
-    @tff.tensorflow.computation(_collected_type(size))
-    def aggregate(collected):
+    @tff.tensorflow.computation(_collected_type(size), np.int32)
+    def aggregate(collected, round_num):
       keep = collected['weights'] > 0  # Invalid clients were given weight 0 at the client.
       points = tf.boolean_mask(collected['points'], keep)
       weights = tf.boolean_mask(collected['weights'], keep)
-      flat, extra = rule(points, weights)
+      flat, extra = rule(points, weights, round_num)
       # Unflatten in tf.nest's order, the order `flatten` used (it sorts dict keys).
       template = tff.types.structure_from_tensor_type_tree(lambda t: t, value_type)
       leaves, offset = [], 0
@@ -173,16 +226,22 @@ class _CollectingFactory(tff.aggregators.WeightedAggregationFactory):
       measurements.update(extra)
       return result, measurements
 
+    @tff.tensorflow.computation(np.int32)
+    def increment(round_num):
+      return round_num + 1
+
     @tff.federated_computation()
     def init_fn():
-      return tff.federated_value((), tff.SERVER)
+      return tff.federated_value(np.int32(0) if counts_rounds else (), tff.SERVER)
 
     @tff.federated_computation(init_fn.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
                                tff.FederatedType(weight_type, tff.CLIENTS))
     def next_fn(state, value, weight):
       collected = collect_at_server(tff.federated_map(flatten, (value, weight)), size)
-      result, measurements = tff.federated_map(aggregate, collected)
-      return tff.templates.MeasuredProcessOutput(state, result, measurements)
+      round_num = state if counts_rounds else tff.federated_value(np.int32(0), tff.SERVER)
+      result, measurements = tff.federated_map(aggregate, (collected, round_num))
+      new_state = tff.federated_map(increment, state) if counts_rounds else state
+      return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
@@ -193,35 +252,52 @@ def _check_fraction_below_half(value, name: str) -> float:
   return float(value)
 
 
-class CoordinateMedianFactory(_CollectingFactory):
-  """Coordinate-wise median of the client updates (unweighted). NOT PRIVATE: every update reaches the server.
+# The median and the trimmed mean ignore the client weights by default (`weighted=False`), as the papers' rules: a
+# client's weight is its own claim (its example count), and a weighted median follows a client that claims half the
+# total weight, whatever its update. `weighted=True` honours the weights, for trusted weights.
 
-  The mean of the two middle values for an even count, as `np.median`; the weights only decide who is dropped.
+
+class CoordinateMedianFactory(CollectingFactory):
+  """Coordinate-wise median of the client updates. NOT PRIVATE: every update reaches the server.
+
+  Unweighted (default): the mean of the two middle values for an even count, as `np.median`; the weights only decide
+  who is dropped. `weighted=True`: `weighted_coordinate_median`, the same for equal weights.
   """
 
+  def __init__(self, weighted: bool = False):
+    """Args: `weighted`: honour the client weights (see the comment above the class)."""
+    self._weighted = checks.check_bool(weighted, 'weighted')
+
   def _rule(self, points, weights):
-    del weights
+    if self._weighted:
+      return weighted_coordinate_median(points, weights), collections.OrderedDict()
     return coordinate_median(points), collections.OrderedDict()
 
 
-class TrimmedMeanFactory(_CollectingFactory):
-  """Coordinate-wise trimmed mean (unweighted). NOT PRIVATE: every update reaches the server.
+class TrimmedMeanFactory(CollectingFactory):
+  """Coordinate-wise trimmed mean. NOT PRIVATE: every update reaches the server.
 
-  Per coordinate, drops the k largest and k smallest values, k = round(beta * n) (halves up) capped at
-  (n - 1) // 2, and averages the rest. Measures `trimmed_per_side` (k).
+  Unweighted (default): per coordinate, drops the k largest and k smallest values, k = round(beta * n) (halves up)
+  capped at (n - 1) // 2, and averages the rest; measures `trimmed_per_side` (k). `weighted=True`: trims weight
+  beta * A from each side (`weighted_trimmed_mean`; the unweighted rule when beta * n is an integer and the weights
+  equal); measures `trimmed_weight_per_side` (beta * A, float32).
   """
 
-  def __init__(self, trim_fraction: float):
-    """Args: `trim_fraction`: beta in [0, 0.5), the fraction of clients trimmed on each side (the corruption level)."""
+  def __init__(self, trim_fraction: float, weighted: bool = False):
+    """Args: `trim_fraction`: beta in [0, 0.5), the share trimmed on each side (the corruption level); `weighted`:
+    trim weight instead of clients (see the comment above `CoordinateMedianFactory`)."""
     self._trim_fraction = _check_fraction_below_half(trim_fraction, 'trim_fraction')
+    self._weighted = checks.check_bool(weighted, 'weighted')
 
   def _rule(self, points, weights):
-    del weights
+    if self._weighted:
+      mean, trimmed = weighted_trimmed_mean(points, weights, self._trim_fraction)
+      return mean, collections.OrderedDict(trimmed_weight_per_side=trimmed)
     mean, k = trimmed_mean(points, self._trim_fraction)
     return mean, collections.OrderedDict(trimmed_per_side=k)
 
 
-class MultiKrumFactory(_CollectingFactory):
+class MultiKrumFactory(CollectingFactory):
   """Multi-Krum: the weighted mean of the lowest-score updates. NOT PRIVATE: every update reaches the server.
 
   With f = round(beta * n) (halves up), a client's score is the sum of squared distances to its n - f - 2 nearest

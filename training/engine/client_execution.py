@@ -21,6 +21,7 @@ import tensorflow_federated as tff
 
 from tff_gma.learning import in_graph
 from training import config as config_lib
+from training.engine import corruption as corruption_lib
 from training.engine import fedavg_family
 
 WORKER = 'worker'
@@ -48,7 +49,7 @@ def check(client_execution: str, *, algorithm: str, aggregator: str, corruption:
         f'client_execution: local runs the client work of fedavg, fedprox, fedadam and fedyogi in this process; '
         f'{algorithm}/{aggregator} has its own client work (tff_gma.learning: extra client outputs for its own '
         f'server logic) that runs only in the TFF worker: use --client_execution=worker')
-  if corruption in ('gaussian', 'omniscient'):
+  if corruption in corruption_lib.UPDATE_CORRUPTIONS:
     raise ValueError(
         f'client_execution: corruption={corruption} corrupts updates inside the TFF client work '
         f'(training.engine.corruption), which local mode does not run: use --client_execution=worker (data corruptions '

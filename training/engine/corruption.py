@@ -1,9 +1,10 @@
-"""Corruption models of the RFA paper (Sec. 5.1), for simulation: data poisoning and update poisoning.
+"""Corruption models of the RFA paper (Sec. 5.1) and the literature's attacks for simulation: data and update poisoning.
 
 A fixed, seeded set of clients (`corrupted_clients`) is corrupted for the whole run (`CORRUPTIONS`): data poisoned
-before training (`poison_data`), or updates replaced inside the client work (`build_corrupted_client_work`), the
-omniscient attack computed by the harness from the round's honest updates (`CorruptedRounds`), a simulated attacker
-no real client could be. Each corruption: docs/experiments.md#corruption-models"""
+before training (`poison_data`), or updates replaced inside the client work (`build_corrupted_client_work`). The
+omniscient attack and the literature's attacks (`training.engine.attacks`) are computed by the harness from the
+round's honest updates (`CorruptedRounds`), a simulated attacker no real client could be, and sent through each
+corrupted client's corruption element. Each corruption: docs/experiments.md#corruption-models"""
 
 from __future__ import annotations
 
@@ -21,18 +22,22 @@ from tff_gma import checks
 from tff_gma.aggregators import secure_mean
 from tff_gma.data import client_data as client_data_lib
 from training import config as config_lib
+from training.engine import attacks
 from training.engine import fedavg_family
 
 NONE = 'none'
 DATA_CORRUPTIONS = ('data_negate', 'data_flip_labels')
-UPDATE_CORRUPTIONS = ('gaussian', 'omniscient')
+# The attacks the harness computes from the round's honest updates, each sent as the element's `attack` vector.
+HARNESS_ATTACKS = ('omniscient',) + attacks.ATTACKS
+UPDATE_CORRUPTIONS = ('gaussian',) + HARNESS_ATTACKS
 CORRUPTIONS = (NONE,) + DATA_CORRUPTIONS + UPDATE_CORRUPTIONS
 
 # The code in a client's corruption element.
 HONEST = 0
 GAUSSIAN = 1
-OMNISCIENT = 2
-_CODES = {'gaussian': GAUSSIAN, 'omniscient': OMNISCIENT}
+ATTACK = 2  # Send the element's `attack` vector: every harness-computed attack.
+OMNISCIENT = ATTACK
+_CODES = {'gaussian': GAUSSIAN, **{name: ATTACK for name in HARNESS_ATTACKS}}
 
 DATA = 'data'
 CORRUPTION = 'corruption'
@@ -137,10 +142,10 @@ def gaussian_noise_like(update, seed: tf.Tensor):
 
 
 def corrupt_update(update, code: tf.Tensor, seed: tf.Tensor, attack):
-  """The update a client sends: its own (`HONEST`), Gaussian noise (`GAUSSIAN`) or `attack` (`OMNISCIENT`)."""
+  """The update a client sends: its own (`HONEST`), Gaussian noise (`GAUSSIAN`) or `attack` (`ATTACK`)."""
   noise = gaussian_noise_like(update, seed)
   return tf.nest.map_structure(
-      lambda u, n, a: tf.where(tf.equal(code, GAUSSIAN), n, tf.where(tf.equal(code, OMNISCIENT), a, u)),
+      lambda u, n, a: tf.where(tf.equal(code, GAUSSIAN), n, tf.where(tf.equal(code, ATTACK), a, u)),
       update, noise, attack)
 
 
@@ -286,31 +291,72 @@ def _client_seed(seed: int, round_num: int, index: int) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class UpdateCorruption:
-  """A run's update corruption: which clients send `kind` (`gaussian`/`omniscient`) instead of their update."""
+  """A run's update corruption: which clients send `kind` (`UPDATE_CORRUPTIONS`) instead of their update.
+
+  `params`: the attacks' parameters (`config.AttackParams`), read where the attack is computed.
+  """
   kind: str
   corrupted: tuple[str, ...]
   client_ids: tuple[str, ...]
   seed: int
+  params: config_lib.AttackParams = dataclasses.field(default_factory=config_lib.AttackParams)
+
+
+def harness_attack(kind: str, updates: Sequence[Sequence[np.ndarray]], corrupted: Sequence[bool],
+                   params: config_lib.AttackParams) -> list[Optional[np.ndarray]]:
+  """What each participant sends under the literature's attack `kind` (`attacks.ATTACKS`): a float64 vector [d]
+  for each corrupted participant, None for the others.
+
+  `updates`: every participant's honest update of the round (lists of leaves), the simulated attacker's knowledge
+  (`training.engine.attacks` says which updates each attack reads). `sign_flip` sends each attacker's own update
+  negated; every other attack sends one vector from all the participants' honest updates.
+  """
+  if kind not in attacks.ATTACKS:
+    raise ValueError(f'corruption must be one of {attacks.ATTACKS} for harness_attack, got {kind!r}')
+  corrupted = np.asarray(corrupted, bool)
+  if len(updates) != len(corrupted):
+    raise ValueError(f'updates and corrupted must have one entry per participant, got {len(updates)} and '
+                     f'{len(corrupted)}')
+  honest = attacks.flatten(updates)
+  if kind == attacks.SIGN_FLIP:
+    return [attacks.sign_flip(row) if c else None for row, c in zip(honest, corrupted)]
+  if kind == attacks.ALIE:
+    vector = attacks.alie(honest, int(corrupted.sum()), params.alie_z)
+  elif kind == attacks.IPM:
+    vector = attacks.ipm(honest, params.ipm_epsilon)
+  elif kind == attacks.MIMIC:
+    vector = attacks.mimic(honest, ~corrupted)
+  elif kind == attacks.LARGE_NORM:
+    vector = attacks.large_norm(honest, params.large_norm_scale)
+  elif kind == attacks.ZERO_UPDATE:
+    vector = attacks.zero_update(honest.shape[1])
+  elif kind == attacks.MIN_MAX:
+    vector = attacks.min_max(honest, params.minmax_perturbation, params.minmax_gamma_init)
+  else:
+    vector = attacks.min_sum(honest, params.minmax_perturbation, params.minmax_gamma_init)
+  return [vector if c else None for c in corrupted]
 
 
 class CorruptedRounds:
-  """Runs rounds of a `CorruptedLearningProcess` with a fixed set of corrupted clients (`gaussian`/`omniscient`).
+  """Runs rounds of a `CorruptedLearningProcess` with a fixed set of corrupted clients (`UPDATE_CORRUPTIONS`).
 
   `run_round(state, participants, datasets, round_num)` builds each participant's client data (its batches and
-  its corruption element), for `omniscient` first computing the round's honest updates and the attack
-  (`omniscient_attack`; the simulated attacker), and runs `process.next`. Everything is a function of (seed,
-  round, client), so a resumed run repeats a round exactly.
+  its corruption element), for a harness-computed attack (`HARNESS_ATTACKS`) first computing the round's honest
+  updates and the attack (`omniscient_attack`, `harness_attack`; the simulated attacker), and runs
+  `process.next`. Everything is a function of (seed, round, client), so a resumed run repeats a round exactly.
   """
 
   def __init__(self, process: CorruptedLearningProcess, corruption: str, corrupted: Sequence[str],
-               client_ids: Sequence[str], seed: int):
+               client_ids: Sequence[str], seed: int, params: Optional[config_lib.AttackParams] = None):
     if corruption not in UPDATE_CORRUPTIONS:
       raise ValueError(f'corruption must be one of {UPDATE_CORRUPTIONS} for CorruptedRounds, got {corruption!r}')
     if not isinstance(process, CorruptedLearningProcess):
       raise ValueError(f'process must be a CorruptedLearningProcess (corruption.build_learning_process), got '
                        f'{type(process).__name__}')
     self._process = process
+    self._kind = corruption
     self._code = _CODES[corruption]
+    self._params = params if params is not None else config_lib.AttackParams()
     self._corrupted = frozenset(corrupted)
     self._index = {c: i for i, c in enumerate(client_ids)}
     unknown = self._corrupted - set(self._index)
@@ -319,6 +365,8 @@ class CorruptedRounds:
     self._seed = seed
     self._zeros = [np.zeros(t.shape, t.dtype) for t in tff.structure.flatten(process.update_type)]
     self.last_attack: Optional[OmniscientAttack] = None  # The latest omniscient round's attack (for inspection).
+    # The latest round's attack vectors, one per participant (None: sends its own update), for inspection.
+    self.last_vectors: Optional[list[Optional[list[np.ndarray]]]] = None
 
   @property
   def corrupted(self) -> frozenset[str]:
@@ -328,24 +376,38 @@ class CorruptedRounds:
     return tf.data.Dataset.from_tensors(collections.OrderedDict(
         code=np.int32(code), seed=seed, attack=tuple(tf.constant(a) for a in attack)))
 
+  def _attack_vectors(self, state, datasets: Sequence[tf.data.Dataset], is_corrupted: Sequence[bool]
+                      ) -> Optional[list[Optional[list[np.ndarray]]]]:
+    """Each participant's attack vector (leaves of the update's dtypes; None: honest); None: no attack."""
+    if self._kind == attacks.ZERO_UPDATE:  # Needs no honest update.
+      return [list(self._zeros) if c else None for c in is_corrupted]
+    honest = self._process.honest_client_results(self._process.get_model_weights(state), list(datasets))
+    updates = [list(r.update) for r in honest]
+    if self._kind == 'omniscient':
+      self.last_attack = omniscient_attack(updates, [float(r.update_weight) for r in honest], is_corrupted)
+      if self.last_attack is None:
+        return None
+      return [self.last_attack.attack if c else None for c in is_corrupted]
+    vectors = harness_attack(self._kind, updates, is_corrupted, self._params)
+    return [None if v is None else attacks.unflatten(v, self._zeros) for v in vectors]
+
   def client_data(self, state, participants: Sequence[str], datasets: Sequence[tf.data.Dataset],
                   round_num: int) -> list[collections.OrderedDict]:
-    """The process's client data for the round (computes the omniscient attack where there is one)."""
+    """The process's client data for the round (computes the harness's attack where there is one)."""
     if len(participants) != len(datasets):
       raise ValueError(f'participants and datasets differ in length: {len(participants)} vs {len(datasets)}')
     is_corrupted = [c in self._corrupted for c in participants]
-    attack = None
     self.last_attack = None
-    if self._code == OMNISCIENT and any(is_corrupted):
-      honest = self._process.honest_client_results(self._process.get_model_weights(state), list(datasets))
-      self.last_attack = omniscient_attack(
-          [list(r.update) for r in honest], [float(r.update_weight) for r in honest], is_corrupted)
-      attack = None if self.last_attack is None else self.last_attack.attack
+    self.last_vectors = None
+    if self._code == ATTACK and any(is_corrupted):
+      self.last_vectors = self._attack_vectors(state, datasets, is_corrupted)
     out = []
-    for cid, ds, corrupted in zip(participants, datasets, is_corrupted):
-      if corrupted and (self._code == GAUSSIAN or attack is not None):
-        element = self._element(self._code, _client_seed(self._seed, round_num, self._index[cid]),
-                                attack if self._code == OMNISCIENT else self._zeros)
+    for i, (cid, ds, corrupted) in enumerate(zip(participants, datasets, is_corrupted)):
+      seed = _client_seed(self._seed, round_num, self._index[cid])
+      if corrupted and self._code == GAUSSIAN:
+        element = self._element(GAUSSIAN, seed, self._zeros)
+      elif corrupted and self.last_vectors is not None and self.last_vectors[i] is not None:
+        element = self._element(ATTACK, seed, self.last_vectors[i])
       else:
         element = self._element(HONEST, np.zeros([2], np.int64), self._zeros)
       out.append(collections.OrderedDict([(DATA, ds), (CORRUPTION, element)]))

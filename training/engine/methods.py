@@ -173,7 +173,8 @@ def build(
     return Method(process.process, local_round=process)
   if corrupted:
     harness = corruption_lib.CorruptedRounds(process, update_corruption.kind, update_corruption.corrupted,
-                                              update_corruption.client_ids, update_corruption.seed)
+                                              update_corruption.client_ids, update_corruption.seed,
+                                              update_corruption.params)
     return Method(process, lambda *args: tuple(harness.run_round(*args)))
   if getattr(process, 'client_state_key', None) is not None:  # A `LearningProcessWithClientState`, staged or not.
     return Method(process, store=client_state.ClientStateStore.for_process(process), held_out=held_out)

@@ -17,6 +17,7 @@ import tensorflow_federated as tff
 
 from tff_gma import aggregators
 from tff_gma import learning
+from tff_gma.aggregators import bucketing as bucketing_lib
 from tff_gma.aggregators import robust_baselines
 from training import config as config_lib
 from training.engine import client_execution as client_execution_lib
@@ -91,16 +92,33 @@ def _rfa_one_step(*, smoothing: float, secure: bool,
                                             value_bound=secure_bound)
 
 
-def _median() -> tff.aggregators.WeightedAggregationFactory:
-  return robust_baselines.CoordinateMedianFactory()
+# Bucketing's permutations are seeded with a constant: a run is reproducible, and its --seed does not reach them.
+BUCKETING_SEED = 0
 
 
-def _trimmed_mean(*, corrupt_fraction: float) -> tff.aggregators.WeightedAggregationFactory:
-  return robust_baselines.TrimmedMeanFactory(corrupt_fraction)
+def _bucketed(factory, bucketing: int) -> tff.aggregators.WeightedAggregationFactory:
+  """`factory` on the means of `bucketing`-client buckets (0: `factory` itself); collects every update."""
+  return bucketing_lib.BucketingFactory(factory, bucketing, BUCKETING_SEED) if bucketing else factory
 
 
-def _krum(*, corrupt_fraction: float) -> tff.aggregators.WeightedAggregationFactory:
-  return robust_baselines.MultiKrumFactory(corrupt_fraction)
+def _median(*, bucketing: int) -> tff.aggregators.WeightedAggregationFactory:
+  return _bucketed(robust_baselines.CoordinateMedianFactory(), bucketing)
+
+
+def _trimmed_mean(*, corrupt_fraction: float, bucketing: int) -> tff.aggregators.WeightedAggregationFactory:
+  return _bucketed(robust_baselines.TrimmedMeanFactory(corrupt_fraction), bucketing)
+
+
+def _krum(*, corrupt_fraction: float, krum_selected: Optional[int],
+          bucketing: int) -> tff.aggregators.WeightedAggregationFactory:
+  return _bucketed(robust_baselines.MultiKrumFactory(corrupt_fraction, num_selected=krum_selected), bucketing)
+
+
+def _centered_clip(*, cc_clip_radius: float, cc_iterations: int, secure: bool, secure_bound: Optional[float],
+                   bucketing: int) -> tff.aggregators.WeightedAggregationFactory:
+  # secure_bound bounds the secure means' coordinates; unset, the clipped differences' own bound, tau.
+  return _bucketed(aggregators.CenteredClippingFactory(
+      clip_radius=cc_clip_radius, num_iterations=cc_iterations, secure=secure, value_bound=secure_bound), bucketing)
 
 
 def _inner_mean(secure: bool, secure_bound: Optional[float]):
@@ -181,7 +199,10 @@ ONE_STEP = 'one_step'
 COMPOSED = 'composed'
 DEMO = 'demo'  # Listed by the demo (training.demo).
 RFA_STUDY = 'rfa_study'  # Compared by the RFA robustness study (training.studies.rfa).
-UPDATE_CORRUPTIONS = ('gaussian', 'omniscient')  # Corruptions inside the client work (training.engine.corruption).
+# Corruptions inside the client work (training.engine.corruption.UPDATE_CORRUPTIONS: Gaussian noise, the omniscient
+# attack and the literature's attacks of training.engine.attacks).
+UPDATE_CORRUPTIONS = ('gaussian', 'omniscient', 'alie', 'ipm', 'sign_flip', 'mimic', 'large_norm', 'zero_update',
+                      'min_max', 'min_sum')
 _BOTH_MODES = client_execution_lib.MODES
 
 
@@ -299,6 +320,9 @@ _AGGREGATORS = (
     _model_aggregator('trimmed_mean', 'coordinate-wise trimmed mean, trimming corrupt_fraction per side (NOT private)',
                       _trimmed_mean, private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES,
                       upper_bounds=_TRIMS),
+    # Centered clipping's iterations are sequential means: one stage each (`CenteredClippingFactory.create_staged`).
+    _model_aggregator('centered_clip', 'centered clipping: cc_iterations means of the differences to the centre, '
+                      'clipped to cc_clip_radius', _centered_clip, multi_stage=True, roles=(RFA_STUDY,)),
     _model_aggregator('krum', 'multi-Krum with f = corrupt_fraction * n, averaging n - f (NOT private)', _krum,
                       private=False, roles=(RFA_STUDY,), refusals=_COLLECTS_UPDATES, upper_bounds=_DISCARDS),
     # TFF's adaptive norm estimate sums an indicator per client in plain unless secure=True: not what the audit
@@ -421,6 +445,9 @@ def check_settings(algorithm_name: str, aggregator_name: str, settings: Mapping[
   that the method does not read and that differs from its default, or that its aggregator cannot take
   (`Aggregator.refusals`, `Aggregator.upper_bounds`). "Set" means "not the default": a flagfile may carry every
   default. Ranges are the settings' dataclasses' (`training.config`), not checked again here."""
+  if settings.get('bucketing', 0) and settings.get('secure', False):
+    raise ValueError(f'bucketing: it collects every client update at the server and cannot run with secure=True '
+                     f'(aggregator={aggregator_name}, algorithm={algorithm_name})')
   for name, why in aggregator(aggregator_name).refusals:
     if name in settings and settings[name] != DEFAULTS[name]:
       raise ValueError(f'{name}: aggregator {aggregator_name!r} {why} and cannot run with {name}={settings[name]!r} '
@@ -465,9 +492,11 @@ def method_names(role: str) -> tuple[str, ...]:
           + tuple(a.name for a in _ALGORITHMS if role in a.roles and a.kind == COMPOSED))
 
 
-def is_private(algorithm_name: str, aggregator_name: str) -> bool:
-  """Whether the method's round passes the privacy audit (with secure client metrics), as the records declare."""
-  return algorithm(algorithm_name).private and aggregator(aggregator_name).private
+def is_private(algorithm_name: str, aggregator_name: str, settings: Optional[Mapping[str, Any]] = None) -> bool:
+  """Whether the method's round passes the privacy audit (with secure client metrics), as the records declare;
+  never with `bucketing` set in `settings` (it collects every update at the server)."""
+  bucketed = bool((settings or {}).get('bucketing', 0))
+  return algorithm(algorithm_name).private and aggregator(aggregator_name).private and not bucketed
 
 
 def check(algorithm_name: str, aggregator_name: str, corruption: str = 'none',

@@ -19,6 +19,7 @@ from tff_gma.runtime import worker_process
 from tff_gma.data import loaders
 from training import config as config_lib
 from training import safe_files
+from training.engine import attacks
 from training.engine import corruption as corruption_lib
 from training.engine import registry
 from training.engine import rfa_weights
@@ -31,6 +32,16 @@ MAX_SEED = 2**32 - 1
 # Settings that must be integers >= 1.
 _POSITIVE_INTS = ('num_clients', 'clients_per_round', 'rounds', 'local_epochs', 'batch_size', 'eval_every',
                   'classes_per_client', 'checkpoint_every')
+
+# The attack settings (`config.AttackParams`) and the corruptions that read them: set to other than its default
+# under any other corruption, one is refused (it could not take effect), as a method setting the method does not read.
+ATTACK_READERS = {
+    'alie_z': (attacks.ALIE,),
+    'ipm_epsilon': (attacks.IPM,),
+    'large_norm_scale': (attacks.LARGE_NORM,),
+    'minmax_perturbation': (attacks.MIN_MAX, attacks.MIN_SUM),
+    'minmax_gamma_init': (attacks.MIN_MAX, attacks.MIN_SUM),
+}
 
 
 def validate(config: config_lib.ExperimentConfig) -> None:
@@ -70,8 +81,8 @@ def _check_names(config: config_lib.ExperimentConfig) -> None:
     host_port = lambda t: t.rpartition(':')[0] and t.rpartition(':')[2].isdigit()
     if not targets or not all(host_port(t) or t.startswith('unix:/') for t in targets):
       raise ConfigError(f'workers must be host:port or unix:/path[,...], got {config.workers!r}')
-  # The method settings check their own values where their dataclasses are built (training.config), once.
-  for build_part in (config.algorithm_config, config.aggregator_params, config.method_params):
+  # The method and attack settings check their own values where their dataclasses are built (training.config), once.
+  for build_part in (config.algorithm_config, config.aggregator_params, config.method_params, config.attack_params):
     build_part()
 
 
@@ -129,6 +140,13 @@ def _check_combinations(config: config_lib.ExperimentConfig) -> None:
   if config.dataset == 'shakespeare' and config.model != 'char_lstm':
     raise ConfigError(f'model: dataset=shakespeare needs model=char_lstm, got {config.model!r}')
   corruption_lib.check_corruption(config.corruption)
+  defaults = config_lib.AttackParams()
+  for name, readers in ATTACK_READERS.items():
+    value = getattr(config, name)
+    if config.corruption not in readers and value != getattr(defaults, name):
+      raise ConfigError(f'{name}: corruption={config.corruption} does not read it (read by --corruption='
+                        f'{" or ".join(readers)}), so {name}={value!r} cannot take effect; leave it at its default '
+                        f'{getattr(defaults, name)!r}')
   if config.corruption in corruption_lib.DATA_CORRUPTIONS and config.dataset == 'shakespeare':
     raise ConfigError(f'corruption: {config.corruption} applies to image classification, not {config.dataset}')
   # A method setting the method does not read, set to other than its default: refused (registry docstring).

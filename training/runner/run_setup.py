@@ -86,7 +86,7 @@ def build_setup(config: config_lib.ExperimentConfig) -> Setup:
   update_corruption = None
   if config.corruption in corruption_lib.UPDATE_CORRUPTIONS:
     update_corruption = corruption_lib.UpdateCorruption(config.corruption, corrupted, tuple(data.train.client_ids),
-                                                 config.seed)
+                                                        config.seed, config.attack_params())
   method = methods.build(
       model_fn, config.algorithm, config.aggregator, algorithm_config=config.algorithm_config(),
       aggregator_params=config.aggregator_params(), method_params=config.method_params(),

@@ -9,6 +9,7 @@ import tensorflow_federated as tff
 
 from tff_gma import audit
 from tff_gma.aggregators import robust_baselines
+from tests import tiers
 from tests.tff_gma.aggregators import aggregator_test_utils as utils
 
 _VALUE_TYPE = tff.to_type(collections.OrderedDict(
@@ -201,3 +202,81 @@ def test_int_weights_give_the_float32_result(name, weight_dtype):
   np.testing.assert_array_equal(_flat(got.result), _flat(want.result))
   assert got.measurements == want.measurements
   assert got.measurements['dropped_clients'] == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Weighted median and trimmed mean (`weighted=True`), against per-coordinate NumPy references.
+
+
+def _np_weighted_median(points, weights):
+  """Per coordinate: the smallest value whose cumulative weight reaches half the total, the midpoint of it and the
+  next value when that cumulative weight is exactly half."""
+  out = []
+  for column in np.asarray(points, np.float64).T:
+    order = np.argsort(column, kind='stable')
+    values, cumulative = column[order], np.cumsum(np.asarray(weights, np.float64)[order])
+    half = cumulative[-1] / 2
+    j = int(np.argmax(cumulative >= half))
+    out.append((values[j] + values[j + 1]) / 2 if cumulative[j] == half else values[j])
+  return np.array(out)
+
+
+def _np_weighted_trimmed_mean(points, weights, beta):
+  """Per coordinate: the weight beta * A of the smallest values and of the largest removed (a value across the cut
+  keeps part of its weight), the weighted mean of what is left."""
+  out = []
+  for column in np.asarray(points, np.float64).T:
+    order = np.argsort(column, kind='stable')
+    values, w = column[order], np.asarray(weights, np.float64)[order]
+    total = w.sum()
+    low, high, start, kept = beta * total, (1 - beta) * total, 0.0, []
+    for weight in w:
+      kept.append(max(0.0, min(start + weight, high) - max(start, low)))
+      start += weight
+    out.append(np.dot(kept, values) / np.sum(kept))
+  return np.array(out)
+
+
+_WEIGHTED = {
+    'median': (lambda: robust_baselines.CoordinateMedianFactory(weighted=True), _np_weighted_median),
+    'trimmed_mean': (lambda: robust_baselines.TrimmedMeanFactory(0.2, weighted=True),
+                     lambda p, w: _np_weighted_trimmed_mean(p, w, 0.2)),
+}
+
+
+@pytest.mark.parametrize('name, n', tiers.cover_once([('median', 5), ('trimmed_mean', 6), ('median', 1),
+                                                      ('trimmed_mean', 2)], keys=[lambda c: c[0]]))
+def test_weighted_rules_match_numpy_reference(name, n):
+  rng = np.random.default_rng(n)
+  points = rng.normal(size=(n, 10)).astype(np.float32)
+  weights = rng.uniform(0.5, 5, size=n).astype(np.float32)
+  build, reference = _WEIGHTED[name]
+  result, measurements = _run(build(), points, weights)
+  np.testing.assert_allclose(result, reference(points, weights), rtol=1e-5, atol=1e-6)
+  assert measurements['participating_clients'] == n
+
+
+def test_weighted_median_uses_the_midpoint_at_exactly_half_and_follows_a_heavy_client():
+  points = np.array([[0.0] * 10, [1.0] * 10, [2.0] * 10, [10.0] * 10], np.float32)
+  result, _ = _run(robust_baselines.CoordinateMedianFactory(weighted=True), points, [1, 2, 1, 2])  # A/2 = 3 at 1.
+  np.testing.assert_allclose(result, np.full(10, 1.5))
+  result, _ = _run(robust_baselines.CoordinateMedianFactory(weighted=True), points, [1, 1, 1, 4])
+  np.testing.assert_allclose(result, np.full(10, 10.0))  # Why the default ignores the weights.
+
+
+@pytest.mark.slow
+def test_weighted_rules_with_equal_weights_are_the_unweighted_ones():
+  rng = np.random.default_rng(5)
+  points = rng.normal(size=(10, 10)).astype(np.float32)
+  for weighted, unweighted in [(robust_baselines.CoordinateMedianFactory(weighted=True),
+                                robust_baselines.CoordinateMedianFactory()),
+                               (robust_baselines.TrimmedMeanFactory(0.2, weighted=True),  # beta * n = 2 exactly.
+                                robust_baselines.TrimmedMeanFactory(0.2))]:
+    np.testing.assert_allclose(_run(weighted, points, np.full(10, 3.0))[0], _run(unweighted, points, np.ones(10))[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_weighted_trimmed_mean_measures_the_trimmed_weight():
+  _, measurements = _run(robust_baselines.TrimmedMeanFactory(0.25, weighted=True), np.ones([4, 10]), [1, 2, 3, 2])
+  np.testing.assert_allclose(measurements['trimmed_weight_per_side'], 2.0)
+  assert set(measurements) == {'participating_clients', 'dropped_clients', 'trimmed_weight_per_side'}
