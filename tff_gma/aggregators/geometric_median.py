@@ -121,18 +121,24 @@ class _Computations:
   client_prepare: tff.Computation  # (value, weight) -> `prepare_client`'s triple.
   client_norm: tff.Computation  # value -> ||value||, the distance to v_0 = 0.
   client_distance: tff.Computation  # (estimate, value) -> ||estimate - value||.
-  client_reweight: tff.Computation  # (weight, distance, smoothing) -> the Weiszfeld weight.
+  client_reweight: tff.Computation  # (weight, distance, smoothing) -> (Vardi-Zhang weight, spread vector).
+  client_plain_spread: tff.Computation  # distance -> the spread vector of a plain mean's pass (`weiszfeld`).
   server_smoothing: tff.Computation  # previous objective -> the floored smoothing c = max(nu, S / K).
   server_first_finite: tff.Computation  # estimate -> (estimate, or v_0 = 0 when non-finite; 0/1 flag).
   server_keep_finite: tff.Computation  # (previous, estimate) -> (estimate, or previous when non-finite; flag).
+  server_step: tff.Computation  # (iterate, far mean, spread, c) -> (Vardi-Zhang step, stalled, near share).
+  server_first_step: tff.Computation  # (far mean, spread, c) -> the step from v_0 = 0.
+  server_near_smoothing: tff.Computation  # (c, scale) -> max(c, near_fraction * scale).
+  server_median_distance: tff.Computation  # spread -> the weighted median distance it measured.
   server_finish: tff.Computation  # (estimate, nonzero clients) -> (result in the value's dtypes, checks).
 
 
 def _build_computations(value_type, weight_type, secure: bool, value_bound: Optional[float], weight_bound: float,
-                        nu: float, ratio: float) -> _Computations:
+                        nu: float, ratio: float, near_fraction: float) -> _Computations:
   """`_Computations` for `value_type` and `weight_type`, around `prepare_client` and `weiszfeld`'s math."""
   scalar = tff.TensorType(np.float32)
   point_type = client_values.compute_type(value_type)
+  near_rule = near_fraction > 0
 
   @tff.tensorflow.computation(value_type, weight_type)
   def client_prepare(value, weight):
@@ -148,7 +154,36 @@ def _build_computations(value_type, weight_type, secure: bool, value_bound: Opti
 
   @tff.tensorflow.computation(scalar, scalar, scalar)
   def client_reweight(weight, distance, smoothing):
-    return weiszfeld.weiszfeld_weight(weight, distance, smoothing)
+    if not near_rule:  # The paper's smoothed Weiszfeld: every client a far one, the step Weiszfeld's.
+      return (weiszfeld.weiszfeld_weight(weight, distance, smoothing),
+              weiszfeld.client_spread(distance, smoothing, reweighted=True, near_rule=False))
+    return (weiszfeld.vardi_zhang_weight(weight, distance, smoothing),
+            weiszfeld.client_spread(distance, smoothing, reweighted=True))
+
+  @tff.tensorflow.computation(scalar)
+  def client_plain_spread(distance):
+    return weiszfeld.client_spread(distance, 0.0, reweighted=False)
+
+  spread_type = tff.TensorType(np.float32, [weiszfeld.spread_size()])
+
+  @tff.tensorflow.computation(point_type, point_type, spread_type, scalar)
+  def server_step(iterate, far_mean, spread, smoothing):
+    estimate, stalled = weiszfeld.vardi_zhang_step(iterate, far_mean, spread, smoothing)
+    return estimate, stalled, spread[weiszfeld.NEAR]
+
+  @tff.tensorflow.computation(point_type, spread_type, scalar)
+  def server_first_step(far_mean, spread, smoothing):
+    zero = tf.nest.map_structure(tf.zeros_like, far_mean)
+    estimate, stalled = weiszfeld.vardi_zhang_step(zero, far_mean, spread, smoothing)
+    return estimate, stalled, spread[weiszfeld.NEAR]
+
+  @tff.tensorflow.computation(scalar, scalar)
+  def server_near_smoothing(smoothing, scale):
+    return weiszfeld.near_smoothing(smoothing, scale, near_fraction)
+
+  @tff.tensorflow.computation(spread_type)
+  def server_median_distance(spread):
+    return weiszfeld.median_distance(spread)
 
   @tff.tensorflow.computation(scalar)
   def server_smoothing(previous_objective):
@@ -170,13 +205,15 @@ def _build_computations(value_type, weight_type, secure: bool, value_bound: Opti
   def server_finish(estimate, nonzero_clients):
     return result_checks.check_result(client_values.cast_leaves(estimate, dtypes), nonzero_clients)
 
-  return _Computations(client_prepare, client_norm, client_distance, client_reweight, server_smoothing,
-                       server_first_finite, server_keep_finite, server_finish)
+  return _Computations(client_prepare, client_norm, client_distance, client_reweight, client_plain_spread,
+                       server_smoothing, server_first_finite, server_keep_finite, server_step, server_first_step,
+                       server_near_smoothing, server_median_distance, server_finish)
 
 
 # The entries of the carry from one stage of a call to the next (`_RoundLedger.carry`), in order.
 _CARRIED_LISTS = ('pass_states', 'pass_measurements', 'nonfinite_flags', 'objective_states', 'objective_measurements',
-                  'objectives', 'smoothings')
+                  'objectives', 'smoothings', 'spread_states', 'spread_measurements', 'spreads', 'near_weights',
+                  'stalled_flags')
 
 
 class _RoundLedger:
@@ -187,13 +224,22 @@ class _RoundLedger:
   prepared points and weights anew.
   """
 
-  def __init__(self, state, counts, pass_processes, objective_processes, points, weights, computations):
+  def __init__(self, state, counts, processes, points, weights, computations):
     self._state, self.counts, self._points, self._computations = state, counts, points, computations
-    self._pass_processes, self._objective_processes = pass_processes, objective_processes
+    self._pass_processes, self._objective_processes, self._spread_processes = processes
     self.points, self.weights = points, weights
     self.estimate = None
     self.pass_states, self.pass_measurements, self.nonfinite_flags = [], [], []
     self.objective_states, self.objective_measurements, self.objectives, self.smoothings = [], [], [], []
+    self.spread_states, self.spread_measurements, self.spreads, self.near_weights, self.stalled_flags = (
+        [], [], [], [], [])
+
+  @property
+  def scale(self):
+    """The weighted median distance the latest pass measured; before any, the previous call's (the state's)."""
+    if self.spreads:
+      return tff.federated_map(self._computations.server_median_distance, self.spreads[-1])
+    return self._state['scale']
 
   def carry(self) -> collections.OrderedDict:
     """What a later stage needs: the state, the clients' counts, the estimate and every output so far."""
@@ -206,10 +252,9 @@ class _RoundLedger:
     return carry
 
   @classmethod
-  def from_carry(cls, carry, pass_processes, objective_processes, points, weights, computations) -> '_RoundLedger':
+  def from_carry(cls, carry, processes, points, weights, computations) -> '_RoundLedger':
     names = tff.structure.name_list(carry.type_signature)
-    ledger = cls(carry['state'], carry['counts'], pass_processes, objective_processes, points, weights,
-                 computations)
+    ledger = cls(carry['state'], carry['counts'], processes, points, weights, computations)
     ledger.estimate = carry['estimate'] if 'estimate' in names else None
     for name in _CARRIED_LISTS:
       if name in names:
@@ -224,28 +269,53 @@ class _RoundLedger:
     self.objective_measurements.append(output.measurements)
     self.objectives.append(output.result)
 
-  def run_pass(self, pass_weights) -> None:
-    """The next estimate: the weighted mean of the points with `pass_weights`.
+  def _measure_spread(self, spread_values) -> None:
+    index = len(self.spread_states)
+    output = self._spread_processes[index].next(self._state['spreads'][index], spread_values, self.weights)
+    self.spread_states.append(output.state)
+    self.spread_measurements.append(output.measurements)
+    self.spreads.append(output.result)
 
-    A non-finite mean (an inner mean that lost the weights, or overflowed) is replaced by the previous estimate
-    (v_0 = 0 in the first pass) and counted, so the passes after it start from a finite point.
-    """
+  def _finite(self, mean):
+    """`mean`, or the estimate before it (v_0 = 0 in the first pass) where an inner mean that lost the weights or
+    overflowed made it non-finite, counted, so that the passes after it start from a finite point."""
+    if self.estimate is None:
+      mean, nonfinite = tff.federated_map(self._computations.server_first_finite, mean)
+    else:
+      mean, nonfinite = tff.federated_map(self._computations.server_keep_finite, (self.estimate, mean))
+    self.nonfinite_flags.append(nonfinite)
+    return mean
+
+  def _mean_of_points(self, pass_weights):
     index = len(self.pass_states)
     output = self._pass_processes[index].next(self._state['passes'][index], self._points, pass_weights)
     self.pass_states.append(output.state)
     self.pass_measurements.append(output.measurements)
-    if self.estimate is None:
-      estimate, nonfinite = tff.federated_map(self._computations.server_first_finite, output.result)
-    else:
-      estimate, nonfinite = tff.federated_map(self._computations.server_keep_finite, (self.estimate, output.result))
-    self.nonfinite_flags.append(nonfinite)
-    self.estimate = estimate
+    return output.result
+
+  def mean_pass(self, distance) -> None:
+    """The paper's first pass from the mean start: the weighted mean with the weights a_i."""
+    self._measure_spread(tff.federated_map(self._computations.client_plain_spread, distance))
+    self.estimate = self._finite(self._mean_of_points(self.weights))
 
   def reweighted_pass(self, distance, smoothing) -> None:
-    """A Weiszfeld pass: the clients reweight by their `distance` to the current estimate, with smoothing c."""
+    """A Weiszfeld pass by Vardi and Zhang's rule: the clients reweight by their `distance` to the current
+    estimate with smoothing c, those within c sending weight 0, and the server steps (`weiszfeld`)."""
+    smoothing = tff.federated_map(self._computations.server_near_smoothing, (smoothing, self.scale))
     self.smoothings.append(smoothing)
-    self.run_pass(tff.federated_map(
-        self._computations.client_reweight, (self.weights, distance, tff.federated_broadcast(smoothing))))
+    pass_weights, spread_values = tff.federated_map(
+        self._computations.client_reweight, (self.weights, distance, tff.federated_broadcast(smoothing)))
+    self._measure_spread(spread_values)
+    far_mean = self._finite(self._mean_of_points(pass_weights))
+    spread = self.spreads[-1]
+    if self.estimate is None:
+      step = tff.federated_map(self._computations.server_first_step, (far_mean, spread, smoothing))
+    else:
+      step = tff.federated_map(self._computations.server_step, (self.estimate, far_mean, spread, smoothing))
+    estimate, stalled, near_share = step[0], step[1], step[2]
+    self.near_weights.append(near_share)
+    self.stalled_flags.append(stalled)
+    self.estimate = estimate
 
   def distance_to_estimate(self):
     """Each client's d_i: to v_0 = 0 before the first pass, else to the broadcast estimate."""
@@ -285,7 +355,19 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     nonfinite_passes: passes whose inner mean returned a NaN or Inf; each was replaced by the estimate before it.
     nonfinite_result, zero_result: 0/1, the result was non-finite and replaced by zeros / is all zeros although a
       participating client sent a non-zero update (`result_checks`).
-    passes, objectives: the inner weighted-mean processes' measurements (`objectives[k]` measured D(v_k)).
+    near_weight: float32[one per reweighting pass], the share of the clients' weight within the smoothing of the
+      iterate, which Vardi and Zhang's step counts as at it.
+    stalled_passes: reweighting passes that left the estimate where it was (the near clients outweighed every pull
+      away, as at a geometric median on a data point, or no client lay beyond the smoothing).
+    passes, objectives, spreads: the inner weighted-mean processes' measurements (`objectives[k]` measured D(v_k);
+      `spreads[k]` the k-th pass's near and far shares and distance histogram).
+
+  No client can pin the estimate: each pass takes Vardi and Zhang's modified Weiszfeld step (`weiszfeld`), in which
+  the clients within the smoothing c of the iterate send weight 0 and count only as a weight at the iterate, so a
+  client sending a zero, tiny or near-zero update cannot hold a zero start at zero. c is raised to `near_fraction`
+  of the weighted median distance the previous round measured (the first pass: the previous call's median norm,
+  kept in the state; none in the first call), from a histogram of the distances the clients send beside each pass.
+  A cohort that lies wholly within c of the iterate leaves it there (within c of every client).
   """
 
   def __init__(
@@ -300,6 +382,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
       report_final_objective: bool = False,
       init: Optional[str] = None,
+      near_fraction: float = weiszfeld.DEFAULT_NEAR_FRACTION,
   ):
     """Initializes the factory.
 
@@ -320,6 +403,9 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       report_final_objective: also measure D(v_R), the objective of the result. Costs one more sequential
         round per call (the clients compute their distance to the result and send it through one more
         weighted mean): num_passes + 1 rounds instead of num_passes.
+      near_fraction: f in [0, 1): the smoothing of a reweighting pass is at least f times the median distance of
+        the round before; 0 turns the near rule off (the paper's smoothed Weiszfeld, which one client at the
+        start can pin).
       init: where Weiszfeld starts. 'mean' (the RFA paper's Algorithm 2): pass 1 is the weighted mean.
         'zero': pass 1 is a Weiszfeld reweighting from v_0 = 0 (the current server model), i.e. one-step RFA,
         and each further pass reweights from the previous estimate. Default: 'zero' with `one_step=True`
@@ -349,6 +435,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
         "RFA's passes are means weighted by the Weiszfeld weights, so it would return a plain mean")
     self._mean_factory = mean_factory
     self._report_final_objective = checks.check_bool(report_final_objective, 'report_final_objective')
+    self._near_fraction = checks.check_fraction(near_fraction, 'near_fraction', high_open=True)
     # Weights a quantizer can carry: the smoothing is floored at S / K for every mean not known to be exact.
     self._floored = self._secure or not is_exact_mean(mean_factory)
     # With no value bound to scale a zero start's first pass, its S is D(0), measured in a round of its own.
@@ -389,6 +476,11 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       return mean.FederatedMeanFactory()
     return secure_mean.SecureWeightedMeanFactory(
         weiszfeld.distance_bound(self._value_bound, num_elements), self._weight_bound)
+
+  def _spread_factory(self) -> tff.aggregators.WeightedAggregationFactory:
+    if not self._secure:
+      return mean.FederatedMeanFactory()
+    return secure_mean.SecureWeightedMeanFactory(1.0, self._weight_bound)  # Every entry of a spread is in [0, 1].
 
   def _first_smoothing(self, num_elements: int) -> np.float32:
     """The c of a zero start's first reweighting: a constant, known before the round (`weiszfeld`)."""
@@ -441,17 +533,23 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     # pass's is its entry of the state's `passes`), so creating it once, tracing its computations once, is enough.
     pass_processes = [self._mean_factory.create(point_type, scalar)] * self._num_passes
     objective_processes = [self._objective_factory(num_elements).create(scalar, scalar)] * self._num_objectives
+    spread_type = tff.TensorType(np.float32, [weiszfeld.spread_size()])
+    spread_processes = [self._spread_factory().create(spread_type, scalar)] * self._num_passes
     computations = _build_computations(value_type, weight_type, self._secure, self._value_bound,
-                                       self._weight_bound, self._smoothing, self._max_weight_ratio)
+                                       self._weight_bound, self._smoothing, self._max_weight_ratio,
+                                       self._near_fraction)
 
     @tff.federated_computation()
     def init_fn():
       return tff.federated_zip(collections.OrderedDict(
           passes=tuple(p.initialize() for p in pass_processes),
           objectives=tuple(p.initialize() for p in objective_processes),
+          spreads=tuple(p.initialize() for p in spread_processes),
+          scale=tff.federated_value(np.float32(0), tff.SERVER),
       ))
 
-    return _CallParts(value_type, weight_type, init_fn, pass_processes, objective_processes, computations,
+    processes = (pass_processes, objective_processes, spread_processes)
+    return _CallParts(value_type, weight_type, init_fn, processes, computations,
                       self._rounds(computations, self._first_smoothing(num_elements)), self.num_rounds)
 
   def _rounds(self, computations: _Computations, first_smoothing: np.float32) -> list:
@@ -463,7 +561,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       distance = ledger.distance_to_estimate()
       ledger.measure_objective(distance)
       if self._init == 'mean':
-        ledger.run_pass(ledger.weights)
+        ledger.mean_pass(distance)
       elif not self._measures_start_scale:
         ledger.reweighted_pass(distance, tff.federated_value(first_smoothing, tff.SERVER))
 
@@ -497,8 +595,7 @@ class _CallParts:
   value_type: tff.Type
   weight_type: tff.Type
   init_fn: tff.Computation
-  pass_processes: list
-  objective_processes: list
+  processes: tuple  # (pass processes, objective processes, spread processes): lists, one entry a use.
   computations: _Computations
   rounds: list  # Each `(ledger) -> None`, one sequential round (`GeometricMedianFactory._rounds`).
   num_rounds: int
@@ -510,19 +607,19 @@ class _CallParts:
 
   def start(self, state, value, weight) -> _RoundLedger:
     points, weights, flags = self.prepared(value, weight)
-    return _RoundLedger(state, secure_mean.secure_count(flags), self.pass_processes, self.objective_processes,
-                        points, weights, self.computations)
+    return _RoundLedger(state, secure_mean.secure_count(flags), self.processes, points, weights, self.computations)
 
   def resume(self, carry, value, weight) -> _RoundLedger:
     points, weights, _ = self.prepared(value, weight)
-    return _RoundLedger.from_carry(carry, self.pass_processes, self.objective_processes, points, weights,
-                                   self.computations)
+    return _RoundLedger.from_carry(carry, self.processes, points, weights, self.computations)
 
   def finish(self, ledger: _RoundLedger) -> tff.templates.MeasuredProcessOutput:
     participating, dropped, value_clipped, weight_clipped, nonzero = ledger.counts
     result, result_flags = tff.federated_map(self.computations.server_finish, (ledger.estimate, nonzero))
     new_state = tff.federated_zip(collections.OrderedDict(
-        passes=tuple(ledger.pass_states), objectives=tuple(ledger.objective_states)))
+        passes=tuple(ledger.pass_states), objectives=tuple(ledger.objective_states),
+        spreads=tuple(ledger.spread_states),
+        scale=tff.federated_map(self.computations.server_median_distance, ledger.spreads[0])))
     measurements = collections.OrderedDict(
         objective=_stack_scalars(ledger.objectives),
         smoothing=_stack_scalars(ledger.smoothings),
@@ -532,10 +629,14 @@ class _CallParts:
         value_clipped_clients=value_clipped,
         weight_clipped_clients=weight_clipped,
         nonfinite_passes=_sum_flags(ledger.nonfinite_flags),
+        near_weight=_stack_scalars(ledger.near_weights),
+        stalled_passes=_sum_flags(ledger.stalled_flags) if ledger.stalled_flags else tff.federated_value(
+            np.int32(0), tff.SERVER),
         nonfinite_result=result_flags['nonfinite_result'],
         zero_result=result_flags['zero_result'],
         passes=tff.federated_zip(tuple(ledger.pass_measurements)),
         objectives=tff.federated_zip(tuple(ledger.objective_measurements)),
+        spreads=tff.federated_zip(tuple(ledger.spread_measurements)),
     )
     return tff.templates.MeasuredProcessOutput(new_state, result, tff.federated_zip(measurements))
 
@@ -561,9 +662,11 @@ class UnweightedGeometricMedianFactory(tff.aggregators.UnweightedAggregationFact
                secure: bool = False, value_bound: Optional[float] = None, weight_bound: float = 1.0,
                max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO,
                mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
-               report_final_objective: bool = False, init: Optional[str] = None):
+               report_final_objective: bool = False, init: Optional[str] = None,
+               near_fraction: float = weiszfeld.DEFAULT_NEAR_FRACTION):
     self._weighted = GeometricMedianFactory(num_passes, smoothing, one_step, secure, value_bound, weight_bound,
-                                            max_weight_ratio, mean_factory, report_final_objective, init)
+                                            max_weight_ratio, mean_factory, report_final_objective, init,
+                                            near_fraction)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     """The geometric median with a_i = 1; refuses to be a slot TFF sums in (`composition`)."""

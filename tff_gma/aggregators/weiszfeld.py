@@ -34,6 +34,80 @@ def weiszfeld_weight(weight: tf.Tensor, distance: tf.Tensor, smoothing: tf.Tenso
   return weight * smoothing / tf.maximum(smoothing, tf.cast(distance, tf.float32))
 
 
+# The thresholds t_j of the clients' distance histogram, from which the server reads the weighted median distance:
+# four a decade over [1e-10, 1e6] (65 values), absolute because no scale is known before the first round.
+DISTANCE_GRID = np.float32(10.0) ** (np.arange(-40, 25, dtype=np.float32) / np.float32(4))
+DEFAULT_NEAR_FRACTION = 1 / 30  # A client within this share of the median distance counts as at the iterate.
+# The spread vector a client sends beside a pass (a weighted mean with weights a_i): near_i, far_i c / d_i, then
+# 1[d_i <= t_j] for every threshold of `DISTANCE_GRID`. Every entry lies in [0, 1].
+NEAR, FAR = 0, 1
+HISTOGRAM = 2
+
+
+def spread_size() -> int:
+  """Length of a client's spread vector (`client_spread`)."""
+  return HISTOGRAM + len(DISTANCE_GRID)
+
+
+def is_near(distance: tf.Tensor, smoothing: tf.Tensor) -> tf.Tensor:
+  """Bool: a client within the smoothing c of the iterate, which Vardi-Zhang's step treats as at the iterate."""
+  return tf.cast(distance, tf.float32) <= tf.cast(smoothing, tf.float32)
+
+
+def vardi_zhang_weight(weight: tf.Tensor, distance: tf.Tensor, smoothing: tf.Tensor) -> tf.Tensor:
+  """b' = a c / d for a client beyond the smoothing c, 0 for one within it (it moves the step, not the mean)."""
+  return tf.where(is_near(distance, smoothing), tf.constant(0.0), weiszfeld_weight(weight, distance, smoothing))
+
+
+def client_spread(distance: tf.Tensor, smoothing: tf.Tensor, reweighted: bool, near_rule: bool = True) -> tf.Tensor:
+  """float32[`spread_size()`]: (near_i, c / d_i if far, the distance histogram); zeros for the first two unless
+  `reweighted` (a plain mean's pass has no iterate to be near). Without `near_rule` no client is near (the paper's
+  smoothed Weiszfeld)."""
+  distance = tf.cast(distance, tf.float32)
+  histogram = tf.cast(distance <= tf.constant(DISTANCE_GRID), tf.float32)
+  if not reweighted:
+    return tf.concat([tf.zeros([HISTOGRAM]), histogram], axis=0)
+  smoothing = tf.cast(smoothing, tf.float32)
+  near = tf.logical_and(is_near(distance, smoothing), near_rule)
+  far_share = tf.where(near, tf.constant(0.0), smoothing / tf.maximum(smoothing, distance))
+  return tf.concat([tf.stack([tf.cast(near, tf.float32), far_share]), histogram], axis=0)
+
+
+def median_distance(spread: tf.Tensor) -> tf.Tensor:
+  """The smallest threshold t_j at which the weighted share of clients with d_i <= t_j reaches one half."""
+  cumulative = spread[HISTOGRAM:]
+  index = tf.reduce_sum(tf.cast(cumulative < 0.5, tf.int32))
+  return tf.gather(tf.constant(DISTANCE_GRID), tf.minimum(index, len(DISTANCE_GRID) - 1))
+
+
+def near_smoothing(smoothing: tf.Tensor, scale: tf.Tensor, near_fraction: float) -> tf.Tensor:
+  """max(c, f S): the smoothing c, raised to the share f of the median distance S the previous round measured."""
+  return tf.maximum(tf.cast(smoothing, tf.float32), tf.constant(near_fraction, tf.float32) * scale)
+
+
+def vardi_zhang_step(iterate, far_mean, spread: tf.Tensor, smoothing: tf.Tensor):
+  """(v', stalled): Vardi and Zhang's modified Weiszfeld step from the iterate y, with the near clients at y.
+
+  T = `far_mean` is the weighted mean of the far clients with b_i = a_i / d_i; eta = sum of the near clients' a_i
+  and r = ||sum_far b_i (w_i - y)|| = B ||T - y||, B = sum_far b_i. Then v' = (1 - g) T + g y, g = min(1, eta / r)
+  (Vardi and Zhang 2000, eq. 2.5): y stays only where the near clients outweigh every pull away from it, which is
+  where the geometric median is. All sums arrive as means over the clients' weight A: eta / A = spread[NEAR] and
+  B / A = spread[FAR] / c. `stalled` (int32 0/1): the step left y where it was (g = 1, or no far client).
+  """
+  smoothing = tf.cast(smoothing, tf.float32)
+  near_share, far_share = spread[NEAR], spread[FAR]
+  pull = far_share / smoothing * flat_distance(far_mean, iterate)
+  g = tf.where(pull > 0, tf.minimum(1.0, tf.math.divide_no_nan(near_share, pull)), 1.0)
+  g = tf.where(near_share > 0, g, 0.0)
+  moves = far_share > 0  # With no far client there is no T (its mean had no weight): y stays.
+  step = tf.nest.map_structure(
+      lambda t, y: tf.cast(tf.where(moves, (1 - g) * tf.cast(t, tf.float32) + g * tf.cast(y, tf.float32),
+                                    tf.cast(y, tf.float32)), t.dtype),
+      far_mean, iterate)
+  stalled = tf.cast(tf.logical_or(g >= 1.0, tf.logical_not(moves)), tf.int32)
+  return step, stalled
+
+
 def secure_smoothing(smoothing: float, scale: tf.Tensor, max_weight_ratio: float) -> tf.Tensor:
   """c = max(nu, S / K): the smoothing used in secure mode, from a distance scale S known before the round.
 

@@ -18,6 +18,7 @@ import tensorflow_federated as tff
 
 from tff_gma import checks
 from tff_gma.aggregators import geometric_median
+from tff_gma.aggregators import weiszfeld
 from training import config as config_lib
 from training.engine import fedavg_family
 
@@ -110,10 +111,34 @@ def _objective(estimate: np.ndarray, points: np.ndarray, weights: np.ndarray) ->
   return float(_normalize(weights) @ np.linalg.norm(points - estimate, axis=1))
 
 
-def replay_rfa(client_updates: Sequence[Any], client_weights: Sequence[float], settings: RfaSettings) -> RfaReplay:
+def _median_distance(distances: np.ndarray, weights: np.ndarray) -> float:
+  """weiszfeld.median_distance: the smallest grid threshold holding half the weight at or below it."""
+  grid = weiszfeld.DISTANCE_GRID.astype(np.float64)
+  total = weights.sum()
+  shares = np.array([weights[distances <= t].sum() for t in grid]) / total if total > 0 else np.zeros(len(grid))
+  return float(grid[min(int(np.sum(shares < 0.5)), len(grid) - 1)])
+
+
+def _vardi_zhang_pass(points, a, iterate, distances, smoothing):
+  """(normalized pass weights, next estimate): weiszfeld.vardi_zhang_weight and vardi_zhang_step."""
+  near = distances <= smoothing
+  b = np.where(near, 0.0, a * smoothing / np.maximum(smoothing, distances))
+  normalized = _normalize(b)
+  if b.sum() <= 0:
+    return normalized, iterate
+  far_mean = normalized @ points
+  eta = a[near].sum()
+  pull = b.sum() / smoothing * np.linalg.norm(far_mean - iterate)
+  g = 0.0 if eta == 0 else (min(1.0, eta / pull) if pull > 0 else 1.0)
+  return normalized, (1 - g) * far_mean + g * iterate
+
+
+def replay_rfa(client_updates: Sequence[Any], client_weights: Sequence[float], settings: RfaSettings,
+               scale: float = 0.0) -> RfaReplay:
   """`GeometricMedianFactory`'s aggregation of these updates, replayed in float64 NumPy.
 
-  Its exact weights, dropping rule and smoothing: docs/experiments.md#rfas-effective-weights-replayed.
+  `scale` is the median norm the previous round measured (the factory's state; 0 in the first round). Its exact
+  weights, dropping rule and smoothing: docs/experiments.md#rfas-effective-weights-replayed.
   """
   if len(client_updates) != len(client_weights):
     raise ValueError(f'client_updates and client_weights differ in length: {len(client_updates)} vs '
@@ -128,33 +153,34 @@ def replay_rfa(client_updates: Sequence[Any], client_weights: Sequence[float], s
   if settings.secure:
     points = np.clip(points, -settings.value_bound, settings.value_bound)
     a = np.minimum(a, settings.weight_bound)
-  nu, ratio = settings.smoothing, settings.max_weight_ratio
-
-  def reweight(distances: np.ndarray, smoothing: float) -> np.ndarray:
-    return a * smoothing / np.maximum(smoothing, distances)  # weiszfeld.weiszfeld_weight
+  nu, ratio, near = settings.smoothing, settings.max_weight_ratio, weiszfeld.DEFAULT_NEAR_FRACTION
 
   passes, objectives, smoothings = [], [], []
+  estimate = np.zeros(points.shape[1])
   norms = np.linalg.norm(points, axis=1)  # Distances to v_0 = 0.
-  objectives.append(_objective(np.zeros(points.shape[1]), points, a))
+  objectives.append(_objective(estimate, points, a))
   zero_start = settings.init == 'zero' or settings.one_step or (
       settings.init is None and geometric_median.DEFAULT_INIT == 'zero')
   if zero_start:
     smoothing = nu
     if settings.secure:  # weiszfeld.one_step_secure_smoothing
       smoothing = max(nu, settings.value_bound * np.sqrt(points.shape[1]) / ratio)
-    smoothings.append(smoothing)
-    passes.append(_normalize(reweight(norms, smoothing)))
+    smoothings.append(max(smoothing, near * scale))
+    weights, estimate = _vardi_zhang_pass(points, a, estimate, norms, smoothings[-1])
+    passes.append(weights)
   else:
     passes.append(_normalize(a))
-  estimate = passes[-1] @ points
+    estimate = passes[-1] @ points
+  scale = _median_distance(norms, a)
   for _ in range(settings.num_passes - 1):
     previous_objective = objectives[-1]  # D(v_{k-2}) for pass k.
     distances = np.linalg.norm(points - estimate, axis=1)
     objectives.append(_objective(estimate, points, a))
     smoothing = max(nu, previous_objective / ratio) if settings.secure else nu  # weiszfeld.secure_smoothing
-    smoothings.append(smoothing)
-    passes.append(_normalize(reweight(distances, smoothing)))
-    estimate = passes[-1] @ points
+    smoothings.append(max(smoothing, near * scale))  # weiszfeld.near_smoothing
+    weights, estimate = _vardi_zhang_pass(points, a, estimate, distances, smoothings[-1])
+    passes.append(weights)
+    scale = _median_distance(distances, a)
   return RfaReplay(estimate, np.stack(passes), np.asarray(objectives), np.asarray(smoothings), kept)
 
 

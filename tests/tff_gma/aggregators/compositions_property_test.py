@@ -324,7 +324,10 @@ def build_factory(kind: str, config: dict):
     args = dict(num_passes=config['passes'], smoothing=config['smoothing'], one_step=one_step, secure=secure,
                 value_bound=value_bound if secure else None, weight_bound=weight_bound,
                 max_weight_ratio=config['ratio'], mean_factory=mean_factory,
-                init=None if one_step else config['init'])
+                init=None if one_step else config['init'],
+                # The paper's smoothing rule, which the enclosures below bound; the near rule that raises it to a
+                # share of the median distance has its reference in vardi_zhang_test.py.
+                near_fraction=0.0)
     weighted = aggregators.GeometricMedianFactory
     unweighted = aggregators.UnweightedGeometricMedianFactory
   elif base == 'elastic':

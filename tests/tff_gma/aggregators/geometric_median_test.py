@@ -181,10 +181,13 @@ def process(num_passes=3, one_step=False, secure=False, final_objective=False, i
 
 @functools.lru_cache(maxsize=None)
 def _process(num_passes, one_step, secure, final_objective, init):
+  # The paper's smoothed Weiszfeld: with near_fraction 0 the smoothing is nu (or the secure floor) alone, no client
+  # of these random federations lies within it, and Vardi-Zhang's step is Weiszfeld's (vardi_zhang_test.py tests
+  # the near rule at the defaults).
   factory = aggregators.GeometricMedianFactory(
       num_passes=num_passes, smoothing=NU, one_step=one_step, secure=secure,
       value_bound=VALUE_BOUND if secure else None, weight_bound=WEIGHT_BOUND, max_weight_ratio=RATIO,
-      report_final_objective=final_objective, init=init)
+      report_final_objective=final_objective, init=init, near_fraction=0.0)
   return factory.create(VALUE_TYPE, WEIGHT_TYPE)
 
 
@@ -490,15 +493,19 @@ CLIP_COUNTS = collections.OrderedDict(value_clipped_clients=np.int32, weight_cli
 
 
 def rfa_types(num_passes, num_rounds, num_smoothings, pass_type, objective_type):
-  """(state, measurements) types: per pass the inner process's state/measurements, per round the objective's."""
+  """(state, measurements) types: per pass the inner process's state/measurements and the spread mean's (typed as the
+  objective's: the same kind of mean), per round the objective's, and the median distance kept in the state."""
   state = collections.OrderedDict(passes=(pass_type[0],) * num_passes,
-                                  objectives=(objective_type[0],) * num_rounds)
+                                  objectives=(objective_type[0],) * num_rounds,
+                                  spreads=(objective_type[0],) * num_passes, scale=np.float32)
   measurements = collections.OrderedDict(
       objective=tff.TensorType(np.float32, [num_rounds]), smoothing=tff.TensorType(np.float32, [num_smoothings]),
       aggregation_calls=np.int32, participating_clients=np.int32, dropped_clients=np.int32,
       value_clipped_clients=np.int32, weight_clipped_clients=np.int32,
-      nonfinite_passes=np.int32, nonfinite_result=np.int32, zero_result=np.int32,
-      passes=(pass_type[1],) * num_passes, objectives=(objective_type[1],) * num_rounds)
+      nonfinite_passes=np.int32, near_weight=tff.TensorType(np.float32, [num_smoothings]), stalled_passes=np.int32,
+      nonfinite_result=np.int32, zero_result=np.int32,
+      passes=(pass_type[1],) * num_passes, objectives=(objective_type[1],) * num_rounds,
+      spreads=(objective_type[1],) * num_passes)
   return state, measurements
 
 
