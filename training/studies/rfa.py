@@ -45,7 +45,7 @@ def define_flags() -> None:
   flags.DEFINE_integer('rounds', 10, 'Rounds per run.')
   flags.DEFINE_integer('eval_every', 1, 'Evaluate every this many rounds (and at the last).')
   flags.DEFINE_integer('last_evals', 3, 'Final accuracy: mean over this many last evaluated rounds.')
-  # 5, not the flagfiles' 1: 10 rounds of 1 epoch (72 examples per client, batch 16) leave the models undertrained.
+  # 5, as the flagfiles: 10 rounds of 1 epoch (72 examples per client, batch 16) leave the models undertrained.
   flags.DEFINE_integer('local_epochs', 5, "Client epochs per round (0: the flagfile's).")
   flags.DEFINE_list('models', list(BASE_CONFIGS), f'Models, each with its base flagfile {BASE_CONFIGS}.')
   flags.DEFINE_list('corruptions', list(CORRUPTIONS), 'Corruptions.')
