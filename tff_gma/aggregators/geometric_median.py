@@ -55,7 +55,9 @@ def _check_init(init, one_step: bool) -> str:
 
 
 def _sum_flags(flags_at_server):
-  """The int32 sum at SERVER of a non-empty list of int32 scalars at SERVER."""
+  """The int32 sum at SERVER of a list of int32 scalars at SERVER (0 for none)."""
+  if not flags_at_server:
+    return tff.federated_value(np.int32(0), tff.SERVER)
   zipped = tff.federated_zip(tuple(flags_at_server))
 
   @tff.tensorflow.computation(zipped.type_signature.member)
@@ -154,28 +156,23 @@ def _build_computations(value_type, weight_type, secure: bool, value_bound: Opti
 
   @tff.tensorflow.computation(scalar, scalar, scalar)
   def client_reweight(weight, distance, smoothing):
-    if not near_rule:  # The paper's smoothed Weiszfeld: every client a far one, the step Weiszfeld's.
-      return (weiszfeld.weiszfeld_weight(weight, distance, smoothing),
-              weiszfeld.client_spread(distance, smoothing, reweighted=True, near_rule=False))
-    return (weiszfeld.vardi_zhang_weight(weight, distance, smoothing),
-            weiszfeld.client_spread(distance, smoothing, reweighted=True))
+    return weiszfeld.reweight(weight, distance, smoothing, near_rule)  # Without it, every client is a far one.
 
   @tff.tensorflow.computation(scalar)
   def client_plain_spread(distance):
-    return weiszfeld.client_spread(distance, 0.0, reweighted=False)
+    return weiszfeld.plain_spread(distance)
 
   spread_type = tff.TensorType(np.float32, [weiszfeld.spread_size()])
 
-  @tff.tensorflow.computation(point_type, point_type, spread_type, scalar)
-  def server_step(iterate, far_mean, spread, smoothing):
+  def step(iterate, far_mean, spread, smoothing):
     estimate, stalled = weiszfeld.vardi_zhang_step(iterate, far_mean, spread, smoothing)
     return estimate, stalled, spread[weiszfeld.NEAR]
 
+  server_step = tff.tensorflow.computation(step, point_type, point_type, spread_type, scalar)
+
   @tff.tensorflow.computation(point_type, spread_type, scalar)
   def server_first_step(far_mean, spread, smoothing):
-    zero = tf.nest.map_structure(tf.zeros_like, far_mean)
-    estimate, stalled = weiszfeld.vardi_zhang_step(zero, far_mean, spread, smoothing)
-    return estimate, stalled, spread[weiszfeld.NEAR]
+    return step(tf.nest.map_structure(tf.zeros_like, far_mean), far_mean, spread, smoothing)
 
   @tff.tensorflow.computation(scalar, scalar)
   def server_near_smoothing(smoothing, scale):
@@ -630,8 +627,7 @@ class _CallParts:
         weight_clipped_clients=weight_clipped,
         nonfinite_passes=_sum_flags(ledger.nonfinite_flags),
         near_weight=_stack_scalars(ledger.near_weights),
-        stalled_passes=_sum_flags(ledger.stalled_flags) if ledger.stalled_flags else tff.federated_value(
-            np.int32(0), tff.SERVER),
+        stalled_passes=_sum_flags(ledger.stalled_flags),
         nonfinite_result=result_flags['nonfinite_result'],
         zero_result=result_flags['zero_result'],
         passes=tff.federated_zip(tuple(ledger.pass_measurements)),

@@ -45,7 +45,7 @@ HISTOGRAM = 2
 
 
 def spread_size() -> int:
-  """Length of a client's spread vector (`client_spread`)."""
+  """Length of a client's spread vector (`reweight`, `plain_spread`)."""
   return HISTOGRAM + len(DISTANCE_GRID)
 
 
@@ -54,23 +54,25 @@ def is_near(distance: tf.Tensor, smoothing: tf.Tensor) -> tf.Tensor:
   return tf.cast(distance, tf.float32) <= tf.cast(smoothing, tf.float32)
 
 
-def vardi_zhang_weight(weight: tf.Tensor, distance: tf.Tensor, smoothing: tf.Tensor) -> tf.Tensor:
-  """b' = a c / d for a client beyond the smoothing c, 0 for one within it (it moves the step, not the mean)."""
-  return tf.where(is_near(distance, smoothing), tf.constant(0.0), weiszfeld_weight(weight, distance, smoothing))
+def _histogram(distance: tf.Tensor) -> tf.Tensor:
+  return tf.cast(distance <= tf.constant(DISTANCE_GRID), tf.float32)
 
 
-def client_spread(distance: tf.Tensor, smoothing: tf.Tensor, reweighted: bool, near_rule: bool = True) -> tf.Tensor:
-  """float32[`spread_size()`]: (near_i, c / d_i if far, the distance histogram); zeros for the first two unless
-  `reweighted` (a plain mean's pass has no iterate to be near). Without `near_rule` no client is near (the paper's
-  smoothed Weiszfeld)."""
-  distance = tf.cast(distance, tf.float32)
-  histogram = tf.cast(distance <= tf.constant(DISTANCE_GRID), tf.float32)
-  if not reweighted:
-    return tf.concat([tf.zeros([HISTOGRAM]), histogram], axis=0)
-  smoothing = tf.cast(smoothing, tf.float32)
+def reweight(weight: tf.Tensor, distance: tf.Tensor, smoothing: tf.Tensor, near_rule: bool = True):
+  """(b', spread) of a reweighting pass: b' = a c / max(c, d), or 0 for a client within c of the iterate (it moves
+  the step, not the mean); the spread vector (near_i, c / max(c, d_i) if far, the distance histogram). Without
+  `near_rule` no client is near: the paper's smoothed Weiszfeld."""
+  distance, smoothing = tf.cast(distance, tf.float32), tf.cast(smoothing, tf.float32)
   near = tf.logical_and(is_near(distance, smoothing), near_rule)
-  far_share = tf.where(near, tf.constant(0.0), smoothing / tf.maximum(smoothing, distance))
-  return tf.concat([tf.stack([tf.cast(near, tf.float32), far_share]), histogram], axis=0)
+  zero = tf.constant(0.0)
+  far_share = tf.where(near, zero, smoothing / tf.maximum(smoothing, distance))
+  spread = tf.concat([tf.stack([tf.cast(near, tf.float32), far_share]), _histogram(distance)], axis=0)
+  return tf.where(near, zero, weiszfeld_weight(weight, distance, smoothing)), spread
+
+
+def plain_spread(distance: tf.Tensor) -> tf.Tensor:
+  """The spread vector of a plain mean's pass: no iterate to be near, only the distance histogram."""
+  return tf.concat([tf.zeros([HISTOGRAM]), _histogram(tf.cast(distance, tf.float32))], axis=0)
 
 
 def median_distance(spread: tf.Tensor) -> tf.Tensor:

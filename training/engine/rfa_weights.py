@@ -120,7 +120,7 @@ def _median_distance(distances: np.ndarray, weights: np.ndarray) -> float:
 
 
 def _vardi_zhang_pass(points, a, iterate, distances, smoothing):
-  """(normalized pass weights, next estimate): weiszfeld.vardi_zhang_weight and vardi_zhang_step."""
+  """(normalized pass weights, next estimate): weiszfeld.reweight and vardi_zhang_step."""
   near = distances <= smoothing
   b = np.where(near, 0.0, a * smoothing / np.maximum(smoothing, distances))
   normalized = _normalize(b)
