@@ -22,6 +22,7 @@ from tff_gma.aggregators import mean
 from tff_gma.aggregators import result_checks
 from tff_gma.aggregators import secure_mean
 from tff_gma.aggregators import staged
+from tff_gma.aggregators import weiszfeld
 
 # L: the sequential means per round. The paper's analysis uses L = 1 with worker momentum; 3 is RFA's default
 # budget of secure means (`geometric_median.DEFAULT_NUM_PASSES`), so the two compare at equal rounds per call.
@@ -44,8 +45,7 @@ _SECURE_BOUND_SLACK = 1 + 1e-5
 def clip_difference(point, reference, clip_radius: float):
   """(clip_tau(point - reference), int32 1 if it was clipped), over the whole structure's Euclidean norm."""
   difference = tf.nest.map_structure(tf.subtract, point, reference)
-  squares = [tf.reduce_sum(tf.square(tf.cast(x, tf.float32))) for x in tf.nest.flatten(difference)]
-  norm = tf.sqrt(tf.add_n(squares))
+  norm = weiszfeld.flat_norm(difference)
   clipped = norm > clip_radius
   scale = tf.where(clipped, clip_radius / norm, 1.0)
   return (tf.nest.map_structure(lambda x: x * tf.cast(scale, x.dtype), difference), tf.cast(clipped, tf.int32))
