@@ -20,6 +20,7 @@ from tff_gma import learning
 from tff_gma.aggregators import bucketing as bucketing_lib
 from tff_gma.aggregators import robust_baselines
 from training import config as config_lib
+from training.engine import attacks
 from training.engine import client_execution as client_execution_lib
 from training.engine import fedavg_family
 
@@ -201,8 +202,7 @@ DEMO = 'demo'  # Listed by the demo (training.demo).
 RFA_STUDY = 'rfa_study'  # Compared by the RFA robustness study (training.studies.rfa).
 # Corruptions inside the client work (training.engine.corruption.UPDATE_CORRUPTIONS: Gaussian noise, the omniscient
 # attack and the literature's attacks of training.engine.attacks).
-UPDATE_CORRUPTIONS = ('gaussian', 'omniscient', 'alie', 'ipm', 'sign_flip', 'mimic', 'large_norm', 'zero_update',
-                      'min_max', 'min_sum')
+UPDATE_CORRUPTIONS = ('gaussian', 'omniscient') + attacks.ATTACKS
 _BOTH_MODES = client_execution_lib.MODES
 
 
